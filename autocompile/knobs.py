@@ -1,0 +1,321 @@
+"""The knob table: every way of applying ``torch.compile`` that autocompile can measure.
+
+Each knob is declared once, as a field of a frozen dataclass with :func:`knob` metadata: its
+values, the condition under which it applies, and a one-line doc. The dotted path of the field
+(``compile.mode``) is its name everywhere: config key, Optuna parameter, MLflow param.
+
+Conditions only look at knobs declared before them, so a configuration is validated (and
+sampled) in declaration order. A knob whose condition is false is inactive: it holds its default,
+is not sampled and is not part of the configuration's identity, so no trial is spent on a
+duplicate. This module imports only the standard library (torch lazily, in :meth:`Env.detect`)
+because the worker runs it on machines that hold nothing but PyTorch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Flat = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Env:
+    """What the workload and the running torch allow; knob conditions read it."""
+
+    device: str = "cpu"
+    """Device type the trial trains on: ``cpu`` or ``cuda``."""
+    world_size: int = 1
+    """Total number of training processes (nnodes x nproc_per_node)."""
+    shapes_vary: bool = False
+    """True when the data schedule uses more than one sequence length."""
+    modes: tuple[str, ...] = ("default",)
+    """``torch.compile`` modes worth running here (cudagraph modes only on CUDA)."""
+    nested_regions: bool = False
+    """Whether ``torch.compiler.nested_compile_region`` exists in the running torch."""
+
+    @classmethod
+    def detect(cls, device: str, world_size: int, shapes_vary: bool) -> Env:
+        import torch
+        from torch._inductor import list_mode_options
+
+        modes = tuple(
+            mode
+            for mode, options in list_mode_options().items()
+            # On CPU a cudagraph mode silently runs as its no-cudagraph twin: a duplicate trial.
+            if device == "cuda" or not options.get("triton.cudagraphs", False)
+        )
+        return cls(
+            device=device,
+            world_size=world_size,
+            shapes_vary=shapes_vary,
+            modes=modes,
+            nested_regions=hasattr(torch.compiler, "nested_compile_region"),
+        )
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A condition on earlier knobs and the environment, with the words that explain it."""
+
+    text: str
+    test: Callable[[Flat, Env], bool]
+
+    def __and__(self, other: Rule) -> Rule:
+        return Rule(f"{self.text} and {other.text}", lambda c, e: self.test(c, e) and other.test(c, e))
+
+
+Values = tuple[Any, ...] | Callable[[Flat, Env], tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    values: Values
+    doc: str
+    when: Rule | None = None
+    search: Values | None = None
+    extended: bool = False
+
+    def allowed(self, config: Flat, env: Env) -> tuple[Any, ...]:
+        return self.values(config, env) if callable(self.values) else self.values
+
+    def searched(self, config: Flat, env: Env) -> tuple[Any, ...]:
+        if self.search is None:
+            return self.allowed(config, env)
+        search = self.search(config, env) if callable(self.search) else self.search
+        return tuple(v for v in search if v in self.allowed(config, env))
+
+
+def knob(default: Any, *, values: Values, doc: str, when: Rule | None = None,
+         search: Values | None = None, extended: bool = False) -> Any:
+    """Declare a knob: a dataclass field whose metadata the table is read from.
+
+    ``search`` narrows what the tuner samples (default: all ``values``); ``extended`` knobs are
+    only sampled when the study asks for the extended space.
+    """
+    spec = KnobSpec(values=values, doc=doc, when=when, search=search, extended=extended)
+    return field(default=default, metadata={"knob": spec})
+
+
+COMPILED = Rule("compile.scope is not none", lambda c, e: c["compile.scope"] != "none")
+MODEL_COMPILED = Rule(
+    "compile.scope is module or regional", lambda c, e: c["compile.scope"] in ("module", "regional")
+)
+REGIONAL = Rule("compile.scope is regional", lambda c, e: c["compile.scope"] == "regional")
+INDUCTOR = Rule("compile.backend is inductor", lambda c, e: c["compile.backend"] == "inductor")
+SHAPES_VARY = Rule("the workload varies sequence length", lambda c, e: e.shapes_vary)
+AMP_ON = Rule("amp.dtype is not none", lambda c, e: c["amp.dtype"] != "none")
+DISTRIBUTED = Rule("world size > 1", lambda c, e: e.world_size > 1)
+MODULE_SCOPE = Rule("compile.scope is module", lambda c, e: c["compile.scope"] == "module")
+NOT_COMPILE_OF_DDP = Rule(
+    "DDP is not wrapped inside compile (placement is decided by DDP then)",
+    lambda c, e: e.world_size == 1 or c["ddp.wrap_order"] != "compile_of_ddp",
+)
+
+
+def _modes(config: Flat, env: Env) -> tuple[str, ...]:
+    return env.modes
+
+
+def _granularities(config: Flat, env: Env) -> tuple[str, ...]:
+    return ("block", "sublayer", "nested") if env.nested_regions else ("block", "sublayer")
+
+
+def _amp_dtypes(config: Flat, env: Env) -> tuple[str, ...]:
+    # fp16 on CPU is slower than fp32 and needs no trial to say so.
+    return ("none", "bfloat16", "float16") if env.device == "cuda" else ("none", "bfloat16")
+
+
+def _ddp_modes(config: Flat, env: Env) -> tuple[str, ...]:
+    # Compiled autograd rejects every C++-reducer mode, and python_reducer is a no-op without it.
+    # python_reducer_without_compiled_forward behaves as no_optimization in DDP: not offered.
+    if config["compile.compiled_autograd"]:
+        return ("python_reducer",)
+    return ("ddp_optimizer", "no_optimization")
+
+
+BOOL = (False, True)
+TRISTATE = (None, True, False)
+
+
+@dataclass(frozen=True)
+class InductorOptions:
+    """Inductor options merged over the mode's own (``None``: leave the mode's setting)."""
+
+    coordinate_descent_tuning: bool | None = knob(
+        None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
+        doc="Tune Triton/C++ kernel launch parameters by coordinate descent.")
+    shape_padding: bool | None = knob(
+        None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
+        doc="Pad matmul shapes to hardware-friendly multiples.")
+    epilogue_fusion: bool | None = knob(
+        None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
+        doc="Fuse pointwise epilogues into matmul templates.")
+    aggressive_fusion: bool | None = knob(
+        None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
+        doc="Fuse nodes even without shared memory reads.")
+
+
+@dataclass(frozen=True)
+class CompileKnobs:
+    """Where and how ``torch.compile`` is applied."""
+
+    scope: str = knob(
+        "module", values=("none", "module", "regional", "train_step"),
+        doc="What is compiled: nothing (eager), the model, each repeated block, or the whole train step.")
+    granularity: str = knob(
+        "block", values=_granularities, when=REGIONAL,
+        doc="Regional unit: each block, each sublayer in a block, or blocks as nested regions of one compile.")
+    backend: str = knob(
+        "inductor", values=("inductor", "aot_eager", "eager"), search=("inductor",), when=COMPILED,
+        doc="torch.compile backend; aot_eager/eager are for tests and debugging.")
+    mode: str = knob(
+        "default", values=_modes, when=COMPILED & INDUCTOR,
+        doc="Inductor mode (its options come from torch._inductor.list_mode_options).")
+    dynamic: bool | None = knob(
+        None, values=TRISTATE, when=COMPILED & SHAPES_VARY,
+        doc="Dynamic shapes: None = automatic after a recompile, True = from the start, False = never.")
+    fullgraph: bool = knob(
+        False, values=BOOL, when=COMPILED,
+        doc="Fail on any graph break instead of splitting the graph.")
+    optimizer: bool = knob(
+        False, values=BOOL, when=MODEL_COMPILED,
+        doc="Also compile optimizer.step (the compiled-optimizer recipe).")
+    compiled_autograd: bool = knob(
+        False, values=BOOL, when=MODEL_COMPILED,
+        doc="Trace the backward with compiled autograd around forward and backward.")
+    options: InductorOptions = field(default_factory=InductorOptions)
+
+
+@dataclass(frozen=True)
+class AmpKnobs:
+    """Automatic mixed precision."""
+
+    dtype: str = knob(
+        "none", values=_amp_dtypes,
+        doc="Autocast dtype; float16 adds a GradScaler.")
+    placement: str = knob(
+        "outside", values=("outside", "inside"), when=AMP_ON & COMPILED,
+        doc="Autocast around the call of the compiled code, or inside the compiled region.")
+
+
+@dataclass(frozen=True)
+class DdpKnobs:
+    """DistributedDataParallel, only when more than one process trains."""
+
+    wrap_order: str = knob(
+        "ddp_of_compiled", values=("ddp_of_compiled", "compile_of_ddp"), when=DISTRIBUTED & MODULE_SCOPE,
+        doc="DDP(compiled model) or torch.compile(DDP(model)).")
+    optimize: str = knob(
+        "ddp_optimizer", values=_ddp_modes, when=DISTRIBUTED & COMPILED,
+        doc="torch._dynamo.config.optimize_ddp: split graphs at buckets, plain, or the Python reducer.")
+
+
+@dataclass(frozen=True)
+class PlacementKnobs:
+    """Order of moving the model to its device and compiling it."""
+
+    order: str = knob(
+        "to_then_compile", values=("to_then_compile", "compile_then_to"), when=MODEL_COMPILED & NOT_COMPILE_OF_DDP,
+        doc="model.to(device) before or after torch.compile.")
+
+
+@dataclass(frozen=True)
+class AcKnobs:
+    """Activation checkpointing."""
+
+    policy: str = knob(
+        "none", values=("none", "block"),
+        doc="Recompute each repeated block's activations in backward (torch.utils.checkpoint).")
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One compile configuration; build it with :meth:`from_flat` so it is validated."""
+
+    compile: CompileKnobs = field(default_factory=CompileKnobs)
+    amp: AmpKnobs = field(default_factory=AmpKnobs)
+    ddp: DdpKnobs = field(default_factory=DdpKnobs)
+    placement: PlacementKnobs = field(default_factory=PlacementKnobs)
+    ac: AcKnobs = field(default_factory=AcKnobs)
+
+    @classmethod
+    def from_flat(cls, values: Flat, env: Env, *, strict: bool = True) -> TrialConfig:
+        """Validate dotted-key values into a config; missing knobs take their defaults.
+
+        ``strict`` rejects a value given for a knob that does not apply; otherwise such a value
+        is dropped (a knob fixed for a whole study may not apply to every sampled trial).
+        """
+        unknown = sorted(set(values) - set(KNOBS))
+        if unknown:
+            raise KnobError(f"unknown knob {unknown[0]!r}; known knobs: {', '.join(KNOBS)}")
+        flat: dict[str, Any] = {}
+        for key, (spec, default) in KNOBS.items():
+            value = values.get(key, default)
+            if spec.when is not None and not spec.when.test(flat, env):
+                if strict and key in values and value != default:
+                    raise KnobError(f"{key}={value!r} does not apply: it needs {spec.when.text}; drop it")
+                value = default
+            else:
+                allowed = spec.allowed(flat, env)
+                if key not in values and value not in allowed:
+                    value = allowed[0]  # the default is ruled out by an earlier knob: take the first valid
+                if value not in allowed:
+                    raise KnobError(
+                        f"{key}={value!r} is not valid here; choose one of {', '.join(map(repr, allowed))}")
+            flat[key] = value
+        return _unflatten(cls, flat)
+
+    def flat(self) -> dict[str, Any]:
+        """Every knob's value under its dotted key."""
+        return dict(_walk(self))
+
+    def active(self, env: Env) -> dict[str, Any]:
+        """Only the knobs that apply here: the configuration's identity for dedupe and logging."""
+        flat = self.flat()
+        return {
+            key: flat[key] for key, (spec, _) in KNOBS.items()
+            if spec.when is None or spec.when.test(flat, env)
+        }
+
+
+class KnobError(ValueError):
+    """A knob name or value that cannot be measured; the message says how to fix it."""
+
+
+def _knob_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, KnobSpec, Any]]:
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if "knob" in f.metadata:
+            yield key, f.metadata["knob"], f.default
+        else:
+            yield from _knob_fields(f.default_factory, f"{key}.")  # type: ignore[arg-type]
+
+
+def _walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _walk(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", value
+
+
+def _unflatten(cls: type, flat: Flat, prefix: str = "") -> Any:
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        kwargs[f.name] = flat[key] if "knob" in f.metadata else _unflatten(f.default_factory, flat, f"{key}.")
+    return cls(**kwargs)
+
+
+KNOBS: dict[str, tuple[KnobSpec, Any]] = {key: (spec, default) for key, spec, default in _knob_fields(TrialConfig)}
+"""Every knob in declaration order: dotted key -> (spec, default)."""
+
+
+def describe(config: TrialConfig, env: Env) -> str:
+    """Short human name: the active knobs that differ from their defaults."""
+    changed = [f"{k}={v}" for k, v in config.active(env).items() if v != KNOBS[k][1]]
+    return ", ".join(changed) if changed else "defaults"

@@ -1,0 +1,92 @@
+"""Model factories and the structural facts the knobs need (repeated blocks, FLOPs per token).
+
+A model for autocompile is any ``nn.Module`` that maps token ids ``(batch, seq)`` to logits
+``(batch, seq, vocab)`` (or an output with ``.logits``); factories are named by dotted path, like
+a Hydra ``_target_``, so user models plug in without registering anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+
+def gpt2(
+    n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab_size: int = 50257, n_positions: int = 1024,
+    dropout: float = 0.0,
+) -> nn.Module:
+    """Hugging Face ``GPT2LMHeadModel``, randomly initialised (no download); defaults are GPT-2 124M.
+
+    ``use_cache=False``: with a cache object per block, dynamo guards on it and recompiles per
+    block, so regional compile hits the recompile limit. ``loss_type`` is set because passing
+    ``labels`` would log a warning that breaks the graph; autocompile computes the loss outside.
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size, n_positions=n_positions,
+        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False,
+        bos_token_id=0, eos_token_id=0,
+    )
+    model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"
+    return model
+
+
+def resolve(target: str) -> Callable[..., nn.Module]:
+    """Import ``pkg.module.factory``; the error names the path that failed and why."""
+    module_name, _, attr = target.rpartition(".")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ImportError(f"model _target_ {target!r} does not import ({exc}); check the dotted path") from exc
+    if not callable(factory):
+        raise ImportError(f"model _target_ {target!r} is not callable")
+    return factory
+
+
+def build(target: str, kwargs: dict[str, Any]) -> nn.Module:
+    model = resolve(target)(**kwargs)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model _target_ {target!r} returned {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The repeated blocks: the ``ModuleList`` with the most parameters whose children share one class."""
+    candidates = [
+        (sum(p.numel() for p in m.parameters()), name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.ModuleList) and len(m) > 0 and len({type(c) for c in m}) == 1
+    ]
+    if not candidates:
+        raise ValueError(
+            f"{type(model).__name__} has no nn.ModuleList of same-class blocks; "
+            "regional compile and per-block checkpointing need one (use compile.scope=module)")
+    _, name, blocks = max(candidates, key=lambda c: c[0])
+    return name, blocks
+
+
+def sublayers(block: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The parts of a block worth compiling on their own: children that contain modules (attention, MLP)."""
+    return [(n, c) for n, c in block.named_children() if any(True for _ in c.children())]
+
+
+def flops_per_token(model: nn.Module, seq_len: float) -> float:
+    """Training FLOPs per token: 6 N for the weights plus the attention scores (PaLM appendix B).
+
+    Embedding lookups do no FLOPs, so position embeddings are left out of N; the attention
+    term needs the layer count and width, read from a Hugging Face style ``config`` when present.
+    """
+    n_params = sum(p.numel() for p in model.parameters())
+    config = getattr(model, "config", None)
+    wpe = getattr(getattr(model, "transformer", None), "wpe", None)
+    if isinstance(wpe, nn.Embedding):
+        n_params -= wpe.weight.numel()
+    attention = 0.0
+    if config is not None and hasattr(config, "n_layer") and hasattr(config, "n_embd"):
+        attention = 12.0 * config.n_layer * config.n_embd * seq_len
+    return 6.0 * n_params + attention

@@ -1,0 +1,153 @@
+"""What one trial runs: the workload, the model, how to measure, and the knob values.
+
+These dataclasses are the typed config for both sides: Hydra validates the user's config against
+them (they are registered as its schema) and the worker reads them back from ``trial.json``.
+Standard library only: the worker runs where nothing but PyTorch is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEVICES = ("auto", "cpu", "cuda")
+CACHE_MODES = ("cold", "warm")
+
+
+@dataclass
+class ModelSpec:
+    """A model factory: ``target(**kwargs)`` returns an ``nn.Module`` mapping token ids to logits."""
+
+    name: str = "model"
+    """Short name used in run names and directories."""
+    target: str = "autocompile.models.gpt2"
+    """Dotted path of the factory (the model config's ``_target_``)."""
+    vocab_size: int = 50257
+    """Token ids of the synthetic data are drawn from ``[0, vocab_size)``."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the factory."""
+
+    def __post_init__(self) -> None:
+        if "." not in self.target:
+            raise ValueError(f"model _target_ {self.target!r} must be a dotted path like 'mypkg.models.make'")
+        if self.vocab_size < 2:
+            raise ValueError(f"model.vocab_size={self.vocab_size} must be >= 2")
+
+
+@dataclass
+class Workload:
+    """The training job being tuned; fixed for a whole study, never searched."""
+
+    batch_size: int = 8
+    """Sequences per process per step."""
+    seq_len: list[int] = field(default_factory=lambda: [128])
+    """Sequence length(s); several are cycled per step so that ``compile.dynamic`` matters."""
+    nproc_per_node: int = 1
+    """Processes per node (torchrun ``--nproc-per-node``); more than one means DDP."""
+    nnodes: int = 1
+    """Nodes per trial (torchrun ``--nnodes``)."""
+    device: str = "auto"
+    """``cuda`` when available under ``auto``, else ``cpu``."""
+    threads: int = 0
+    """Intra-op threads per process; 0 = this machine's cores / nproc_per_node."""
+    lr: float = 3e-4
+    """AdamW learning rate."""
+    seed: int = 0
+    """Seed of the weights and the synthetic data: every trial sees the same numbers."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"workload.batch_size={self.batch_size} must be >= 1")
+        if not self.seq_len or min(self.seq_len) < 2:
+            raise ValueError(f"workload.seq_len={self.seq_len} needs one or more lengths >= 2, e.g. [128] or [96,128]")
+        if self.nproc_per_node < 1 or self.nnodes < 1:
+            raise ValueError("workload.nproc_per_node and workload.nnodes must be >= 1")
+        if self.device not in DEVICES:
+            raise ValueError(f"workload.device={self.device!r}: choose one of {', '.join(DEVICES)}")
+        if self.threads < 0:
+            raise ValueError(f"workload.threads={self.threads} must be >= 0 (0 = automatic)")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    @property
+    def shapes_vary(self) -> bool:
+        return len(set(self.seq_len)) > 1
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_threads(self) -> int:
+        return self.threads or max(1, (os.cpu_count() or 1) // self.nproc_per_node)
+
+
+@dataclass
+class MeasureSettings:
+    """How a trial is timed."""
+
+    warmup_steps: int = 3
+    """Steps before timing; raised so every sequence length is seen twice (compiles and recompiles)."""
+    windows: int = 5
+    """Timed windows; the median is reported and the spread across windows shows the noise."""
+    window_steps: int = 5
+    """Steps per timed window."""
+    timeout_s: float = 900.0
+    """Wall-clock limit of the whole trial process tree; past it the trial is killed and failed."""
+    cache: str = "cold"
+    """``cold``: a fresh inductor cache per trial (what a new job pays); ``warm``: one shared cache."""
+    peak_tflops: float = 0.0
+    """Device peak for MFU; 0 = look it up for known GPUs (CPU MFU is not reported)."""
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 1 or self.windows < 1 or self.window_steps < 1:
+            raise ValueError("measure.warmup_steps, measure.windows and measure.window_steps must be >= 1")
+        if self.timeout_s <= 0:
+            raise ValueError(f"measure.timeout_s={self.timeout_s} must be > 0")
+        if self.cache not in CACHE_MODES:
+            raise ValueError(f"measure.cache={self.cache!r}: choose cold or warm")
+
+
+@dataclass
+class TrialSpec:
+    """Everything a worker needs; written as ``trial.json`` in the trial directory."""
+
+    knobs: dict[str, Any]
+    model: ModelSpec
+    workload: Workload
+    measure: MeasureSettings
+    device: str = "cpu"
+    """The resolved device type."""
+    threads: int = 1
+    """The resolved threads per process."""
+
+    def write(self, trial_dir: Path) -> Path:
+        path = trial_dir / "trial.json"
+        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
+        return path
+
+    @classmethod
+    def read(cls, trial_dir: Path) -> TrialSpec:
+        raw = json.loads((trial_dir / "trial.json").read_text())
+        return cls(
+            knobs=raw["knobs"],
+            model=ModelSpec(**raw["model"]),
+            workload=Workload(**raw["workload"]),
+            measure=MeasureSettings(**raw["measure"]),
+            device=raw["device"],
+            threads=raw["threads"],
+        )
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Readers never see a half-written file: write a sibling, then rename over."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)

@@ -1,0 +1,286 @@
+"""One trial, in a fresh process per rank: ``python -m autocompile.worker TRIAL_DIR``.
+
+Run under torchrun (any world size) or alone (world size 1). Reads ``trial.json``, builds the
+model, applies the configuration, warms up over every shape the data uses (this is where
+compilation happens), then times several windows with the device synchronised. Rank 0 writes
+``result.json`` atomically and appends progress events to ``progress.jsonl`` so the tuner can
+stop a hopeless trial early. A failure is a result too: ``status: failed`` with its kind and reason.
+
+Imports nothing of the tuner's stack (Optuna, Hydra, MLflow): it runs where only PyTorch is.
+"""
+
+from __future__ import annotations
+
+import time
+
+WORKER_START = time.time()
+
+import json  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from autocompile.apply import apply, lm_loss  # noqa: E402
+from autocompile.data import SyntheticTokens  # noqa: E402
+from autocompile.knobs import Env, TrialConfig  # noqa: E402
+from autocompile.models import build, flops_per_token  # noqa: E402
+from autocompile.spec import TrialSpec, write_json_atomic  # noqa: E402
+
+IMPORTS_DONE = time.time()
+log = logging.getLogger("autocompile.worker")
+
+# Dense bf16 tensor-core peaks (FLOP/s) for MFU; extend with measure.peak_tflops.
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "H20": 148e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m autocompile.worker TRIAL_DIR", file=sys.stderr)
+        return 2
+    trial_dir = Path(argv[0])
+    rank = int(os.environ.get("RANK", 0))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        spec = TrialSpec.read(trial_dir)
+        result = Trial(spec, trial_dir, rank).run()
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends
+        failure = {"status": "failed", **classify(exc), "rank": rank, "environment": environment(None, rank)}
+        log.error("trial failed: %s", failure["reason"], exc_info=not isinstance(exc, NonFiniteLoss))
+        name = "result.json" if rank == 0 else f"error.rank{rank}.json"
+        write_json_atomic(trial_dir / name, failure)
+        logging.shutdown()
+        # Other ranks may wait in a collective forever; torchrun tears them down once we exit.
+        os._exit(1)
+    if rank == 0:
+        write_json_atomic(trial_dir / "result.json", result)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def classify(exc: BaseException) -> dict[str, str]:
+    """Kind and a readable reason: the first lines of the message, not the traceback."""
+    import torch._dynamo.exc as dynamo_exc
+
+    lines = [line.rstrip() for line in str(exc).strip().splitlines() if line.strip()]
+    reason = f"{type(exc).__name__}: " + " | ".join(lines[:4])[:800]
+    if isinstance(exc, torch.OutOfMemoryError):
+        kind = "oom"
+    elif isinstance(exc, NonFiniteLoss):
+        kind = "nan_loss"
+    elif type(exc).__name__ in ("FailOnRecompileLimitHit", "RecompileLimitExceeded"):
+        kind = "recompile_limit"
+    elif isinstance(exc, dynamo_exc.Unsupported):
+        kind = "graph_break"
+    else:
+        kind = "exception"
+    return {"failure": kind, "reason": reason}
+
+
+class Trial:
+    def __init__(self, spec: TrialSpec, trial_dir: Path, rank: int) -> None:
+        self.spec = spec
+        self.trial_dir = trial_dir
+        self.rank = rank
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.device = torch.device(spec.device)
+        self.timeline: dict[str, float] = {"worker_start": WORKER_START, "imports_done": IMPORTS_DONE}
+        launched = os.environ.get("AUTOCOMPILE_LAUNCH_TIME")
+        if launched:
+            self.timeline["launch"] = float(launched)
+
+    def progress(self, event: str, **data: Any) -> None:
+        if self.rank == 0:
+            with open(self.trial_dir / "progress.jsonl", "a") as f:
+                f.write(json.dumps({"event": event, "time": time.time(), **data}) + "\n")
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def run(self) -> dict[str, Any]:
+        spec, workload = self.spec, self.spec.workload
+        torch.set_num_threads(spec.threads)
+        # A hit limit silently runs the rest eagerly: make it a failure the study can see.
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        if self.world_size > 1:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if self.device.type == "cuda":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            dist.init_process_group(backend)
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.reset_peak_memory_stats()
+
+        env = Env.detect(self.device.type, self.world_size, workload.shapes_vary)
+        config = TrialConfig.from_flat(spec.knobs, env)
+        torch.manual_seed(workload.seed)
+        model = build(spec.model.target, spec.model.kwargs)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=workload.lr)
+        step = apply(model, optimizer, lm_loss, config, device=self.device)
+        data = SyntheticTokens(spec.model.vocab_size, workload.batch_size, workload.seq_len, workload.seed,
+                               self.rank, self.device)
+        self.timeline["build_done"] = time.time()
+        log.info("built %s; compiled: %s", spec.model.name, ", ".join(step.compiled) or "nothing")
+
+        from torch._dynamo.utils import counters
+
+        # Warm-up: every shape twice, so first compiles and the automatic-dynamic recompile land here.
+        warmup = max(spec.measure.warmup_steps, 2 * len(workload.seq_len))
+        self.progress("warmup_start", steps=warmup)
+        losses: list[torch.Tensor] = []
+        warm_s = []
+        for i in range(warmup):
+            self.sync()
+            t0 = time.perf_counter()
+            losses.append(step(*data.batch(i)))
+            self.sync()
+            warm_s.append(time.perf_counter() - t0)
+            check_finite(losses[-1:], i)
+            self.progress("warmup_step", step=i, seconds=warm_s[-1])
+        self.timeline["warmup_done"] = time.time()
+        frames_before = counters["frames"]["total"]
+
+        window_s, window_tokens = [], []
+        s = warmup
+        for w in range(spec.measure.windows):
+            self.sync()
+            t0 = time.perf_counter()
+            for _ in range(spec.measure.window_steps):
+                losses.append(step(*data.batch(s)))
+                s += 1
+            self.sync()
+            window_s.append(time.perf_counter() - t0)
+            window_tokens.append(sum(data.tokens(j) for j in range(s - spec.measure.window_steps, s)))
+            check_finite(losses[-spec.measure.window_steps:], s)
+            self.progress("window", window=w, seconds=window_s[-1],
+                          step_s=window_s[-1] / spec.measure.window_steps)
+        self.timeline["timed_done"] = time.time()
+        recompiles_timed = counters["frames"]["total"] - frames_before
+
+        # The slowest rank sets the pace of a synchronous job.
+        window_s = self.reduce_max(window_s)
+        warm_s = self.reduce_max(warm_s)
+        step_s = [t / spec.measure.window_steps for t in window_s]
+        median_step = statistics.median(step_s)
+        tokens_per_s = [n * self.world_size / t for n, t in zip(window_tokens, window_s, strict=True)]
+        compile_s = max(0.0, sum(warm_s) - warmup * median_step)
+        mean_seq = statistics.fmean(workload.seq_len)
+        tps = statistics.median(tokens_per_s)
+        return {
+            "status": "ok",
+            "compiled": step.compiled,
+            "compile_s": compile_s,
+            "first_step_s": warm_s[0],
+            "warmup_step_s": warm_s,
+            "dynamo_compile_s": dynamo_compile_times(),
+            "step_s": median_step,
+            "step_s_windows": step_s,
+            "step_s_cv": statistics.pstdev(step_s) / statistics.fmean(step_s),
+            "tokens_per_s": tps,
+            "tokens_per_s_windows": tokens_per_s,
+            "peak_memory_bytes": int(self.reduce_max([float(peak_memory(self.device))])[0]),
+            "graph_count": counters["stats"]["unique_graphs"],
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "graph_break_reasons": {short_reason(k): v for k, v in counters["graph_break"].items()},
+            "recompiles_timed": recompiles_timed,
+            "losses": [float(x) for x in torch.stack(losses).float().cpu().tolist()],
+            "warmup_steps": warmup,
+            "mfu": mfu(model, mean_seq, tps, self.device, self.world_size, spec.measure.peak_tflops),
+            "flops_per_token": flops_per_token(model, mean_seq),
+            "param_checksums": self.param_checksums(model),
+            "timeline": self.timeline,
+            "environment": environment(self.device, self.rank, spec.threads),
+        }
+
+    def reduce_max(self, values: list[float]) -> list[float]:
+        if self.world_size == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def param_checksums(self, model: torch.nn.Module) -> list[float]:
+        """One number per rank: DDP ranks must end the burst with identical parameters."""
+        with torch.no_grad():
+            local = sum(p.double().sum() * (i + 1) for i, p in enumerate(model.parameters()))
+        mine = torch.tensor([float(local)], dtype=torch.float64)
+        if self.world_size == 1:
+            return mine.tolist()
+        gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(self.world_size)]
+        if self.device.type == "cuda":
+            mine, gathered = mine.to(self.device), [g.to(self.device) for g in gathered]
+        dist.all_gather(gathered, mine)
+        return [float(g) for g in gathered]
+
+
+def check_finite(losses: list[torch.Tensor], step: int) -> None:
+    if not all(math.isfinite(float(x)) for x in losses):
+        raise NonFiniteLoss(f"loss is not finite at step {step}")
+
+
+def short_reason(text: str) -> str:
+    """A graph-break reason's headline and explanation, without hints and debug context."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(lines[:2])[:300]
+
+
+def dynamo_compile_times() -> dict[str, float]:
+    from torch._dynamo.utils import compile_times
+
+    names, seconds = compile_times(repr="csv", aggregate=True)
+    return {n: float(s) for n, s in zip(names, seconds, strict=True)}
+
+
+def peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def mfu(model: torch.nn.Module, seq_len: float, tokens_per_s: float, device: torch.device, world_size: int,
+        peak_tflops: float) -> float | None:
+    peak = peak_tflops * 1e12
+    if not peak and device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = next((v for k, v in PEAK_FLOPS.items() if k in name.split()), 0.0)
+    if not peak:
+        return None
+    return flops_per_token(model, seq_len) * tokens_per_s / (peak * world_size)
+
+
+def environment(device: torch.device | None, rank: int, threads: int | None = None) -> dict[str, Any]:
+    name = platform.processor() or platform.machine()
+    if device is not None and device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": device.type if device is not None else None,
+        "device_name": name,
+        "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+        "threads": threads if threads is not None else torch.get_num_threads(),
+        "hostname": platform.node(),
+        "rank": rank,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
