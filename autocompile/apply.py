@@ -93,9 +93,9 @@ def apply(
     compiled: list[str] = []
 
     if config.ac.policy == "block":
-        _, blocks = find_blocks(model)
-        for block in blocks:
-            _wrap_forward(block, lambda fwd: functools.partial(torch.utils.checkpoint.checkpoint, fwd, use_reentrant=False))
+        checkpointed = functools.partial(functools.partial, torch.utils.checkpoint.checkpoint, use_reentrant=False)
+        for block in find_blocks(model)[1]:
+            _wrap_forward(block, checkpointed)
 
     units = _compile_units(model, knobs) if scope in ("module", "regional") else []
     if inside and scope != "train_step":

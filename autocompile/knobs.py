@@ -77,6 +77,7 @@ class KnobSpec:
     when: Rule | None = None
     search: Values | None = None
     extended: bool = False
+    question: str = ""
 
     def allowed(self, config: Flat, env: Env) -> tuple[Any, ...]:
         return self.values(config, env) if callable(self.values) else self.values
@@ -89,13 +90,14 @@ class KnobSpec:
 
 
 def knob(default: Any, *, values: Values, doc: str, when: Rule | None = None,
-         search: Values | None = None, extended: bool = False) -> Any:
+         search: Values | None = None, extended: bool = False, question: str = "") -> Any:
     """Declare a knob: a dataclass field whose metadata the table is read from.
 
     ``search`` narrows what the tuner samples (default: all ``values``); ``extended`` knobs are
-    only sampled when the study asks for the extended space.
+    only sampled when the study asks for the extended space; ``question`` is the user question the
+    knob's verdict answers in the report.
     """
-    spec = KnobSpec(values=values, doc=doc, when=when, search=search, extended=extended)
+    spec = KnobSpec(values=values, doc=doc, when=when, search=search, extended=extended, question=question)
     return field(default=default, metadata={"knob": spec})
 
 
@@ -164,28 +166,33 @@ class CompileKnobs:
 
     scope: str = knob(
         "module", values=("none", "module", "regional", "train_step"),
-        doc="What is compiled: nothing (eager), the model, each repeated block, or the whole train step.")
+        doc="What is compiled: nothing (eager), the model, each repeated block, or the whole train step.",
+        question="Compile the module, its blocks, or the whole train step?")
     granularity: str = knob(
         "block", values=_granularities, when=REGIONAL,
-        doc="Regional unit: each block, each sublayer in a block, or blocks as nested regions of one compile.")
+        doc="Regional unit: each block, each sublayer in a block, or blocks as nested regions of one compile.",
+        question="Regional compile: per block, per sublayer, or nested regions?")
     backend: str = knob(
         "inductor", values=("inductor", "aot_eager", "eager"), search=("inductor",), when=COMPILED,
         doc="torch.compile backend; aot_eager/eager are for tests and debugging.")
     mode: str = knob(
         "default", values=_modes, when=COMPILED & INDUCTOR,
-        doc="Inductor mode (its options come from torch._inductor.list_mode_options).")
+        doc="Inductor mode (its options come from torch._inductor.list_mode_options).",
+        question="Which compile mode?")
     dynamic: bool | None = knob(
         None, values=TRISTATE, when=COMPILED & SHAPES_VARY,
-        doc="Dynamic shapes: None = automatic after a recompile, True = from the start, False = never.")
+        doc="Dynamic shapes: None = automatic after a recompile, True = from the start, False = never.",
+        question="dynamic=None, True or False?")
     fullgraph: bool = knob(
         False, values=BOOL, when=COMPILED,
-        doc="Fail on any graph break instead of splitting the graph.")
+        doc="Fail on any graph break instead of splitting the graph.", question="Does fullgraph=True pay?")
     optimizer: bool = knob(
         False, values=BOOL, when=MODEL_COMPILED,
-        doc="Also compile optimizer.step (the compiled-optimizer recipe).")
+        doc="Also compile optimizer.step (the compiled-optimizer recipe).", question="Compile the optimizer step too?")
     compiled_autograd: bool = knob(
         False, values=BOOL, when=MODEL_COMPILED,
-        doc="Trace the backward with compiled autograd around forward and backward.")
+        doc="Trace the backward with compiled autograd around forward and backward.",
+        question="Compiled autograd or not?")
     options: InductorOptions = field(default_factory=InductorOptions)
 
 
@@ -195,10 +202,11 @@ class AmpKnobs:
 
     dtype: str = knob(
         "none", values=_amp_dtypes,
-        doc="Autocast dtype; float16 adds a GradScaler.")
+        doc="Autocast dtype; float16 adds a GradScaler.", question="Mixed precision, and which dtype?")
     placement: str = knob(
         "outside", values=("outside", "inside"), when=AMP_ON & COMPILED,
-        doc="Autocast around the call of the compiled code, or inside the compiled region.")
+        doc="Autocast around the call of the compiled code, or inside the compiled region.",
+        question="Autocast inside or outside the compiled region?")
 
 
 @dataclass(frozen=True)
@@ -207,10 +215,11 @@ class DdpKnobs:
 
     wrap_order: str = knob(
         "ddp_of_compiled", values=("ddp_of_compiled", "compile_of_ddp"), when=DISTRIBUTED & MODULE_SCOPE,
-        doc="DDP(compiled model) or torch.compile(DDP(model)).")
+        doc="DDP(compiled model) or torch.compile(DDP(model)).", question="Wrap DDP before or after compile?")
     optimize: str = knob(
         "ddp_optimizer", values=_ddp_modes, when=DISTRIBUTED & COMPILED,
-        doc="torch._dynamo.config.optimize_ddp: split graphs at buckets, plain, or the Python reducer.")
+        doc="torch._dynamo.config.optimize_ddp: split graphs at buckets, plain, or the Python reducer.",
+        question="Which DDP reducer (optimize_ddp)?")
 
 
 @dataclass(frozen=True)
@@ -219,7 +228,7 @@ class PlacementKnobs:
 
     order: str = knob(
         "to_then_compile", values=("to_then_compile", "compile_then_to"), when=MODEL_COMPILED & NOT_COMPILE_OF_DDP,
-        doc="model.to(device) before or after torch.compile.")
+        doc="model.to(device) before or after torch.compile.", question=".to(device) before or after compile?")
 
 
 @dataclass(frozen=True)
@@ -228,7 +237,8 @@ class AcKnobs:
 
     policy: str = knob(
         "none", values=("none", "block"),
-        doc="Recompute each repeated block's activations in backward (torch.utils.checkpoint).")
+        doc="Recompute each repeated block's activations in backward (torch.utils.checkpoint).",
+        question="Activation checkpointing per block?")
 
 
 @dataclass(frozen=True)

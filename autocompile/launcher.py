@@ -9,6 +9,7 @@ it started, including workers that torchrun put in sessions of their own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -157,10 +158,8 @@ def kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
         _signal(p, signal.SIGTERM)
     _, alive = psutil.wait_procs(tree, timeout=grace_s)
     for p in alive:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             tree.extend(p.children(recursive=True))
-        except psutil.NoSuchProcess:
-            pass
     for p in tree:
         _signal(p, signal.SIGKILL)
     psutil.wait_procs(tree, timeout=grace_s)
@@ -168,7 +167,5 @@ def kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
 
 
 def _signal(p: psutil.Process, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         p.send_signal(sig)
-    except psutil.NoSuchProcess:
-        pass

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = TrialSpec.read(trial_dir)
         result = Trial(spec, trial_dir, rank).run()
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends
+    except BaseException as exc:
         failure = {"status": "failed", **classify(exc), "rank": rank, "environment": environment(None, rank)}
         log.error("trial failed: %s", failure["reason"], exc_info=not isinstance(exc, NonFiniteLoss))
         name = "result.json" if rank == 0 else f"error.rank{rank}.json"

@@ -1,0 +1,4 @@
+from autocompile.app import main
+
+if __name__ == "__main__":
+    main()

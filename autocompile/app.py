@@ -1,0 +1,120 @@
+"""Command line: ``python -m autocompile +model=NAME [task=measure] [key=value ...]`` (Hydra).
+
+Before Hydra runs anything, every job the command line describes (each combination of a ``-m``
+sweep) is composed and validated, so a typo fails in one line with nothing started or changed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from autocompile.settings import ConfigError, register, settings_from
+
+log = logging.getLogger(__name__)
+
+
+def config_dir() -> Path:
+    """Installed wheels carry the configs inside the package; a source checkout has them at the top."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(f"autocompile configs not found next to {here}; reinstall the package")
+
+
+CONF_DIR = config_dir()
+
+
+def available_models() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+
+
+def check_command_line(argv: list[str]) -> None:
+    """Compose and validate every job of the command line; raise ConfigError on the first problem."""
+    from hydra import compose, initialize_config_dir
+
+    args = [a for a in argv if not a.startswith("-") and not a.startswith(("hydra.", "hydra/", "+hydra"))]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except HydraException as exc:
+        raise ConfigError(one_line(exc)) from exc
+    choices = [
+        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
+        for o in parsed
+    ]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for job in itertools.product(*choices):
+            try:
+                cfg = compose("config", overrides=list(job))
+            except (HydraException, OmegaConfBaseException) as exc:
+                raise ConfigError(explain(exc)) from exc
+            try:
+                settings_from(cfg, available_models())
+            except OmegaConfBaseException as exc:
+                raise ConfigError(explain(exc)) from exc
+
+
+def explain(exc: BaseException) -> str:
+    text = str(exc)
+    if "Could not find 'model/" in text:
+        name = text.split("'model/", 1)[1].split("'", 1)[0]
+        return f"unknown model {name!r}: choose one of {', '.join(available_models())} (+model=NAME)"
+    cause = one_line(exc.__cause__) if exc.__cause__ is not None else ""
+    if text.startswith("Could not override"):
+        key = text.split("'", 2)[1]
+        return (f"unknown config key {key!r} ({cause}): check its spelling; "
+                "`python -m autocompile +model=gpt2-tiny --cfg job` lists every key")
+    return f"{one_line(exc)}: {cause}" if cause else one_line(exc)
+
+
+def one_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith(
+        ("full_key", "object_type", "reference_type", "Set the environment"))]
+    return "; ".join(lines) or type(exc).__name__
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> Any:
+    settings = settings_from(cfg, available_models())
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if settings.task == "measure":
+        from autocompile.measure import measure
+
+        return measure(settings, run_dir)
+    from autocompile.tuner import tune
+
+    return tune(settings, run_dir, OmegaConf.to_yaml(cfg))
+
+
+class MultirunSummary(Callback):
+    """After ``-m``: one table over every study of the sweep."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from autocompile.report import print_multirun_summary
+
+        print_multirun_summary(Path(config.hydra.sweep.dir))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    register()
+    if not any(a in ("--help", "-h", "--hydra-help", "--info", "--version", "--cfg", "-c") for a in argv):
+        try:
+            check_command_line(argv)
+        except ConfigError as exc:
+            print(f"autocompile: error: {exc}", file=sys.stderr)
+            sys.exit(2)
+    sys.argv = [sys.argv[0], *argv]
+    hydra_main()

@@ -1,0 +1,31 @@
+"""``task=measure``: one configuration, one trial, one table."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from autocompile.knobs import TrialConfig, describe
+from autocompile.launcher import launch
+from autocompile.settings import Settings
+from autocompile.view import measurement_table
+
+log = logging.getLogger(__name__)
+
+
+def measure(settings: Settings, run_dir: Path) -> dict[str, Any]:
+    env = settings.env
+    config = TrialConfig.from_flat(settings.fixed_knobs, env)
+    cache_dir = settings.output_root / "inductor_cache_warm" if settings.measure.cache == "warm" else None
+    trial_dir = run_dir / "measure" / time.strftime("%Y%m%d-%H%M%S")
+    name = describe(config, env)
+    log.info("measuring %s in %s (%s inductor cache)", name, trial_dir, settings.measure.cache)
+    result = launch(trial_dir, settings.trial_spec(config), cache_dir=cache_dir)
+    Console().print(measurement_table(result, name))
+    if result.get("status") != "ok":
+        raise SystemExit(1)
+    return result

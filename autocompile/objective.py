@@ -1,0 +1,103 @@
+"""What "best" means: time to train a horizon, throughput, or the throughput/compile-time Pareto front.
+
+Also the two pruning rules, as stop rules the launcher polls while a trial runs: a trial whose
+warm-up (compile) alone already exceeds the best time-to-train, and a trial whose first timed
+window is clearly slower than the best. "Clearly" is measured: the margin is at least 10% and at
+least three times the best trial's own window-to-window spread.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from autocompile.launcher import StopRule
+from autocompile.settings import ObjectiveSettings
+
+DIRECTIONS = {
+    "time_to_train": ["minimize"],
+    "throughput": ["maximize"],
+    "pareto": ["maximize", "minimize"],
+}
+
+
+class Objective:
+    def __init__(self, settings: ObjectiveSettings) -> None:
+        self.settings = settings
+        self.kind = settings.kind
+
+    @property
+    def directions(self) -> list[str]:
+        return DIRECTIONS[self.kind]
+
+    @property
+    def names(self) -> list[str]:
+        return {"time_to_train": ["time_to_train_s"], "throughput": ["tokens_per_s"],
+                "pareto": ["tokens_per_s", "compile_s"]}[self.kind]
+
+    def time_to_train(self, result: dict[str, Any]) -> float:
+        """Seconds to finish ``horizon_steps`` steps: compile once, then steady-state steps."""
+        return result["compile_s"] + self.settings.horizon_steps * result["step_s"]
+
+    def values(self, result: dict[str, Any]) -> list[float]:
+        if self.kind == "time_to_train":
+            return [self.time_to_train(result)]
+        if self.kind == "throughput":
+            return [result["tokens_per_s"]]
+        return [result["tokens_per_s"], result["compile_s"]]
+
+    def score(self, result: dict[str, Any]) -> float:
+        """One number where lower is better, to rank trials and prune against (Pareto: time to train)."""
+        return -result["tokens_per_s"] if self.kind == "throughput" else self.time_to_train(result)
+
+    def constraints(self, result: dict[str, Any], reference_losses: list[float] | None) -> dict[str, float]:
+        """Optuna constraints (feasible when <= 0): peak memory over the limit, loss drift over tolerance."""
+        limit = self.settings.memory_limit_gb
+        memory = result.get("peak_memory_bytes", 0) / 2**30 - limit if limit > 0 else -1.0
+        drift = loss_drift(result.get("losses", []), reference_losses)
+        numerics = drift - self.settings.loss_rtol if drift is not None else -1.0
+        return {"memory_gb_over_limit": memory, "loss_drift_over_rtol": numerics}
+
+    def stop_rule(self, best: dict[str, Any] | None) -> StopRule | None:
+        """Prune against the best complete trial so far; Pareto studies keep every trial."""
+        if best is None or self.kind == "pareto":
+            return None
+        margin = 1.0 + max(0.10, 3.0 * best.get("step_s_cv", 0.0))
+        best_score = self.score(best)
+        horizon = self.settings.horizon_steps
+
+        def rule(events: list[dict[str, Any]], elapsed: float) -> str | None:
+            started = next((e for e in events if e["event"] == "warmup_start"), None)
+            if started is None:
+                return None
+            warm = [e["seconds"] for e in events if e["event"] == "warmup_step"]
+            window = next((e for e in events if e["event"] == "window"), None)
+            if self.kind == "time_to_train" and window is None:
+                # time to train = sum(warm-up) + (horizon - warm-up steps) x step >= time spent warming up
+                spent = time.time() - started["time"]
+                if spent > best_score * margin:
+                    return (f"warm-up (compile) alone took {spent:.1f} s > best time to train "
+                            f"{best_score:.1f} s (trial {best['number']})")
+                return None
+            if window is None:
+                return None
+            step = window["step_s"]
+            if self.kind == "time_to_train":
+                bound = sum(warm) + (horizon - len(warm)) * step
+                if bound > best_score * margin:
+                    return (f"after the first timed window: time to train ~{bound:.1f} s vs best {best_score:.1f} s "
+                            f"(trial {best['number']}, margin {margin - 1:.0%})")
+            elif step > best["step_s"] * margin:
+                return (f"first timed window {step * 1e3:.2f} ms/step vs best {best['step_s'] * 1e3:.2f} ms "
+                        f"(trial {best['number']}, margin {margin - 1:.0%})")
+            return None
+
+        return rule
+
+
+def loss_drift(losses: list[float], reference: list[float] | None) -> float | None:
+    """Largest relative distance between per-step losses over the steps both ran."""
+    if not reference or not losses:
+        return None
+    pairs = list(zip(losses, reference, strict=False))
+    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs)

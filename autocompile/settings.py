@@ -1,0 +1,222 @@
+"""The tuner's configuration: the Hydra schema and its conversion into validated, typed settings.
+
+The schema is registered in Hydra's ConfigStore, so a misspelled key or a value of the wrong type
+fails at composition. Knob groups (``compile.*``, ``amp.*``...) are generated from the knob table:
+a knob left at ``???`` is searched by ``task=tune`` and takes its default under ``task=measure``;
+a knob given a value is fixed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, make_dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from autocompile.knobs import KNOBS, Env, KnobError, TrialConfig
+from autocompile.models import resolve
+from autocompile.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
+
+TASKS = ("tune", "measure")
+OBJECTIVES = ("time_to_train", "throughput", "pareto")
+
+
+@dataclass
+class StudySettings:
+    """The Optuna study."""
+
+    name: str = ("${model.name}-bs${workload.batch_size}-seq${ac_join:${workload.seq_len}}"
+                 "-ws${ac_ws:}-${ac_device:${workload.device}}")
+    """Study (and run directory) name; the same name resumes the same study."""
+    storage: str = ""
+    """Optuna storage URL; empty = a journal file in the run directory."""
+    n_trials: int = 20
+    """Trials to finish (complete, pruned or failed), counting those of a resumed study."""
+    timeout_s: float = 0.0
+    """Stop starting trials after this many seconds; 0 = no limit."""
+    seed: int = 0
+    """Sampler seed."""
+    extended: bool = False
+    """Also search the extended knobs (inductor options)."""
+    baselines: bool = True
+    """Measure eager, default torch.compile(model) and regional compile before sampling."""
+    prune: bool = True
+    """Stop trials that cannot beat the best (by compile time, or after the first timed window)."""
+    max_failure_rate: float = 0.8
+    """Stop the study when more than this fraction of its trials failed (after 5 trials)."""
+
+    def __post_init__(self) -> None:
+        if self.n_trials < 1:
+            raise ValueError(f"study.n_trials={self.n_trials} must be >= 1")
+        if not 0 < self.max_failure_rate <= 1:
+            raise ValueError(f"study.max_failure_rate={self.max_failure_rate} must be in (0, 1]")
+
+
+@dataclass
+class ObjectiveSettings:
+    """What "best" means."""
+
+    kind: str = "time_to_train"
+    """time_to_train: compile s + horizon_steps x step s (minimise); throughput: tokens/s (maximise);
+    pareto: tokens/s up and compile s down."""
+    horizon_steps: int = 1000
+    """Training steps the compile time is paid back over (time_to_train)."""
+    memory_limit_gb: float = 0.0
+    """Trials above this peak memory are infeasible; 0 = no limit."""
+    loss_rtol: float = 0.02
+    """Per-step losses must stay within this relative distance of the eager baseline's."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in OBJECTIVES:
+            raise ValueError(f"objective.kind={self.kind!r}: choose one of {', '.join(OBJECTIVES)}")
+        if self.horizon_steps < 1:
+            raise ValueError(f"objective.horizon_steps={self.horizon_steps} must be >= 1")
+
+
+@dataclass
+class TrackingSettings:
+    """MLflow."""
+
+    enabled: bool = True
+    """Log the study to MLflow."""
+    uri: str = ""
+    """Tracking URI; empty = sqlite:///<output_root>/mlflow.db (studies accumulate side by side)."""
+    experiment: str = ""
+    """Experiment name; empty = one per model and workload."""
+
+
+def _knob_groups() -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key in KNOBS:
+        *parents, leaf = key.split(".")
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = MISSING
+    return tree
+
+
+@dataclass
+class _BaseConfig:
+    task: str = "tune"
+    """tune: run a study; measure: one trial of the knobs given."""
+    output_root: str = "runs"
+    """Where run directories (and the default MLflow store) go."""
+    model: Any = None
+    """Chosen with +model=NAME (conf/model/NAME.yaml) or your own model._target_."""
+    workload: Workload = field(default_factory=Workload)
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    study: StudySettings = field(default_factory=StudySettings)
+    objective: ObjectiveSettings = field(default_factory=ObjectiveSettings)
+    tracking: TrackingSettings = field(default_factory=TrackingSettings)
+
+
+# One field per knob group of the knob table (compile, amp, ...), every knob ??? until given.
+AppConfig = make_dataclass(
+    "AppConfig",
+    [(f.name, Any, field(default_factory=lambda name=f.name: _knob_groups()[name])) for f in fields(TrialConfig)],
+    bases=(_BaseConfig,),
+)
+
+
+def register() -> None:
+    """Put the schema in Hydra's ConfigStore (config.yaml lists it first in its defaults)."""
+    OmegaConf.register_new_resolver("ac_join", lambda xs: "-".join(str(x) for x in xs), replace=True)
+    OmegaConf.register_new_resolver(
+        "ac_ws", lambda *, _root_: _root_.workload.nproc_per_node * _root_.workload.nnodes, replace=True)
+    OmegaConf.register_new_resolver(
+        "ac_device", lambda device: Workload(device=device).resolved_device(), replace=True)
+    cs = ConfigStore.instance()
+    cs.store(name="autocompile_schema", node=AppConfig)
+
+
+class ConfigError(ValueError):
+    """A configuration the tool cannot run; the message names the fix."""
+
+
+@dataclass
+class Settings:
+    """Everything a task needs, validated."""
+
+    task: str
+    output_root: Path
+    model: ModelSpec
+    workload: Workload
+    measure: MeasureSettings
+    study: StudySettings
+    objective: ObjectiveSettings
+    tracking: TrackingSettings
+    fixed_knobs: dict[str, Any]
+    """Knobs the user gave a value: fixed in a study, the configuration in a measurement."""
+    device: str
+    threads: int
+
+    @property
+    def env(self) -> Env:
+        return Env.detect(self.device, self.workload.world_size, self.workload.shapes_vary)
+
+    def trial_spec(self, config: TrialConfig) -> TrialSpec:
+        return TrialSpec(knobs=config.flat(), model=self.model, workload=self.workload, measure=self.measure,
+                         device=self.device, threads=self.threads)
+
+
+def model_spec(node: Any, available: list[str]) -> ModelSpec:
+    if node is None:
+        raise ConfigError(f"no model given: add +model=NAME with NAME one of {', '.join(available)}, "
+                          "or +model=custom model._target_=pkg.module.factory model.vocab_size=N")
+    raw = dict(OmegaConf.to_container(node, resolve=True)) if isinstance(node, DictConfig) else dict(node)
+    target = raw.pop("_target_", None)
+    if target in (None, "", "???"):
+        raise ConfigError("the model config has no _target_: set model._target_=pkg.module.factory")
+    name = str(raw.pop("name", target.rsplit(".", 1)[-1]))
+    vocab = raw.get("vocab_size")
+    if vocab in (None, "???"):
+        raise ConfigError(f"model {name!r} has no vocab_size: set model.vocab_size=N (token ids of the synthetic data)")
+    try:
+        resolve(target)
+        return ModelSpec(name=name, target=target, vocab_size=int(vocab), kwargs=raw)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def fixed_knobs(cfg: DictConfig) -> dict[str, Any]:
+    """Knobs given a value (every knob is in a group, so its parent node exists)."""
+    fixed = {}
+    for key in KNOBS:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent)
+        if not OmegaConf.is_missing(node, leaf):
+            fixed[key] = node[leaf]
+    return fixed
+
+
+def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
+    """Validate a composed config; every problem surfaces as one ConfigError naming the fix."""
+    try:
+        if cfg.task not in TASKS:
+            raise ConfigError(f"task={cfg.task!r}: choose one of {', '.join(TASKS)}")
+        model = model_spec(cfg.model, available_models)
+        workload = OmegaConf.to_object(cfg.workload)
+        measure = OmegaConf.to_object(cfg.measure)
+        study = OmegaConf.to_object(cfg.study)
+        objective = OmegaConf.to_object(cfg.objective)
+        tracking = OmegaConf.to_object(cfg.tracking)
+        device = workload.resolved_device()
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("workload.device=cuda but no CUDA device is visible: use workload.device=cpu")
+        settings = Settings(
+            task=cfg.task, output_root=Path(cfg.output_root), model=model, workload=workload, measure=measure,
+            study=study, objective=objective, tracking=tracking, fixed_knobs=fixed_knobs(cfg), device=device,
+            threads=workload.resolved_threads(),
+        )
+        # Fixed knobs must be valid on their own; under tune, one that does not apply to every
+        # sampled trial is fine, so only measure is strict.
+        TrialConfig.from_flat(settings.fixed_knobs, settings.env, strict=settings.task == "measure")
+        return settings
+    except (KnobError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc

@@ -1,0 +1,80 @@
+"""The search space: the knob table read as Optuna's define-by-run conditional space."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from autocompile.knobs import KNOBS, Env, TrialConfig
+
+BASELINES = {
+    "eager": {"compile.scope": "none"},
+    "compile": {"compile.scope": "module"},
+    "regional": {"compile.scope": "regional"},
+}
+"""Measured first, and every result is also a speedup over them: no compile, the default
+``torch.compile(model)``, and the default regional compile."""
+
+
+class SearchSpace:
+    """Knobs in declaration order: fixed ones are taken as given, inactive ones skipped, a knob with
+    one possible value is not asked for, the rest are suggested under their dotted key."""
+
+    def __init__(self, env: Env, fixed: dict[str, Any], extended: bool = False) -> None:
+        self.env = env
+        self.fixed = fixed
+        self.extended = extended
+        TrialConfig.from_flat(fixed, env, strict=False)  # fixed values are valid on their own
+
+    def options(self, key: str, values: dict[str, Any]) -> tuple[Any, ...]:
+        """What knob ``key`` may be, given the knobs before it."""
+        spec, default = KNOBS[key]
+        if spec.when is not None and not spec.when.test(values, self.env):
+            return (default,)
+        if key in self.fixed:
+            return (self.fixed[key],)
+        if spec.extended and not self.extended:
+            return (default,)
+        return spec.searched(values, self.env)
+
+    def sample(self, trial: optuna.Trial) -> TrialConfig:
+        values: dict[str, Any] = {}
+        for key in KNOBS:
+            choices = self.options(key, values)
+            values[key] = trial.suggest_categorical(key, choices) if len(choices) > 1 else choices[0]
+        return TrialConfig.from_flat(values, self.env)
+
+    def baseline_params(self, name: str) -> dict[str, Any]:
+        """The Optuna params that make ``sample`` return the baseline (defaults elsewhere)."""
+        flat = TrialConfig.from_flat({**self.fixed, **BASELINES[name]}, self.env, strict=False).flat()
+        values: dict[str, Any] = {}
+        params = {}
+        for key in KNOBS:
+            if len(self.options(key, values)) > 1:
+                params[key] = flat[key]
+            values[key] = flat[key]
+        return params
+
+    def size(self) -> int:
+        """Distinct configurations (by active knobs); small spaces are exhausted before n_trials."""
+        return len(self.enumerate())
+
+    def enumerate(self) -> list[TrialConfig]:
+        configs: dict[str, TrialConfig] = {}
+
+        def walk(values: dict[str, Any], keys: list[str]) -> None:
+            if not keys:
+                config = TrialConfig.from_flat(values, self.env)
+                configs.setdefault(identity(config, self.env), config)
+                return
+            for choice in self.options(keys[0], values):
+                walk({**values, keys[0]: choice}, keys[1:])
+
+        walk({}, list(KNOBS))
+        return list(configs.values())
+
+
+def identity(config: TrialConfig, env: Env) -> str:
+    """A configuration's identity: its active knobs, canonically ordered."""
+    return ",".join(f"{k}={v!r}" for k, v in sorted(config.active(env).items()))

@@ -1,0 +1,114 @@
+"""The Optuna study: storage, sampler, what finished trials recorded, and recovery after a kill.
+
+Each trial keeps its measurement in user attributes (``config``, ``identity``, ``result``...), so
+a resumed study, a second tuner process, the report and MLflow all read the same record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import FrozenTrial, TrialState
+
+from autocompile.settings import ConfigError
+
+log = logging.getLogger(__name__)
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+# Numbers kept on each trial for ranking, reporting and tracking (result.json has everything).
+RESULT_KEYS = ("status", "failure", "reason", "tokens_per_s", "step_s", "step_s_cv", "compile_s", "first_step_s",
+               "peak_memory_bytes", "graph_count", "graph_breaks", "recompiles_timed", "mfu", "compiled", "wall_s",
+               "losses", "tokens_per_s_windows", "environment")
+
+
+def storage_for(url: str, run_dir: Path) -> optuna.storages.BaseStorage:
+    """The study's storage: a journal file in the run directory unless a URL is given."""
+    try:
+        if not url:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            return JournalStorage(JournalFileBackend(str(run_dir / "optuna.journal")))
+        return optuna.storages.get_storage(url)
+    except Exception as exc:
+        raise ConfigError(f"study.storage={url or run_dir / 'optuna.journal'!s} cannot be opened "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                          "fix the URL or leave it empty for a journal file in the run directory") from exc
+
+
+def open_study(name: str, storage: optuna.storages.BaseStorage, directions: list[str], seed: int) -> optuna.Study:
+    """Create or resume; TPE with a multivariate, grouped model handles the conditional space."""
+    sampler = optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, n_startup_trials=8,
+                                         warn_independent_sampling=False)
+    study = optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler,
+                                load_if_exists=True)
+    if [d.name.lower() for d in study.directions] != directions:
+        raise ConfigError(f"study {name!r} exists with directions {[d.name.lower() for d in study.directions]}, "
+                          f"not {directions}: keep its objective.kind or choose another study.name")
+    return study
+
+
+def owner() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def is_orphaned(trial: FrozenTrial) -> bool:
+    """A RUNNING trial whose tuner process is gone (same host, pid no longer alive)."""
+    who = trial.user_attrs.get("owner")
+    if not who or who.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(who["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def recover_interrupted(study: optuna.Study) -> list[int]:
+    """Mark trials left RUNNING by a killed tuner as failed and queue their configuration again."""
+    recovered = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not is_orphaned(trial):
+            continue
+        study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+        study._storage.set_trial_user_attr(trial._trial_id, "reason", "tuner process died during the trial")
+        study.tell(trial.number, state=TrialState.FAIL)
+        if trial.params:
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        recovered.append(trial.number)
+        log.warning("trial %d was interrupted by a dead tuner: marked failed, configuration queued again",
+                    trial.number)
+    return recovered
+
+
+def counted(trial: FrozenTrial) -> bool:
+    """Finished trials count towards n_trials, except those a dead tuner interrupted (re-measured)."""
+    return trial.state in FINISHED and not trial.user_attrs.get("interrupted")
+
+
+def find_measured(study: optuna.Study, identity: str, exclude: int) -> FrozenTrial | None:
+    """A finished, measured trial of the same configuration (not a dedupe copy, not interrupted)."""
+    for trial in study.get_trials(deepcopy=False, states=FINISHED):
+        attrs = trial.user_attrs
+        if (trial.number != exclude and attrs.get("identity") == identity and not attrs.get("interrupted")
+                and "duplicate_of" not in attrs and "result" in attrs):
+            return trial
+    return None
+
+
+def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Finished trials that carry a measurement of their own (duplicates and interruptions left out)."""
+    return [t for t in study.get_trials(deepcopy=False, states=FINISHED)
+            if "result" in t.user_attrs and "duplicate_of" not in t.user_attrs
+            and not t.user_attrs.get("interrupted")]
+
+
+def compact(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: result[k] for k in RESULT_KEYS if k in result}

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autocompile.knobs import Env, TrialConfig
+from autocompile.launcher import launch
+from autocompile.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
+
+TINY_GPT2 = ModelSpec(name="gpt2-tiny", target="autocompile.models.gpt2", vocab_size=128,
+                      kwargs={"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 64})
+
+
+def tiny_lm(behaviour: str = "ok") -> ModelSpec:
+    return ModelSpec(name=f"tiny-{behaviour}", target="tests.models.tiny_lm", vocab_size=64,
+                     kwargs={"vocab_size": 64, "behaviour": behaviour})
+
+
+def make_spec(knobs: dict[str, Any], *, model: ModelSpec = TINY_GPT2, nproc: int = 1, seq_len: list[int] | None = None,
+              timeout_s: float = 180.0, windows: int = 2, window_steps: int = 2) -> TrialSpec:
+    workload = Workload(batch_size=2, seq_len=seq_len or [16], nproc_per_node=nproc, device="cpu", threads=1)
+    env = Env.detect("cpu", nproc, workload.shapes_vary)
+    config = TrialConfig.from_flat(knobs, env)  # a test must only launch valid configurations
+    return TrialSpec(knobs=config.flat(), model=model, workload=workload,
+                     measure=MeasureSettings(warmup_steps=2, windows=windows, window_steps=window_steps,
+                                             timeout_s=timeout_s),
+                     device="cpu", threads=1)
+
+
+def run_trials(root: Path, specs: list[TrialSpec], parallel: int = 2) -> list[dict[str, Any]]:
+    """Launch trials two at a time (one thread each on this 2-core machine); results in order."""
+    with ThreadPoolExecutor(parallel) as pool:
+        futures = [pool.submit(launch, root / f"trial{i:03d}", spec) for i, spec in enumerate(specs)]
+        return [f.result() for f in futures]
+
+
+def assert_ok(result: dict[str, Any]) -> None:
+    assert result["status"] == "ok", (result.get("failure"), result.get("reason"), result["trial_dir"])
+    assert result["tokens_per_s"] > 0 and result["step_s"] > 0
+    assert result["compile_s"] >= 0
+    assert len(result["step_s_windows"]) >= 1
+    assert all(loss == loss for loss in result["losses"])  # finite, recorded per step
+
+
+@pytest.fixture
+def cpu_env() -> Env:
+    return Env.detect("cpu", 1, False)

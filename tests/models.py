@@ -1,0 +1,41 @@
+"""Model factories for failure tests, named by dotted path like any user model (``_target_``)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+
+class TinyLM(nn.Module):
+    """Embedding, a stack of same-class blocks, a head: enough structure for every knob."""
+
+    def __init__(self, vocab_size: int = 64, width: int = 32, layers: int = 2, behaviour: str = "ok") -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, width)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(layers))
+        self.head = nn.Linear(width, vocab_size)
+        self.behaviour = behaviour
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        if self.behaviour == "graph_break":
+            torch._dynamo.graph_break()
+        elif self.behaviour == "hang":
+            time.sleep(3600)
+        elif self.behaviour == "raise":
+            raise ValueError("boom from the test model")
+        elif self.behaviour == "nan":
+            x = x * float("nan")
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+def tiny_lm(vocab_size: int = 64, behaviour: str = "ok") -> nn.Module:
+    return TinyLM(vocab_size=vocab_size, behaviour=behaviour)
+
+
+def not_a_module(vocab_size: int = 64) -> object:
+    return object()

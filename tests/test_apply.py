@@ -1,0 +1,118 @@
+"""apply() in-process with fast backends: what gets compiled, and that the numbers stay right."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from autocompile.apply import apply, lm_loss
+from autocompile.data import SyntheticTokens
+from autocompile.knobs import Env, TrialConfig
+from autocompile.models import find_blocks, flops_per_token, gpt2
+from tests.models import tiny_lm
+
+# fp32 eager vs compiled (aot_eager runs the same kernels): relative tolerance on per-step losses.
+LOSS_RTOL = 1e-4
+
+
+def run(knobs: dict[str, Any], steps: int = 3, seq_lens: list[int] | None = None, model_factory=None):
+    torch._dynamo.reset()
+    env = Env.detect("cpu", 1, len(set(seq_lens or [16])) > 1)
+    config = TrialConfig.from_flat({"compile.backend": "aot_eager", **knobs}, env, strict=False)
+    torch.manual_seed(0)
+    model = (model_factory or (lambda: gpt2(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=64)))()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = apply(model, optimizer, lm_loss, config)
+    data = SyntheticTokens(128 if model_factory is None else 64, 2, seq_lens or [16], seed=0)
+    losses = [float(step(*data.batch(i))) for i in range(steps)]
+    return step, model, losses
+
+
+def test_scope_none_and_module_agree_on_losses() -> None:
+    _, _, eager = run({"compile.scope": "none"})
+    _, _, compiled = run({"compile.scope": "module"})
+    assert compiled == pytest.approx(eager, rel=LOSS_RTOL)
+    assert eager[0] != eager[-1]  # the optimizer really stepped
+
+
+def test_module_scope_compiles_in_place_without_orig_mod_prefix() -> None:
+    step, model, _ = run({"compile.scope": "module"})
+    assert step.compiled == ["model"]
+    assert model._compiled_call_impl is not None
+    assert not any(k.startswith("_orig_mod") for k in model.state_dict())
+
+
+def test_regional_compiles_each_block_and_only_blocks() -> None:
+    step, model, _ = run({"compile.scope": "regional"})
+    assert step.compiled == ["transformer.h.0", "transformer.h.1"]
+    assert all(b._compiled_call_impl is not None for b in model.transformer.h)
+    assert model._compiled_call_impl is None
+
+
+def test_regional_sublayer_compiles_attention_and_mlp() -> None:
+    step, model, _ = run({"compile.scope": "regional", "compile.granularity": "sublayer"})
+    assert step.compiled == [f"transformer.h.{i}.{s}" for i in range(2) for s in ("attn", "mlp")]
+    assert model.transformer.h[0].ln_1._compiled_call_impl is None
+
+
+def test_train_step_scope_and_compiled_optimizer() -> None:
+    step, _, losses = run({"compile.scope": "train_step"})
+    assert step.compiled == ["train_step"]
+    step, _, losses_opt = run({"compile.scope": "module", "compile.optimizer": True})
+    assert step.compiled == ["model", "optimizer.step"]
+    assert losses_opt == pytest.approx(losses, rel=LOSS_RTOL)
+
+
+def test_compiled_autograd_engages_around_backward() -> None:
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    step, _, _ = run({"compile.scope": "module", "compile.compiled_autograd": True})
+    assert "compiled_autograd" in step.compiled
+    assert counters["compiled_autograd"]["captures"] >= 1
+
+
+@pytest.mark.parametrize("placement", ["outside", "inside"])
+@pytest.mark.parametrize("scope", ["module", "regional", "train_step"])
+def test_bf16_autocast_in_both_placements_matches_eager_bf16(scope: str, placement: str) -> None:
+    _, _, reference = run({"compile.scope": "none", "amp.dtype": "bfloat16"})
+    _, _, losses = run({"compile.scope": scope, "amp.dtype": "bfloat16", "amp.placement": placement})
+    assert losses == pytest.approx(reference, rel=1e-2)
+
+
+def test_autocast_inside_puts_the_context_in_the_compiled_forward() -> None:
+    _step, model, _ = run({"compile.scope": "module", "amp.dtype": "bfloat16", "amp.placement": "inside"})
+    logits = model(torch.zeros(1, 4, dtype=torch.long)).logits  # no autocast outside here
+    assert logits.dtype == torch.bfloat16
+
+
+def test_activation_checkpointing_per_block_keeps_losses() -> None:
+    _, _, plain = run({"compile.scope": "regional"})
+    _step, model, checkpointed = run({"compile.scope": "regional", "ac.policy": "block"})
+    assert checkpointed == pytest.approx(plain, rel=LOSS_RTOL)
+    assert all("checkpoint" in str(b.forward) for b in model.transformer.h)
+
+
+def test_dynamic_shapes_compile_once_per_schedule() -> None:
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    run({"compile.scope": "module", "compile.dynamic": True}, steps=4, seq_lens=[16, 24])
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_blocks_are_found_generically_on_a_user_model() -> None:
+    name, blocks = find_blocks(tiny_lm())
+    assert name == "blocks" and len(blocks) == 2
+    step, _, _ = run({"compile.scope": "regional"}, model_factory=tiny_lm)
+    assert step.compiled == ["blocks.0", "blocks.1"]
+
+
+def test_flops_per_token_of_gpt2_124m_shape() -> None:
+    with torch.device("meta"):
+        model = gpt2()
+    n = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()
+    assert flops_per_token(model, 1024) == 6 * n + 12 * 12 * 768 * 1024
+    assert 120e6 < n < 125e6

@@ -1,0 +1,49 @@
+"""The command line: one-line errors for bad input, and a real measurement."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autocompile", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((), "no model given: add +model=NAME"),
+    (("+model=gpt3",), "unknown model 'gpt3': choose one of"),
+    (("+model=gpt2-tiny", "compile.scoop=module"), "unknown config key 'compile.scoop'"),
+    (("+model=gpt2-tiny", "task=measure", "compile.scope=everything"), "compile.scope='everything' is not valid"),
+    (("+model=gpt2-tiny", "workload.batch_size=many"), "workload.batch_size=many"),
+    (("+model=custom", "model._target_=no_such_pkg.make", "model.vocab_size=8"),
+     "model _target_ 'no_such_pkg.make' does not import"),
+    (("-m", "+model=gpt2-tiny,gpt3"), "unknown model 'gpt3'"),
+])
+def test_bad_input_is_one_line_naming_the_fix(args: tuple[str, ...], says: str, tmp_path: Path) -> None:
+    result = cli(*args, f"output_root={tmp_path}")
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autocompile: error: "), result.stderr
+    assert says in lines[0]
+    assert not any(tmp_path.iterdir())  # nothing was started
+
+
+def test_measure_one_configuration_prints_the_table(tmp_path: Path) -> None:
+    result = cli("+model=gpt2-tiny", "task=measure", "compile.scope=regional", "amp.dtype=bfloat16",
+                 "compile.backend=eager", "workload.seq_len=[16]", "workload.batch_size=2",
+                 "measure.windows=2", f"output_root={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for row in ("tokens/s", "compile time", "transformer.h.0, transformer.h.1", "wall time"):
+        assert row in result.stdout
+    (path,) = tmp_path.glob("*/measure/*/result.json")
+    measured = json.loads(path.read_text())
+    assert measured["status"] == "ok" and measured["compiled"] == ["transformer.h.0", "transformer.h.1"]
+    assert path.parent.parent.parent.name == "gpt2-tiny-bs2-seq16-ws1-cpu"

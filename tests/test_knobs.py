@@ -1,0 +1,93 @@
+"""The knob table: conditions make invalid and duplicate configurations impossible."""
+
+from __future__ import annotations
+
+import pytest
+
+from autocompile.apply import compile_kwargs
+from autocompile.knobs import KNOBS, Env, KnobError, TrialConfig, describe
+
+
+def cfg(env: Env, **values: object) -> TrialConfig:
+    return TrialConfig.from_flat({k.replace("__", "."): v for k, v in values.items()}, env)
+
+
+def test_every_knob_has_doc_values_and_a_dotted_key() -> None:
+    assert {"compile.scope", "compile.granularity", "compile.optimizer", "compile.backend", "compile.mode",
+            "compile.dynamic", "compile.fullgraph", "compile.compiled_autograd", "amp.dtype", "amp.placement",
+            "placement.order", "ddp.wrap_order", "ddp.optimize", "ac.policy",
+            "compile.options.coordinate_descent_tuning"} <= set(KNOBS)
+    for key, (spec, _default) in KNOBS.items():
+        assert spec.doc and "." in key
+
+
+def test_defaults_round_trip_through_flat(cpu_env: Env) -> None:
+    config = TrialConfig.from_flat({}, cpu_env)
+    assert config.compile.scope == "module" and config.amp.dtype == "none"
+    assert TrialConfig.from_flat(config.flat(), cpu_env) == config
+
+
+@pytest.mark.parametrize(("values", "needs"), [
+    ({"ddp.wrap_order": "compile_of_ddp"}, "world size > 1"),
+    ({"ddp.optimize": "no_optimization"}, "world size > 1"),
+    ({"amp.placement": "inside"}, "amp.dtype is not none"),
+    ({"compile.granularity": "sublayer"}, "compile.scope is regional"),
+    ({"compile.scope": "none", "compile.fullgraph": True}, "compile.scope is not none"),
+    ({"compile.dynamic": True}, "varies sequence length"),
+    ({"compile.backend": "eager", "compile.mode": "lite"}, "compile.backend is inductor"),
+])
+def test_knob_that_does_not_apply_is_rejected_with_its_condition(cpu_env: Env, values: dict, needs: str) -> None:
+    with pytest.raises(KnobError, match=needs):
+        TrialConfig.from_flat(values, cpu_env)
+
+
+def test_cudagraph_modes_are_not_offered_on_cpu() -> None:
+    cpu = Env.detect("cpu", 1, False)
+    cuda = Env.detect("cuda", 1, False)
+    assert "reduce-overhead" not in cpu.modes and "max-autotune" not in cpu.modes
+    assert {"reduce-overhead", "max-autotune", "default"} <= set(cuda.modes)
+    with pytest.raises(KnobError, match="not valid here"):
+        TrialConfig.from_flat({"compile.mode": "reduce-overhead"}, cpu)
+    assert TrialConfig.from_flat({"compile.mode": "reduce-overhead"}, cuda).compile.mode == "reduce-overhead"
+
+
+def test_fp16_only_on_cuda() -> None:
+    with pytest.raises(KnobError, match=r"amp\.dtype='float16'"):
+        TrialConfig.from_flat({"amp.dtype": "float16"}, Env.detect("cpu", 1, False))
+    assert TrialConfig.from_flat({"amp.dtype": "float16"}, Env.detect("cuda", 1, False)).amp.dtype == "float16"
+
+
+def test_compiled_autograd_allows_only_the_python_reducer() -> None:
+    ddp = Env.detect("cpu", 2, False)
+    config = TrialConfig.from_flat({"compile.compiled_autograd": True}, ddp)
+    assert config.ddp.optimize == "python_reducer"  # the default is ruled out, so the valid one is taken
+    for cpp_mode in ("ddp_optimizer", "no_optimization"):
+        with pytest.raises(KnobError, match="python_reducer"):
+            TrialConfig.from_flat({"compile.compiled_autograd": True, "ddp.optimize": cpp_mode}, ddp)
+    with pytest.raises(KnobError):  # a no-op without compiled autograd
+        TrialConfig.from_flat({"ddp.optimize": "python_reducer"}, ddp)
+
+
+def test_unknown_knob_and_value_name_the_fix(cpu_env: Env) -> None:
+    with pytest.raises(KnobError, match=r"unknown knob 'compile\.scoop'"):
+        TrialConfig.from_flat({"compile.scoop": "module"}, cpu_env)
+    with pytest.raises(KnobError, match="choose one of 'none', 'module', 'regional', 'train_step'"):
+        TrialConfig.from_flat({"compile.scope": "everything"}, cpu_env)
+
+
+def test_inactive_knobs_are_not_part_of_the_identity(cpu_env: Env) -> None:
+    eager = TrialConfig.from_flat({"compile.scope": "none"}, cpu_env)
+    assert set(eager.active(cpu_env)) == {"compile.scope", "amp.dtype", "ac.policy"}
+    # Non-strict validation drops a study-wide fixed knob that does not apply to this trial.
+    loose = TrialConfig.from_flat({"compile.scope": "none", "amp.placement": "inside"}, cpu_env, strict=False)
+    assert loose == eager
+    assert describe(eager, cpu_env) == "compile.scope=none"
+
+
+def test_mode_and_options_are_never_passed_together(cpu_env: Env) -> None:
+    plain = cfg(cpu_env, compile__mode="max-autotune-no-cudagraphs")
+    assert compile_kwargs(plain.compile)["mode"] == "max-autotune-no-cudagraphs"
+    merged = compile_kwargs(cfg(cpu_env, compile__mode="max-autotune-no-cudagraphs",
+                                compile__options__shape_padding=False).compile)
+    assert "mode" not in merged
+    assert merged["options"] == {"max_autotune": True, "coordinate_descent_tuning": True, "shape_padding": False}

@@ -1,0 +1,134 @@
+"""Real trials through the launcher: torchrun, a fresh process per trial, result.json."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from autocompile.knobs import Env, KnobError, TrialConfig
+from autocompile.launcher import launch
+from autocompile.timeline import wall_split
+from tests.conftest import assert_ok, make_spec, run_trials, tiny_lm
+
+FAST = {"compile.backend": "eager"}
+
+
+def single_process_matrix() -> list[dict[str, Any]]:
+    """Every valid scope x AMP (none / bf16 x placement) x placement.order, each once."""
+    env = Env.detect("cpu", 1, False)
+    amps = [{"amp.dtype": "none"}, {"amp.dtype": "bfloat16", "amp.placement": "outside"},
+            {"amp.dtype": "bfloat16", "amp.placement": "inside"}]
+    configs: dict[tuple, dict[str, Any]] = {}
+    for scope, amp, order in itertools.product(["none", "module", "regional", "train_step"], amps,
+                                               ["to_then_compile", "compile_then_to"]):
+        knobs = {"compile.scope": scope, "placement.order": order, **amp, **FAST}
+        config = TrialConfig.from_flat(knobs, env, strict=False)  # drops what does not apply
+        configs.setdefault(tuple(sorted(config.active(env).items())), config.flat())
+    return list(configs.values())
+
+
+def test_every_scope_amp_and_placement_order_runs_ok(tmp_path: Path) -> None:
+    configs = single_process_matrix()
+    # none x {fp32, bf16}; module and regional x 3 AMP x 2 orders; train_step x 3 AMP.
+    assert len(configs) == 2 + 6 + 6 + 3
+    results = run_trials(tmp_path, [make_spec(k) for k in configs])
+    for knobs, result in zip(configs, results, strict=True):
+        assert_ok(result)
+        assert bool(result["compiled"]) == (knobs["compile.scope"] != "none")
+        assert result["environment"]["world_size"] == 1
+        assert set(wall_split(result)) == {"overhead_start_s", "overhead_imports_s", "overhead_build_s",
+                                           "warmup_s", "timed_s", "teardown_s"}
+        trial_dir = Path(result["trial_dir"])
+        assert "torch.distributed.run" in (trial_dir / "cmd.txt").read_text()
+        assert json.loads((trial_dir / "trial.json").read_text())["knobs"] == knobs
+
+
+def ddp_matrix() -> list[dict[str, Any]]:
+    env = Env.detect("cpu", 2, False)
+    configs = []
+    for wrap, ca, mode in itertools.product(("ddp_of_compiled", "compile_of_ddp"), (False, True),
+                                            ("ddp_optimizer", "no_optimization", "python_reducer")):
+        knobs = {"compile.scope": "module", "ddp.wrap_order": wrap, "compile.compiled_autograd": ca,
+                 "ddp.optimize": mode, "compile.backend": "aot_eager"}
+        try:
+            configs.append(TrialConfig.from_flat(knobs, env).flat())
+        except KnobError:
+            continue
+    return configs
+
+
+def test_ddp_both_wrap_orders_and_every_valid_reducer_keep_ranks_identical(tmp_path: Path) -> None:
+    configs = ddp_matrix()
+    assert len(configs) == 6  # 2 wrap orders x (ddp_optimizer, no_optimization, python_reducer+compiled autograd)
+    results = run_trials(tmp_path, [make_spec(k, nproc=2) for k in configs], parallel=1)
+    for knobs, result in zip(configs, results, strict=True):
+        assert_ok(result)
+        assert result["environment"]["world_size"] == 2
+        checksums = result["param_checksums"]
+        assert len(checksums) == 2 and checksums[0] == checksums[1], knobs
+        wrapped = "DistributedDataParallel(model)" in result["compiled"]
+        assert wrapped == (knobs["ddp.wrap_order"] == "compile_of_ddp")
+
+
+def test_losses_of_eager_and_compiled_trials_agree(tmp_path: Path) -> None:
+    eager, compiled = run_trials(tmp_path, [make_spec({"compile.scope": "none"}),
+                                            make_spec({"compile.scope": "module", "compile.backend": "aot_eager"})])
+    assert_ok(eager)
+    assert_ok(compiled)
+    assert compiled["losses"] == pytest.approx(eager["losses"], rel=1e-4)
+
+
+def test_graph_break_under_fullgraph_fails_with_the_reason(tmp_path: Path) -> None:
+    spec = make_spec({"compile.scope": "module", "compile.fullgraph": True, **FAST}, model=tiny_lm("graph_break"))
+    loose = make_spec({"compile.scope": "module", **FAST}, model=tiny_lm("graph_break"))
+    strict, relaxed = run_trials(tmp_path, [spec, loose])
+    assert strict["status"] == "failed" and strict["failure"] == "graph_break"
+    assert "graph_break()" in strict["reason"]
+    assert_ok(relaxed)
+    assert relaxed["graph_breaks"] >= 1 and any("graph_break" in r for r in relaxed["graph_break_reasons"])
+
+
+def test_raising_and_nan_trials_fail_with_their_message(tmp_path: Path) -> None:
+    raised, nan = run_trials(tmp_path, [make_spec({"compile.scope": "none"}, model=tiny_lm("raise")),
+                                        make_spec({"compile.scope": "none"}, model=tiny_lm("nan"))])
+    assert raised["status"] == "failed" and raised["failure"] == "exception"
+    assert "ValueError: boom from the test model" in raised["reason"]
+    assert nan["status"] == "failed" and nan["failure"] == "nan_loss"
+
+
+def test_failure_on_one_rank_is_reported(tmp_path: Path) -> None:
+    result = launch(tmp_path / "t", make_spec({"compile.scope": "none"}, model=tiny_lm("raise"), nproc=2))
+    assert result["status"] == "failed"
+    assert "boom from the test model" in result["reason"]
+
+
+def test_hanging_trial_is_killed_at_its_timeout_with_nothing_left_alive(tmp_path: Path) -> None:
+    spec = make_spec({"compile.scope": "none"}, model=tiny_lm("hang"), nproc=2, timeout_s=20)
+    started = time.time()
+    result = launch(tmp_path / "hang", spec)
+    assert result["status"] == "failed" and result["failure"] == "timeout"
+    assert time.time() - started < 60
+    marker = str((tmp_path / "hang").resolve())
+    time.sleep(1)
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
+
+
+def test_stop_rule_prunes_a_running_trial(tmp_path: Path) -> None:
+    spec = make_spec({"compile.scope": "none"}, windows=50, window_steps=20)
+    seen: list[int] = []
+
+    def stop_after_first_window(events: list[dict[str, Any]], elapsed: float) -> str | None:
+        windows = [e for e in events if e["event"] == "window"]
+        seen.append(len(windows))
+        return "slower than the best after window 1" if windows else None
+
+    result = launch(tmp_path / "p", spec, should_stop=stop_after_first_window)
+    assert result["status"] == "pruned" and result["reason"] == "slower than the best after window 1"
+    assert max(seen) >= 1
