@@ -54,6 +54,7 @@ def check_command_line(argv: list[str]) -> None:
         [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
         for o in parsed
     ]
+    checked: set[str] = set()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in itertools.product(*choices):
             try:
@@ -61,9 +62,14 @@ def check_command_line(argv: list[str]) -> None:
             except (HydraException, OmegaConfBaseException) as exc:
                 raise ConfigError(explain(exc)) from exc
             try:
-                settings_from(cfg, available_models())
+                settings = settings_from(cfg, available_models())
             except OmegaConfBaseException as exc:
                 raise ConfigError(explain(exc)) from exc
+            if settings.task == "tune" and settings.tracking.enabled and settings.tracking_uri not in checked:
+                from autocompile.tracking import check_store
+
+                check_store(settings.tracking_uri)
+                checked.add(settings.tracking_uri)
 
 
 def explain(exc: BaseException) -> str:
@@ -87,15 +93,21 @@ def one_line(exc: BaseException) -> str:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> Any:
-    settings = settings_from(cfg, available_models())
+    from autocompile.tuner import StudyFailing
+
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if settings.task == "measure":
-        from autocompile.measure import measure
+    try:
+        settings = settings_from(cfg, available_models())
+        if settings.task == "measure":
+            from autocompile.measure import measure
 
-        return measure(settings, run_dir)
-    from autocompile.tuner import tune
+            return measure(settings, run_dir)
+        from autocompile.tuner import tune
 
-    return tune(settings, run_dir, OmegaConf.to_yaml(cfg))
+        return tune(settings, run_dir, OmegaConf.to_yaml(cfg))
+    except (ConfigError, StudyFailing) as exc:
+        print(f"autocompile: error: {exc}", file=sys.stderr)
+        sys.exit(2 if isinstance(exc, ConfigError) else 3)
 
 
 class MultirunSummary(Callback):

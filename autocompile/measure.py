@@ -7,12 +7,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from autocompile.knobs import TrialConfig, describe
 from autocompile.launcher import launch
 from autocompile.settings import Settings
-from autocompile.view import measurement_table
+from autocompile.view import console, measurement_table
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +23,7 @@ def measure(settings: Settings, run_dir: Path) -> dict[str, Any]:
     name = describe(config, env)
     log.info("measuring %s in %s (%s inductor cache)", name, trial_dir, settings.measure.cache)
     result = launch(trial_dir, settings.trial_spec(config), cache_dir=cache_dir)
-    Console().print(measurement_table(result, name))
+    console().print(measurement_table(result, name))
     if result.get("status") != "ok":
         raise SystemExit(1)
     return result

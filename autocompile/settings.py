@@ -154,6 +154,10 @@ class Settings:
     threads: int
 
     @property
+    def tracking_uri(self) -> str:
+        return self.tracking.uri or f"sqlite:///{(self.output_root / 'mlflow.db').resolve()}"
+
+    @property
     def env(self) -> Env:
         return Env.detect(self.device, self.workload.world_size, self.workload.shapes_vary)
 

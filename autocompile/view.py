@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from autocompile.timeline import wall_split
+
+
+def console() -> Console:
+    """The terminal's width on a terminal; wide enough for the tables in logs and pipes."""
+    import sys
+
+    return Console() if sys.stdout.isatty() else Console(width=180)
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -55,3 +63,72 @@ def measurement_table(result: dict[str, Any], name: str) -> Table:
                       f"{env.get('world_size')}, {env.get('threads')} threads")
     table.add_row("trial directory", str(result.get("trial_dir", "-")))
     return table
+
+
+class StudyView:
+    """Live terminal view of a study: recent trials, best so far, overall progress."""
+
+    def __init__(self, n_trials: int, objective: Any, rows: int = 15) -> None:
+        from rich.live import Live
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.objective = objective
+        self.rows = rows
+        self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.description}"))
+        self.task = self.progress.add_task("", total=n_trials)
+        self.trials: list[Any] = []
+        self.current = ""
+        self.live = Live(self.render(), console=console(), refresh_per_second=2, transient=False)
+
+    def __enter__(self) -> StudyView:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(*exc)
+
+    def running(self, number: int, name: str) -> None:
+        self.current = f"running trial {number}: {name}"
+        self.progress.update(self.task, description=self.current)
+        self.live.update(self.render())
+
+    def refresh(self, trials: list[Any]) -> None:
+        from autocompile.study import counted
+
+        self.trials = trials
+        self.progress.update(self.task, completed=sum(counted(t) for t in trials), description="")
+        self.live.update(self.render())
+
+    def render(self) -> Any:
+        from rich.console import Group
+
+        from autocompile.study import counted
+
+        table = Table(title="autocompile study", title_justify="left", expand=False)
+        for col in ("#", "configuration (vs defaults)", "state", "tokens/s", "compile s", "objective", "best"):
+            table.add_column(col, overflow="fold")
+        best_score = None
+        lines = []
+        for t in self.trials:
+            result = t.user_attrs.get("result") or {}
+            state = t.state.name.lower()
+            if "duplicate_of" in t.user_attrs:
+                state = f"= #{t.user_attrs['duplicate_of']}"
+            elif t.user_attrs.get("interrupted"):
+                state = "interrupted"
+            ok = result.get("status") == "ok"
+            score = self.objective.score(result) if ok else None
+            marker = ""
+            if score is not None and t.state.name == "COMPLETE" and (best_score is None or score < best_score):
+                best_score, marker = score, "*"
+            if not counted(t) and t.state.name != "RUNNING":
+                continue
+            lines.append((str(t.number), t.user_attrs.get("name", ""), state,
+                          f"{result['tokens_per_s']:,.0f}" if ok else "-",
+                          f"{result['compile_s']:.1f}" if ok else "-",
+                          "/".join(f"{v:,.1f}" for v in t.values) if t.values else
+                          (t.user_attrs.get("reason") or "")[:60], marker))
+        for row in lines[-self.rows:]:
+            table.add_row(*row)
+        return Group(table, self.progress)

@@ -1,0 +1,107 @@
+"""Per-knob verdicts: what changing one knob did, with its uncertainty, from matched pairs of trials.
+
+Two trials form a matched pair for a knob when their active configurations differ in that knob
+only, so the difference is the knob's and nothing else's. The effect is the median relative change
+in step time over the pairs; its uncertainty combines each pair's window-to-window noise with the
+spread between pairs. An effect within twice its uncertainty is "no measurable effect". Without a
+matched pair, group medians are compared and the verdict says it is confounded.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from autocompile.knobs import KNOBS
+
+
+@dataclass
+class Effect:
+    knob: str
+    question: str
+    reference: Any
+    value: Any
+    step_change: float
+    """Relative change of step time, value vs reference (negative = faster)."""
+    uncertainty: float
+    compile_change_s: float
+    """Change of compile seconds, value vs reference."""
+    pairs: int
+    matched: bool
+
+    @property
+    def measurable(self) -> bool:
+        return abs(self.step_change) > 2 * self.uncertainty
+
+    @property
+    def verdict(self) -> str:
+        compile_part = f"compile {self.compile_change_s:+.1f} s"
+        if not self.measurable:
+            step_part = f"no measurable effect on step time ({self.step_change:+.1%} ± {self.uncertainty:.1%})"
+        else:
+            word = "faster" if self.step_change < 0 else "slower"
+            step_part = f"steps {abs(self.step_change):.1%} {word} (± {self.uncertainty:.1%})"
+        basis = f"{self.pairs} matched pair{'s' * (self.pairs != 1)}" if self.matched else (
+            "group medians, confounded: no matched pair")
+        return f"{self.value} vs {self.reference}: {step_part}, {compile_part}; {basis}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"knob": self.knob, "question": self.question, "reference": self.reference, "value": self.value,
+                "step_change": self.step_change, "uncertainty": self.uncertainty,
+                "compile_change_s": self.compile_change_s, "pairs": self.pairs, "matched": self.matched,
+                "measurable": self.measurable, "verdict": self.verdict}
+
+
+def knob_effects(measured: list[dict[str, Any]]) -> list[Effect]:
+    """``measured``: one dict per complete trial with ``config`` (active knobs) and ``result``."""
+    effects = []
+    for key, (spec, default) in KNOBS.items():
+        values = {m["config"][key] for m in measured if key in m["config"]}
+        if len(values) < 2:
+            continue
+        reference = default if default in values else sorted(values, key=repr)[0]
+        for value in sorted(values - {reference}, key=repr):
+            effect = matched_effect(measured, key, reference, value) or group_effect(measured, key, reference, value)
+            if effect is not None:
+                effects.append(Effect(key, spec.question, reference, value, *effect))
+    return effects
+
+
+def _rest(config: dict[str, Any], key: str) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in config.items() if k != key))
+
+
+def matched_effect(measured: list[dict[str, Any]], key: str, reference: Any, value: Any) -> tuple | None:
+    refs = {_rest(m["config"], key): m["result"] for m in measured if m["config"].get(key) == reference}
+    ratios, noises, compile_deltas = [], [], []
+    for m in measured:
+        if m["config"].get(key) != value:
+            continue
+        ref = refs.get(_rest(m["config"], key))
+        if ref is None:
+            continue
+        ratios.append(m["result"]["step_s"] / ref["step_s"] - 1)
+        noises.append(math.hypot(m["result"].get("step_s_cv", 0), ref.get("step_s_cv", 0)))
+        compile_deltas.append(m["result"]["compile_s"] - ref["compile_s"])
+    if not ratios:
+        return None
+    spread = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0
+    noise = statistics.median(noises) / math.sqrt(len(noises))
+    return (statistics.median(ratios), max(noise, spread), statistics.median(compile_deltas), len(ratios), True)
+
+
+def group_effect(measured: list[dict[str, Any]], key: str, reference: Any, value: Any) -> tuple | None:
+    a = [m["result"] for m in measured if m["config"].get(key) == reference]
+    b = [m["result"] for m in measured if m["config"].get(key) == value]
+    if not a or not b:
+        return None
+    step_a = statistics.median(r["step_s"] for r in a)
+    step_b = statistics.median(r["step_s"] for r in b)
+    # Confounded comparison: its spread is the spread of everything else that varied.
+    pooled = [r["step_s"] / step_a - 1 for r in a] + [r["step_s"] / step_b - 1 for r in b]
+    uncertainty = statistics.pstdev(pooled) if len(pooled) > 1 else 0.0
+    cv = statistics.median(r.get("step_s_cv", 0) for r in a + b)
+    return (step_b / step_a - 1, max(uncertainty, cv), statistics.median(r["compile_s"] for r in b)
+            - statistics.median(r["compile_s"] for r in a), 0, False)

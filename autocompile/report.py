@@ -1,0 +1,253 @@
+"""The end of a study: best configuration, speedups over the baselines, Pareto front, per-knob verdicts,
+the code that applies the winner, and where to look next (MLflow UI, optuna-dashboard)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import TrialState
+from rich.console import Console
+from rich.table import Table
+
+from autocompile.effects import Effect, knob_effects
+from autocompile.knobs import KNOBS
+from autocompile.objective import Objective
+from autocompile.settings import Settings
+from autocompile.space import SearchSpace
+from autocompile.study import measured_trials
+from autocompile.view import console as make_console
+
+
+@dataclass
+class Report:
+    study_name: str
+    model: str
+    objective: str
+    horizon_steps: int
+    stop_reason: str
+    wall_s: float
+    counts: dict[str, int]
+    best: dict[str, Any] | None
+    baselines: dict[str, dict[str, Any]]
+    speedups: dict[str, dict[str, float]]
+    pareto: list[dict[str, Any]]
+    effects: list[Effect]
+    run_dir: str = ""
+    measure_command: str = ""
+    commands: dict[str, str] = field(default_factory=dict)
+    snippet: str = ""
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return {
+            "study": self.study_name, "model": self.model, "objective": self.objective,
+            "horizon_steps": self.horizon_steps, "stop_reason": self.stop_reason, "wall_s": self.wall_s,
+            "counts": self.counts, "best": self.best, "baselines": self.baselines, "speedups": self.speedups,
+            "pareto": self.pareto, "effects": [e.as_dict() for e in self.effects],
+            "run_dir": self.run_dir, "measure_command": self.measure_command, "commands": self.commands,
+        }
+
+
+def entry(trial: optuna.trial.FrozenTrial, objective: Objective) -> dict[str, Any]:
+    result = trial.user_attrs["result"]
+    return {"number": trial.number, "name": trial.user_attrs.get("name", ""), "config": trial.user_attrs["config"],
+            "baseline": trial.user_attrs.get("baseline"), "result": result,
+            "time_to_train_s": objective.time_to_train(result), "trial_dir": trial.user_attrs.get("trial_dir")}
+
+
+def build_report(study: optuna.Study, settings: Settings, objective: Objective, space: SearchSpace,
+                 stop_reason: str, wall_s: float, run_dir: Path) -> Report:
+    trials = study.get_trials(deepcopy=False)
+    measured = measured_trials(study)
+    complete = [entry(t, objective) for t in measured
+                if t.state == TrialState.COMPLETE and all(v <= 0 for v in t.user_attrs.get("constraints", {}).values())]
+    counts = {
+        "trials": len([t for t in trials if t.state != TrialState.RUNNING]),
+        "measured": len(measured),
+        "complete": sum(t.state == TrialState.COMPLETE for t in measured),
+        "infeasible": sum(t.state == TrialState.COMPLETE for t in measured) - len(complete),
+        "pruned": sum(t.state == TrialState.PRUNED for t in measured),
+        "failed": sum(t.state == TrialState.FAIL for t in measured),
+        "duplicates_skipped": sum("duplicate_of" in t.user_attrs for t in trials),
+        "interrupted": sum(bool(t.user_attrs.get("interrupted")) for t in trials),
+    }
+    best = min(complete, key=lambda e: objective.score(e["result"]), default=None)
+    baselines = {e["baseline"]: e for e in complete if e["baseline"]}
+    speedups = {name: speedup(best, base) for name, base in baselines.items()} if best else {}
+    report = Report(
+        study_name=study.study_name, model=settings.model.name, objective=objective.kind,
+        horizon_steps=settings.objective.horizon_steps, stop_reason=stop_reason, wall_s=wall_s, counts=counts,
+        best=best, baselines=baselines, speedups=speedups, pareto=pareto_front(complete),
+        effects=knob_effects(complete), run_dir=str(run_dir), commands=look_commands(settings, run_dir),
+    )
+    if best is not None:
+        report.measure_command = measure_command(settings, best["config"])
+        report.snippet = snippet(settings, best, space)
+    return report
+
+
+def look_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
+    storage = settings.study.storage or str(run_dir / "optuna.journal")
+    commands = {"optuna-dashboard (pip install optuna-dashboard)": f"optuna-dashboard {shlex.quote(storage)}"}
+    if settings.tracking.enabled:
+        commands["MLflow UI"] = f"mlflow ui --backend-store-uri {shlex.quote(settings.tracking_uri)} --port 5000"
+    return commands
+
+
+def speedup(best: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+    """Best over a baseline: steady-state speedup with its noise, and time-to-train speedup."""
+    b, r = best["result"], base["result"]
+    ratio = r["step_s"] / b["step_s"]
+    return {"step_speedup": ratio, "noise": ratio * math.hypot(b.get("step_s_cv", 0), r.get("step_s_cv", 0)),
+            "time_to_train_speedup": base["time_to_train_s"] / best["time_to_train_s"]}
+
+
+def pareto_front(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Trials no other beats on both throughput (up) and compile time (down), fastest compile first."""
+    front = [e for e in entries if not any(
+        o["result"]["tokens_per_s"] >= e["result"]["tokens_per_s"] and o["result"]["compile_s"] <= e["result"][
+            "compile_s"] and (o["result"]["tokens_per_s"], o["result"]["compile_s"]) != (
+            e["result"]["tokens_per_s"], e["result"]["compile_s"]) for o in entries)]
+    return sorted(front, key=lambda e: e["result"]["compile_s"])
+
+
+def measure_command(settings: Settings, config: dict[str, Any]) -> str:
+    w = settings.workload
+    args = [f"+model={settings.model.name}", "task=measure", f"workload.batch_size={w.batch_size}",
+            f"workload.seq_len=[{','.join(map(str, w.seq_len))}]", f"workload.nproc_per_node={w.nproc_per_node}",
+            f"workload.device={settings.device}"]
+    args += [f"{k}={'null' if v is None else v}" for k, v in config.items() if v != KNOBS[k][1]]
+    return "python -m autocompile " + " ".join(shlex.quote(a) for a in args)
+
+
+SNIPPET = '''"""Apply the best configuration autocompile found for {model} (study {study}, trial {number}).
+
+Measured: {tokens:,.0f} tokens/s, {step_ms:.2f} ms/step, compile {compile_s:.1f} s.
+Measure it again:  {command}
+"""
+
+import os
+
+import torch
+
+from autocompile import Env, TrialConfig, apply, lm_loss
+
+KNOBS = {knobs}
+DEVICE = {device!r}
+
+
+def build_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """Your model and optimizer, compiled the way that measured best (call after init_process_group for DDP)."""
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    config = TrialConfig.from_flat(KNOBS, Env.detect(DEVICE, world_size, shapes_vary={shapes_vary}))
+    return apply(model, optimizer, lm_loss, config, device=DEVICE)
+
+
+if __name__ == "__main__":
+    # The tuned workload on synthetic tokens; replace the model, optimizer and data with yours.
+    from autocompile.data import SyntheticTokens
+    from autocompile.models import build
+
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        torch.distributed.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
+    torch.manual_seed(0)
+    model = build({target!r}, {kwargs!r})
+    optimizer = torch.optim.AdamW(model.parameters(), lr={lr!r})
+    step = build_step(model, optimizer)
+    data = SyntheticTokens({vocab}, {batch_size}, {seq_len!r}, seed=0, device=DEVICE)
+    for i in range(10):
+        loss = step(*data.batch(i))
+    print("compiled:", step.compiled, "loss:", float(loss))
+'''
+
+
+def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace) -> str:
+    r, w = best["result"], settings.workload
+    return SNIPPET.format(
+        model=settings.model.name, study=settings.study.name, number=best["number"], tokens=r["tokens_per_s"],
+        step_ms=r["step_s"] * 1e3, compile_s=r["compile_s"], command=measure_command(settings, best["config"]),
+        knobs=json.dumps(best["config"], indent=4).replace("null", "None").replace("true", "True").replace(
+            "false", "False"),
+        device=settings.device, shapes_vary=w.shapes_vary, target=settings.model.target, kwargs=settings.model.kwargs,
+        lr=w.lr, vocab=settings.model.vocab_size, batch_size=w.batch_size, seq_len=list(w.seq_len))
+
+
+def write_artifacts(report: Report, run_dir: Path) -> None:
+    (run_dir / "summary.json").write_text(json.dumps(report.summary, indent=2, default=str))
+    if report.best is None:
+        return
+    (run_dir / "best_config.yaml").write_text(yaml.safe_dump(
+        {"study": report.study_name, "trial": report.best["number"], "knobs": report.best["config"],
+         "measure_command": report.measure_command}, sort_keys=False))
+    (run_dir / "best_config.py").write_text(report.snippet)
+
+
+def print_report(report: Report, console: Console | None = None) -> None:
+    console = console or make_console()
+    c = report.counts
+    console.rule(f"[bold]autocompile: {report.study_name}")
+    console.print(f"{c['trials']} trials in {report.wall_s:.0f} s ({report.stop_reason}): {c['complete']} complete, "
+                  f"{c['pruned']} pruned, {c['failed']} failed, {c['infeasible']} infeasible; "
+                  f"{c['duplicates_skipped']} duplicates not measured again, {c['interrupted']} interrupted")
+    best = report.best
+    if best is None:
+        console.print("[red]No trial completed: nothing to recommend. Failure reasons are in the trial table.")
+        return
+    r = best["result"]
+    console.print(f"\n[bold green]Best[/] (trial {best['number']}): {best['name']}")
+    console.print(f"  {r['tokens_per_s']:,.0f} tokens/s, {r['step_s'] * 1e3:.2f} ms/step (CV {r['step_s_cv']:.1%}), "
+                  f"compile {r['compile_s']:.1f} s, time to train {report.horizon_steps} steps "
+                  f"{best['time_to_train_s']:.1f} s")
+    for name, s in report.speedups.items():
+        console.print(f"  vs {name:<8}: steps {s['step_speedup']:.2f}x ± {s['noise']:.2f}, "
+                      f"time to train {s['time_to_train_speedup']:.2f}x")
+    console.print(pareto_table(report.pareto))
+    console.print(effects_table(report.effects))
+    console.print(f"\nApply it: {report.run_dir}/best_config.py (code) and best_config.yaml")
+    console.print(f"Measure it again: {report.measure_command}")
+    for what, command in report.commands.items():
+        console.print(f"{what}: {command}")
+
+
+def pareto_table(front: list[dict[str, Any]]) -> Table:
+    table = Table(title="Pareto front: throughput vs compile time", title_justify="left")
+    for col in ("trial", "configuration", "tokens/s", "compile s", "time to train s"):
+        table.add_column(col, justify="right" if col not in ("configuration",) else "left")
+    for e in front:
+        table.add_row(str(e["number"]), e["name"], f"{e['result']['tokens_per_s']:,.0f}",
+                      f"{e['result']['compile_s']:.1f}", f"{e['time_to_train_s']:.1f}")
+    return table
+
+
+def effects_table(effects: list[Effect]) -> Table:
+    table = Table(title="Verdict per knob (step time and compile time, value vs reference)", title_justify="left")
+    table.add_column("question")
+    table.add_column("knob")
+    table.add_column("verdict")
+    for e in effects:
+        style = "" if e.measurable else "dim"
+        table.add_row(e.question, e.knob, e.verdict, style=style)
+    return table
+
+
+def print_multirun_summary(sweep_dir: Path) -> None:
+    """One row per study of a Hydra multirun, from each job's summary.json."""
+    table = Table(title=f"autocompile multirun: {sweep_dir}", title_justify="left")
+    for col in ("study", "best configuration", "tokens/s", "compile s", "vs eager", "trials"):
+        table.add_column(col)
+    for path in sorted(sweep_dir.glob("*/summary.json")):
+        s = json.loads(path.read_text())
+        best = s.get("best")
+        eager = s.get("speedups", {}).get("eager")
+        table.add_row(s["study"], best["name"] if best else "-",
+                      f"{best['result']['tokens_per_s']:,.0f}" if best else "-",
+                      f"{best['result']['compile_s']:.1f}" if best else "-",
+                      f"{eager['step_speedup']:.2f}x" if eager else "-", str(s["counts"]["trials"]))
+    make_console().print(table)

@@ -1,0 +1,178 @@
+"""``task=tune``: the study loop. Ask a configuration, measure it in a fresh process, tell the result.
+
+Reads like the script it is: open (or resume) the study, queue the baselines, then until enough
+trials finished: sample, skip what was already measured, launch with the pruning rule, record,
+tell. Failures are told as failures with their reason; a study that only fails is stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autocompile.knobs import describe
+from autocompile.launcher import launch
+from autocompile.objective import Objective
+from autocompile.report import build_report, print_report, write_artifacts
+from autocompile.settings import Settings
+from autocompile.space import BASELINES, SearchSpace, identity
+from autocompile.study import (
+    compact,
+    counted,
+    find_measured,
+    measured_trials,
+    open_study,
+    owner,
+    recover_interrupted,
+    storage_for,
+)
+from autocompile.view import StudyView
+
+log = logging.getLogger(__name__)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+FAILURE_GUARD_MIN_TRIALS = 5
+
+
+class StudyFailing(RuntimeError):
+    """Most trials fail: the workload or the environment is broken, not the configurations."""
+
+
+def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
+    env = settings.env
+    space = SearchSpace(env, settings.fixed_knobs, settings.study.extended)
+    objective = Objective(settings.objective)
+    study = open_study(settings.study.name, storage_for(settings.study.storage, run_dir), objective.directions,
+                       settings.study.seed)
+    recover_interrupted(study)
+    if settings.study.baselines:
+        queue_baselines(study, space)
+    (run_dir / "config.yaml").write_text(config_yaml)
+    from autocompile.tracking import tracker_for
+
+    tracker = tracker_for(settings, study, run_dir)
+    log.info("study %s: %d distinct configurations in the space, %d trials asked; storage %s",
+             study.study_name, space.size(), settings.study.n_trials, settings.study.storage or run_dir)
+
+    started = time.time()
+    stop_reason = f"{settings.study.n_trials} trials finished"
+    with StudyView(settings.study.n_trials, objective) as view:
+        while True:
+            trials = study.get_trials(deepcopy=False)
+            done = sum(counted(t) for t in trials)
+            view.refresh(trials)
+            if done >= settings.study.n_trials:
+                break
+            if settings.study.timeout_s and time.time() - started > settings.study.timeout_s:
+                stop_reason = f"study.timeout_s={settings.study.timeout_s:g} reached"
+                break
+            if failing(trials, settings.study.max_failure_rate):
+                stop_reason = "failure guard"
+                break
+            trial = study.ask()
+            trial.set_user_attr("owner", owner())
+            run_trial(study, trial, space, objective, settings, run_dir, view)
+            tracker.log_trial(study.trials[trial.number])
+        view.refresh(study.get_trials(deepcopy=False))
+
+    report = build_report(study, settings, objective, space, stop_reason, time.time() - started, run_dir)
+    write_artifacts(report, run_dir)
+    print_report(report)
+    tracker.finish(report, run_dir)
+    if stop_reason == "failure guard":
+        raise StudyFailing(f"stopped: more than {settings.study.max_failure_rate:.0%} of trials failed; see "
+                           f"the reasons above and in {run_dir / 'trials'}")
+    return report.summary
+
+
+def queue_baselines(study: optuna.Study, space: SearchSpace) -> None:
+    for name, knobs in BASELINES.items():
+        clash = {k: v for k, v in space.fixed.items() if k in knobs and knobs[k] != v}
+        if clash:
+            log.info("baseline %s skipped: it contradicts the fixed knobs %s", name, clash)
+            continue
+        study.enqueue_trial(space.baseline_params(name), user_attrs={"baseline": name}, skip_if_exists=True)
+
+
+def failing(trials: list[optuna.trial.FrozenTrial], max_rate: float) -> bool:
+    finished = [t for t in trials if counted(t)]
+    failed = sum(t.state == TrialState.FAIL for t in finished)
+    return len(finished) >= FAILURE_GUARD_MIN_TRIALS and failed / len(finished) > max_rate
+
+
+def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, objective: Objective,
+              settings: Settings, run_dir: Path, view: StudyView) -> None:
+    config = space.sample(trial)
+    key = identity(config, space.env)
+    name = describe(config, space.env)
+    trial.set_user_attr("config", config.active(space.env))
+    trial.set_user_attr("identity", key)
+    trial.set_user_attr("name", name)
+
+    prior = find_measured(study, key, exclude=trial.number)
+    if prior is not None:
+        # Same configuration, same workload: its measurement stands; the sampler still learns from it.
+        trial.set_user_attr("duplicate_of", prior.number)
+        trial.set_user_attr("reason", f"same configuration as trial {prior.number}")
+        for attr in ("result", "trial_dir"):
+            trial.set_user_attr(attr, prior.user_attrs[attr])
+        tell(study, trial, prior.state, prior.values, prior.user_attrs.get("constraints"))
+        log.info("trial %d = trial %d (%s): not measured again", trial.number, prior.number, name)
+        return
+
+    best = best_result(study, objective)
+    baseline = trial.user_attrs.get("baseline")
+    rule = objective.stop_rule(best) if settings.study.prune and baseline is None else None
+    trial_dir = run_dir / "trials" / f"{trial.number:04d}"
+    trial.set_user_attr("trial_dir", str(trial_dir))
+    cache_dir = settings.output_root / "inductor_cache_warm" if settings.measure.cache == "warm" else None
+    view.running(trial.number, name)
+    result = launch(trial_dir, settings.trial_spec(config), cache_dir=cache_dir, should_stop=rule)
+    trial.set_user_attr("result", compact(result))
+    if result["status"] == "ok":
+        constraints = objective.constraints(result, reference_losses(study))
+        for k, v in constraints.items():
+            trial.set_constraint(k, v)
+        trial.set_user_attr("constraints", constraints)
+        tell(study, trial, TrialState.COMPLETE, objective.values(result), constraints)
+    else:
+        trial.set_user_attr("reason", result.get("reason", ""))
+        state = TrialState.PRUNED if result["status"] == "pruned" else TrialState.FAIL
+        tell(study, trial, state, None, None)
+        log.info("trial %d %s: %s", trial.number, result["status"], result.get("reason"))
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, state: TrialState, values: list[float] | None,
+         constraints: dict[str, float] | None) -> None:
+    if state == TrialState.COMPLETE:
+        if constraints and "constraints" not in trial.user_attrs:
+            for k, v in constraints.items():
+                trial.set_constraint(k, v)
+        study.tell(trial, values)
+    else:
+        study.tell(trial, state=state)
+
+
+def feasible(trial: optuna.trial.FrozenTrial) -> bool:
+    return all(v <= 0 for v in (trial.user_attrs.get("constraints") or {}).values())
+
+
+def best_result(study: optuna.Study, objective: Objective) -> dict[str, Any] | None:
+    """The best feasible complete measurement so far, under the objective's single score."""
+    scored = [
+        {**t.user_attrs["result"], "number": t.number}
+        for t in measured_trials(study) if t.state == TrialState.COMPLETE and feasible(t)
+    ]
+    return min(scored, key=objective.score, default=None)
+
+
+def reference_losses(study: optuna.Study) -> list[float] | None:
+    for t in measured_trials(study):
+        if t.user_attrs.get("baseline") == "eager" and t.state == TrialState.COMPLETE:
+            return t.user_attrs["result"]["losses"]
+    return None
