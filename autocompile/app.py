@@ -54,22 +54,23 @@ def check_command_line(argv: list[str]) -> None:
         [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
         for o in parsed
     ]
-    checked: set[str] = set()
+    jobs = []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in itertools.product(*choices):
             try:
                 cfg = compose("config", overrides=list(job))
+                jobs.append((settings_from(cfg, available_models()), Path(cfg.output_root)))
             except (HydraException, OmegaConfBaseException) as exc:
                 raise ConfigError(explain(exc)) from exc
-            try:
-                settings = settings_from(cfg, available_models())
-            except OmegaConfBaseException as exc:
-                raise ConfigError(explain(exc)) from exc
-            if settings.task == "tune" and settings.tracking.enabled and settings.tracking_uri not in checked:
-                from autocompile.tracking import check_store
+    # Stores are touched only once every job is known to be valid: a typo creates nothing.
+    for url in dict.fromkeys(s.study.storage for s, _ in jobs if s.task == "tune" and s.study.storage):
+        from autocompile.study import storage_for
 
-                check_store(settings.tracking_uri)
-                checked.add(settings.tracking_uri)
+        storage_for(url, jobs[0][1])
+    for uri in dict.fromkeys(s.tracking_uri for s, _ in jobs if s.task == "tune" and s.tracking.enabled):
+        from autocompile.tracking import check_store
+
+        check_store(uri)
 
 
 def explain(exc: BaseException) -> str:
@@ -80,6 +81,8 @@ def explain(exc: BaseException) -> str:
     cause = one_line(exc.__cause__) if exc.__cause__ is not None else ""
     if text.startswith("Could not override"):
         key = text.split("'", 2)[1]
+        if key.startswith("model."):
+            return f"model has no argument {key!r}: pass a new factory argument as +{key}=VALUE"
         return (f"unknown config key {key!r} ({cause}): check its spelling; "
                 "`python -m autocompile +model=gpt2-tiny --cfg job` lists every key")
     return f"{one_line(exc)}: {cause}" if cause else one_line(exc)

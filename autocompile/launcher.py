@@ -10,6 +10,7 @@ it started, including workers that torchrun put in sessions of their own.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -92,7 +93,7 @@ def launch(
     env = {**os.environ, **extra, "AUTOCOMPILE_LAUNCH_TIME": repr(started)}
     with open(trial_dir / "stdout.log", "wb") as out, open(trial_dir / "stderr.log", "wb") as err:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with_parent)
         stopped: tuple[str, str] | None = None
         while proc.poll() is None:
             elapsed = time.time() - started
@@ -164,6 +165,13 @@ def kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
         _signal(p, signal.SIGKILL)
     psutil.wait_procs(tree, timeout=grace_s)
     proc.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM torchrun if the tuner dies (kill -9 included), and torchrun
+    then tears its workers down, so a killed study leaves no trial running behind it (Linux only)."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _signal(p: psutil.Process, sig: signal.Signals) -> None:

@@ -209,7 +209,10 @@ def print_report(report: Report, console: Console | None = None) -> None:
         console.print(f"  vs {name:<8}: steps {s['step_speedup']:.2f}x ± {s['noise']:.2f}, "
                       f"time to train {s['time_to_train_speedup']:.2f}x")
     console.print(pareto_table(report.pareto))
-    console.print(effects_table(report.effects))
+    if report.effects:
+        console.print(effects_table(report.effects))
+    else:
+        console.print("Verdict per knob: no knob took two values among the complete trials.")
     console.print(f"\nApply it: {report.run_dir}/best_config.py (code) and best_config.yaml")
     console.print(f"Measure it again: {report.measure_command}")
     for what, command in report.commands.items():

@@ -128,8 +128,25 @@ def register() -> None:
         "ac_ws", lambda *, _root_: _root_.workload.nproc_per_node * _root_.workload.nnodes, replace=True)
     OmegaConf.register_new_resolver(
         "ac_device", lambda device: Workload(device=device).resolved_device(), replace=True)
+    OmegaConf.register_new_resolver("ac_knobs_help", knobs_help, replace=True)
+    OmegaConf.register_new_resolver("ac_basename", lambda path: str(path).rsplit(".", 1)[-1], replace=True)
     cs = ConfigStore.instance()
     cs.store(name="autocompile_schema", node=AppConfig)
+
+
+def knobs_help() -> str:
+    """The knob table for ``--help``: key, values (on a CUDA machine, world size 2), doc."""
+    env = Env.detect("cuda", 2, True)
+    flat = TrialConfig().flat()
+    # Values can depend on earlier knobs (ddp.optimize on compiled autograd): list the union.
+    variants = [flat, {**flat, "compile.compiled_autograd": True}]
+    lines = []
+    for key, (spec, default) in KNOBS.items():
+        allowed = dict.fromkeys(v for variant in variants for v in spec.allowed(variant, env))
+        values = "|".join("null" if v is None else str(v) for v in allowed)
+        lines.append(f"  {key:<44} {values}  (default {default})\n      {spec.doc}"
+                     + (f" Needs {spec.when.text}." if spec.when else ""))
+    return "\n".join(lines)
 
 
 class ConfigError(ValueError):
@@ -170,6 +187,10 @@ def model_spec(node: Any, available: list[str]) -> ModelSpec:
     if node is None:
         raise ConfigError(f"no model given: add +model=NAME with NAME one of {', '.join(available)}, "
                           "or +model=custom model._target_=pkg.module.factory model.vocab_size=N")
+    if isinstance(node, DictConfig):
+        for key, fix in (("_target_", "model._target_=pkg.module.factory"), ("vocab_size", "model.vocab_size=N")):
+            if key not in node or OmegaConf.is_missing(node, key):
+                raise ConfigError(f"the model config has no {key}: set {fix}")
     raw = dict(OmegaConf.to_container(node, resolve=True)) if isinstance(node, DictConfig) else dict(node)
     target = raw.pop("_target_", None)
     if target in (None, "", "???"):

@@ -53,6 +53,8 @@ def check_store(uri: str) -> None:
 
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # schema creation chatter of a new store
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     try:
         with quick_http():
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)

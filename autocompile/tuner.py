@@ -118,7 +118,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
     if prior is not None:
         # Same configuration, same workload: its measurement stands; the sampler still learns from it.
         trial.set_user_attr("duplicate_of", prior.number)
-        trial.set_user_attr("reason", f"same configuration as trial {prior.number}")
+        prior_reason = prior.user_attrs.get("reason")
+        trial.set_user_attr("reason", f"same configuration as trial {prior.number}"
+                            + (f": {prior_reason}" if prior_reason else ""))
         for attr in ("result", "trial_dir"):
             trial.set_user_attr(attr, prior.user_attrs[attr])
         tell(study, trial, prior.state, prior.values, prior.user_attrs.get("constraints"))

@@ -1,4 +1,4 @@
-"""Model factories for failure tests, named by dotted path like any user model (``_target_``)."""
+"""Model factories for tests, named by dotted path like any user model (``_target_``)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,26 @@ import torch
 from torch import nn
 
 
+class Block(nn.Module):
+    def __init__(self, width: int, sleep_s: float) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.sleep_s = sleep_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)  # a known cost per forward call: checkpointing doubles it
+        return x + torch.nn.functional.gelu(self.linear(x))
+
+
 class TinyLM(nn.Module):
     """Embedding, a stack of same-class blocks, a head: enough structure for every knob."""
 
-    def __init__(self, vocab_size: int = 64, width: int = 32, layers: int = 2, behaviour: str = "ok") -> None:
+    def __init__(self, vocab_size: int = 64, width: int = 32, layers: int = 2, behaviour: str = "ok",
+                 block_sleep_s: float = 0.0) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, width)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(width, block_sleep_s) for _ in range(layers))
         self.head = nn.Linear(width, vocab_size)
         self.behaviour = behaviour
 
@@ -29,13 +42,9 @@ class TinyLM(nn.Module):
         elif self.behaviour == "nan":
             x = x * float("nan")
         for block in self.blocks:
-            x = x + block(x)
+            x = block(x)
         return self.head(x)
 
 
-def tiny_lm(vocab_size: int = 64, behaviour: str = "ok") -> nn.Module:
-    return TinyLM(vocab_size=vocab_size, behaviour=behaviour)
-
-
-def not_a_module(vocab_size: int = 64) -> object:
-    return object()
+def tiny_lm(vocab_size: int = 64, behaviour: str = "ok", block_sleep_s: float = 0.0) -> nn.Module:
+    return TinyLM(vocab_size=vocab_size, behaviour=behaviour, block_sleep_s=block_sleep_s)

@@ -1,0 +1,191 @@
+"""The study: baselines, dedupe, both pruning rules, the failure guard, resume after kill -9, the snippet."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psutil
+import torch
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+from autocompile.objective import Objective
+from autocompile.settings import ObjectiveSettings
+from autocompile.study import counted, measured_trials
+from tests.models import tiny_lm
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
+        "workload.seq_len=[16]", "workload.device=cpu", "workload.threads=1", "measure.windows=2",
+        "measure.window_steps=2", "measure.warmup_steps=2", "tracking.enabled=false"]
+
+
+def tune_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def load(tmp_path: Path) -> optuna.Study:
+    (journal,) = tmp_path.glob("*/optuna.journal")
+    storage = JournalStorage(JournalFileBackend(str(journal)))
+    (summary,) = optuna.get_all_study_summaries(storage)
+    return optuna.load_study(study_name=summary.study_name, storage=storage)
+
+
+def trial_dirs(tmp_path: Path) -> list[Path]:
+    return sorted(tmp_path.glob("*/trials/*"))
+
+
+def test_duplicates_are_not_measured_again_and_slow_trials_are_pruned_after_one_window(tmp_path: Path) -> None:
+    # Eager only, one searched knob: ac.policy. Checkpointing runs each block's (sleeping) forward twice.
+    run = tune_cli(tmp_path, "+model.block_sleep_s=0.02", "compile.scope=none", "amp.dtype=none",
+                   "study.n_trials=6", "objective.kind=throughput", "study.seed=3")
+    assert run.returncode == 0, run.stderr[-3000:]
+    study = load(tmp_path)
+    trials = study.get_trials()
+    measured = measured_trials(study)
+    assert len(trials) == 6
+    assert {t.user_attrs["config"]["ac.policy"] for t in measured} <= {"none", "block"}
+    assert len(measured) <= 2  # two configurations exist; every other trial is a copy
+    assert len(trial_dirs(tmp_path)) == len(measured)
+    copies = [t for t in trials if "duplicate_of" in t.user_attrs]
+    assert len(copies) == 6 - len(measured) > 0
+    for copy in copies:
+        original = study.trials[copy.user_attrs["duplicate_of"]]
+        assert copy.state == original.state and copy.values == original.values
+    checkpointed = [t for t in measured if t.user_attrs["config"]["ac.policy"] == "block"]
+    assert checkpointed, "seed 3 samples ac.policy=block at least once"
+    assert checkpointed[0].state == TrialState.PRUNED
+    assert "first timed window" in checkpointed[0].user_attrs["reason"]
+    assert "duplicates not measured again" in run.stdout
+
+
+def test_trials_whose_compile_alone_cannot_win_are_pruned(tmp_path: Path) -> None:
+    run = tune_cli(tmp_path, "compile.backend=aot_eager", "amp.dtype=none", "objective.horizon_steps=10",
+                   "study.n_trials=6", "study.seed=0")
+    assert run.returncode == 0, run.stderr[-3000:]
+    study = load(tmp_path)
+    by_baseline = {t.user_attrs.get("baseline"): t for t in study.trials}
+    assert {"eager", "compile", "regional"} <= set(by_baseline)
+    assert all(by_baseline[b].state == TrialState.COMPLETE for b in ("eager", "compile", "regional"))
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED and "duplicate_of" not in t.user_attrs]
+    assert pruned and all("warm-up (compile) alone took" in t.user_attrs["reason"] for t in pruned)
+    assert all(t.user_attrs["config"]["compile.scope"] != "none" for t in pruned)
+    summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
+    assert set(summary["speedups"]) == {"eager", "compile", "regional"}
+
+
+def test_failure_guard_stops_a_study_that_only_fails(tmp_path: Path) -> None:
+    run = tune_cli(tmp_path, "compile.scope=train_step", "compile.fullgraph=true", "compile.backend=eager",
+                   "study.baselines=false", "study.n_trials=20")
+    assert run.returncode == 3
+    assert "more than 80% of trials failed" in run.stderr.strip().splitlines()[-1]
+    study = load(tmp_path)
+    assert sum(counted(t) for t in study.trials) == 5  # stopped at the guard's minimum, not after 20
+    assert all(t.state == TrialState.FAIL for t in study.trials)
+    assert all("graph" in t.user_attrs["reason"].lower() or "backward" in t.user_attrs["reason"]
+               for t in study.trials)
+
+
+def test_snippet_applies_the_winner(tmp_path: Path) -> None:
+    run = tune_cli(tmp_path, "compile.scope=regional", "compile.backend=eager", "amp.dtype=none",
+                   "ac.policy=none", "study.n_trials=2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    run_dir = next(tmp_path.glob("*/summary.json")).parent
+    summary = json.loads((run_dir / "summary.json").read_text())
+    winner = summary["best"]["result"]["compiled"]
+    assert winner == ["blocks.0", "blocks.1"]
+    spec = importlib.util.spec_from_file_location("best_config", run_dir / "best_config.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = tiny_lm()
+    step = module.build_step(model, torch.optim.AdamW(model.parameters()))
+    assert step.compiled == winner
+    assert all(b._compiled_call_impl is not None for b in model.blocks)
+    assert float(step(torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long))) > 0
+    assert "compile.scope=regional" in (run_dir / "best_config.yaml").read_text().replace(": ", "=")
+
+
+def test_kill_9_mid_trial_then_rerun_resumes_without_loss_or_double_counting(tmp_path: Path) -> None:
+    args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", "+model.block_sleep_s=0.02",
+            "compile.scope=none", "study.n_trials=4", "study.prune=false", "measure.windows=15"]
+    tuner = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    victim = None
+    while time.time() < deadline and victim is None:
+        for progress in tmp_path.glob("*/trials/0001/progress.jsonl"):
+            if '"window"' in progress.read_text():
+                victim = progress.parent
+        time.sleep(0.2)
+    assert victim is not None, "trial 1 never reached its timed windows"
+    os.kill(tuner.pid, signal.SIGKILL)
+    tuner.wait()
+    time.sleep(3)
+    # The trial's torchrun tree died with its tuner (no orphan disturbing the next measurements).
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(victim) in " ".join(p.info["cmdline"] or [])]
+    assert load(tmp_path).trials[1].state == TrialState.RUNNING
+
+    rerun = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    study = load(tmp_path)
+    interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
+    assert [t.number for t in interrupted] == [1] and interrupted[0].state == TrialState.FAIL
+    assert sum(counted(t) for t in study.trials) == 4  # the interrupted trial is not counted
+    retried = [t for t in study.trials if t.user_attrs.get("retry_of") == 1]
+    assert len(retried) == 1 and retried[0].user_attrs["identity"] == interrupted[0].user_attrs["identity"]
+    identities = [t.user_attrs["identity"] for t in measured_trials(study)]
+    assert len(identities) == len(set(identities))  # no configuration measured twice
+
+
+def events(*items: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    now = time.time()
+    return [{"event": name, "time": now + data.pop("dt", 0.0), **data} for name, data in items]
+
+
+def test_stop_rules_in_isolation() -> None:
+    best = {"number": 0, "compile_s": 1.0, "step_s": 0.01, "step_s_cv": 0.01, "tokens_per_s": 1000.0}
+    ttt = Objective(ObjectiveSettings(kind="time_to_train", horizon_steps=100)).stop_rule(best)  # best = 2 s
+    assert ttt(events(("warmup_start", {"dt": -1.0})), 1.0) is None
+    assert "warm-up (compile) alone took" in ttt(events(("warmup_start", {"dt": -5.0})), 5.0)
+    slow = events(("warmup_start", {"dt": -1.0}), ("warmup_step", {"seconds": 0.5}),
+                  ("window", {"step_s": 0.05}))
+    assert "after the first timed window" in ttt(slow, 1.0)
+    fast = events(("warmup_start", {"dt": -1.0}), ("warmup_step", {"seconds": 0.5}), ("window", {"step_s": 0.01}))
+    assert ttt(fast, 1.0) is None
+    tput = Objective(ObjectiveSettings(kind="throughput")).stop_rule(best)
+    assert tput(events(("warmup_start", {}), ("window", {"step_s": 0.0105})), 1.0) is None  # within the margin
+    assert "ms/step vs best" in tput(events(("warmup_start", {}), ("window", {"step_s": 0.02})), 1.0)
+    assert Objective(ObjectiveSettings(kind="pareto")).stop_rule(best) is None
+
+
+def test_bad_input_leaves_an_existing_study_intact(tmp_path: Path) -> None:
+    first = tune_cli(tmp_path, "compile.scope=none", "amp.dtype=none", "ac.policy=none", "study.n_trials=1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    (journal,) = tmp_path.glob("*/optuna.journal")
+    before = journal.read_bytes()
+    for bad in ("study.n_trials=0", "objective.kind=fastest", "compile.scoop=1", "study.storage=sqlite:////no/dir/x.db"):
+        again = tune_cli(tmp_path, "compile.scope=none", "amp.dtype=none", "ac.policy=none", bad)
+        assert again.returncode != 0, bad
+        assert len(again.stderr.strip().splitlines()) == 1, again.stderr
+        assert journal.read_bytes() == before
+
+
+def test_multirun_runs_one_study_per_combination_with_a_combined_summary(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "autocompile", "-m", *TINY, f"output_root={tmp_path}",
+                          "workload.batch_size=2,4", "compile.scope=none", "amp.dtype=none", "ac.policy=none",
+                          "study.n_trials=1"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    studies = sorted(p.parent.name for p in tmp_path.glob("*/summary.json"))
+    assert studies == ["tiny_lm-bs2-seq16-ws1-cpu", "tiny_lm-bs4-seq16-ws1-cpu"]
+    combined = run.stdout[run.stdout.index("autocompile multirun"):]
+    assert all(name in combined for name in studies)
