@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,24 +37,57 @@ StopRule = Callable[[list[dict[str, Any]], float], "str | None"]
 """Called while a trial runs with its progress events and seconds since launch; a string stops it."""
 
 
-def torchrun_command(trial_dir: Path, spec: TrialSpec) -> list[str]:
+@dataclass(frozen=True)
+class Resources:
+    """What one trial slot may use; empty means inherit the tuner's."""
+
+    cpus: tuple[int, ...] = ()
+    """CPU affinity of the trial's process tree (workers inherit it)."""
+    gpus: tuple[int, ...] = ()
+    """GPUs the trial sees (CUDA_VISIBLE_DEVICES)."""
+
+
+@dataclass(frozen=True)
+class Agents:
+    """How the torchrun agents of a multi-node trial (workload.nnodes > 1) are started."""
+
+    host: str = "127.0.0.1"
+    """Rendezvous host: this machine's address as the other nodes see it."""
+    remote: str = ""
+    """Command template starting the agent of each further node, ``{cmd}`` being the torchrun command
+    (e.g. ``srun --nodes=1 --ntasks=1 {cmd}``); empty: every agent runs on this host."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_command(trial_dir: Path, spec: TrialSpec, agents: Agents = Agents()) -> list[str]:
     workload = spec.workload
+    # One node: port 0 lets the c10d store pick a free port, so concurrent trials never collide.
+    # Several nodes must agree on an endpoint: a free port on the rendezvous host, a unique id.
+    endpoint = "localhost:0" if workload.nnodes == 1 else f"{agents.host}:{free_port()}"
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={workload.nnodes}",
         f"--nproc-per-node={workload.nproc_per_node}",
         "--rdzv-backend=c10d",
-        "--rdzv-endpoint=localhost:0",  # a free port: concurrent trials never collide
+        f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={uuid.uuid4().hex[:12]}",
         "--max-restarts=0",
         "-m", "autocompile.worker", str(trial_dir.resolve()),
     ]
 
 
-def trial_environment(trial_dir: Path, spec: TrialSpec, cache_dir: Path | None) -> dict[str, str]:
-    """Variables that differ from the tuner's own: cache, threads, import path."""
+def trial_environment(trial_dir: Path, spec: TrialSpec, cache_dir: Path | None,
+                      resources: Resources = Resources()) -> dict[str, str]:
+    """Variables that differ from the tuner's own: cache, threads, import path, devices."""
     cache = (cache_dir or trial_dir / "inductor_cache").resolve()
+    devices = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, resources.gpus))} if resources.gpus else {}
     return {
+        **devices,
         "TORCHINDUCTOR_CACHE_DIR": str(cache),
         "TRITON_CACHE_DIR": str(cache / "triton"),
         # Thread count changes compile time and the cache key: pinned per trial.
@@ -62,15 +98,18 @@ def trial_environment(trial_dir: Path, spec: TrialSpec, cache_dir: Path | None) 
     }
 
 
-def prepare(trial_dir: Path, spec: TrialSpec, cache_dir: Path | None = None) -> tuple[list[str], dict[str, str]]:
+def prepare(trial_dir: Path, spec: TrialSpec, cache_dir: Path | None = None, resources: Resources = Resources(),
+            agents: Agents = Agents()) -> tuple[list[str], dict[str, str]]:
     """Write the trial directory; returns the command and its extra environment."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     spec.write(trial_dir)
-    cmd = torchrun_command(trial_dir, spec)
-    extra = trial_environment(trial_dir, spec, cache_dir)
+    cmd = torchrun_command(trial_dir, spec, agents)
+    extra = trial_environment(trial_dir, spec, cache_dir, resources)
     replay = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
+    pin = f"taskset -c {','.join(map(str, resources.cpus))} " if resources.cpus else ""
+    nodes = f"  # on each of the {spec.workload.nnodes} nodes" if spec.workload.nnodes > 1 else ""
     (trial_dir / "cmd.txt").write_text(
-        f"cd {shlex.quote(os.getcwd())} && {replay} {shlex.join(cmd)}\n"
+        f"cd {shlex.quote(os.getcwd())} && {replay} {pin}{shlex.join(cmd)}{nodes}\n"
         f"# one process, no torchrun (world size 1): {replay} "
         f"{shlex.join([sys.executable, '-m', 'autocompile.worker', str(trial_dir.resolve())])}\n"
     )
@@ -83,32 +122,46 @@ def launch(
     *,
     cache_dir: Path | None = None,
     should_stop: StopRule | None = None,
+    resources: Resources = Resources(),
+    agents: Agents = Agents(),
     poll_s: float = 0.25,
 ) -> dict[str, Any]:
     """Run the trial to its end, its timeout, or until ``should_stop`` says why not; return the result."""
-    cmd, extra = prepare(trial_dir, spec, cache_dir)
+    cmd, extra = prepare(trial_dir, spec, cache_dir, resources, agents)
     for stale in ("result.json", "progress.jsonl", *(p.name for p in trial_dir.glob("error.rank*.json"))):
         (trial_dir / stale).unlink(missing_ok=True)
     started = time.time()
     env = {**os.environ, **extra, "AUTOCOMPILE_LAUNCH_TIME": repr(started)}
-    with open(trial_dir / "stdout.log", "wb") as out, open(trial_dir / "stderr.log", "wb") as err:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+    procs = []
+    with contextlib.ExitStack() as files:
+        for node in range(spec.workload.nnodes):
+            suffix = "" if node == 0 else f".node{node}"
+            out = files.enter_context(open(trial_dir / f"stdout{suffix}.log", "wb"))
+            err = files.enter_context(open(trial_dir / f"stderr{suffix}.log", "wb"))
+            args: list[str] | str = cmd
+            if node > 0 and agents.remote:
+                args = agents.remote.format(cmd=shlex.join(cmd), node=node)
+            procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                          shell=isinstance(args, str), start_new_session=True,
+                                          preexec_fn=functools.partial(_child_setup, resources.cpus)))
         stopped: tuple[str, str] | None = None
-        while proc.poll() is None:
+        while any(p.poll() is None for p in procs):
             elapsed = time.time() - started
             if elapsed > spec.measure.timeout_s:
                 stopped = ("timeout", f"exceeded measure.timeout_s={spec.measure.timeout_s:g}s; process tree killed")
             elif should_stop is not None and (why := should_stop(read_progress(trial_dir), elapsed)):
                 stopped = ("pruned", why)
             if stopped:
-                kill_tree(proc)
+                for p in procs:
+                    kill_tree(p)
                 break
             time.sleep(poll_s)
     wall_s = time.time() - started
-    result = collect(trial_dir, proc.returncode, stopped)
+    result = collect(trial_dir, procs[0].returncode, stopped)
     result["wall_s"] = wall_s
     result["trial_dir"] = str(trial_dir)
+    if resources.cpus or resources.gpus:
+        result["resources"] = {"cpus": list(resources.cpus), "gpus": list(resources.gpus)}
     write_json_atomic(trial_dir / "result.json", result)
     return result
 
@@ -167,9 +220,12 @@ def kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     proc.wait()
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM torchrun if the tuner dies (kill -9 included), and torchrun
-    then tears its workers down, so a killed study leaves no trial running behind it (Linux only)."""
+def _child_setup(cpus: tuple[int, ...]) -> None:
+    """In the child before exec: pin the CPUs of its slot, and SIGTERM torchrun if the tuner dies
+    (kill -9 included): torchrun then tears its workers down, so a killed study leaves no trial
+    running behind it (Linux only)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 

@@ -8,6 +8,7 @@ a knob given a value is fixed.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from autocompile.knobs import KNOBS, Env, KnobError, TrialConfig
+from autocompile.launcher import Resources
 from autocompile.models import resolve
 from autocompile.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
 
@@ -46,12 +48,35 @@ class StudySettings:
     """Stop trials that cannot beat the best (by compile time, or after the first timed window)."""
     max_failure_rate: float = 0.8
     """Stop the study when more than this fraction of its trials failed (after 5 trials)."""
+    heartbeat_s: int = 30
+    """RDB storages: a tuner's heartbeat period; a trial silent for 3 periods is failed and re-queued."""
 
     def __post_init__(self) -> None:
         if self.n_trials < 1:
             raise ValueError(f"study.n_trials={self.n_trials} must be >= 1")
         if not 0 < self.max_failure_rate <= 1:
             raise ValueError(f"study.max_failure_rate={self.max_failure_rate} must be in (0, 1]")
+
+
+@dataclass
+class LaunchSettings:
+    """Where trials run: parallel slots on this machine, and the agents of multi-node trials."""
+
+    slots: int = 0
+    """Trials at once on this machine, each on its own GPUs (or CPU cores); 0 = visible GPUs //
+    world size on CUDA, 1 on CPU (concurrent CPU trials disturb each other's timings)."""
+    rdzv_host: str = "127.0.0.1"
+    """Rendezvous host of multi-node trials: this machine's address as the other nodes see it."""
+    remote_agent: str = ""
+    """Command template starting the torchrun agent of each further node of a multi-node trial,
+    ``{cmd}`` being the torchrun command (e.g. ``srun --nodes=1 --ntasks=1 {cmd}``); empty = all
+    agents on this machine."""
+    worker: int = 0
+    """Index of this tuner process when several cooperate on one study (a SLURM job array)."""
+
+    def __post_init__(self) -> None:
+        if self.slots < 0:
+            raise ValueError(f"launch.slots={self.slots} must be >= 0 (0 = automatic)")
 
 
 @dataclass
@@ -111,6 +136,7 @@ class _BaseConfig:
     study: StudySettings = field(default_factory=StudySettings)
     objective: ObjectiveSettings = field(default_factory=ObjectiveSettings)
     tracking: TrackingSettings = field(default_factory=TrackingSettings)
+    launch: LaunchSettings = field(default_factory=LaunchSettings)
 
 
 # One field per knob group of the knob table (compile, amp, ...), every knob ??? until given.
@@ -165,6 +191,7 @@ class Settings:
     study: StudySettings
     objective: ObjectiveSettings
     tracking: TrackingSettings
+    launch: LaunchSettings
     fixed_knobs: dict[str, Any]
     """Knobs the user gave a value: fixed in a study, the configuration in a measurement."""
     device: str
@@ -178,9 +205,39 @@ class Settings:
     def env(self) -> Env:
         return Env.detect(self.device, self.workload.world_size, self.workload.shapes_vary)
 
-    def trial_spec(self, config: TrialConfig) -> TrialSpec:
+    def trial_spec(self, config: TrialConfig, threads: int | None = None) -> TrialSpec:
         return TrialSpec(knobs=config.flat(), model=self.model, workload=self.workload, measure=self.measure,
-                         device=self.device, threads=self.threads)
+                         device=self.device, threads=threads or self.threads)
+
+    def slots(self) -> list[Resources]:
+        """One entry per parallel trial slot: a partition of this machine's GPUs or CPU cores."""
+        w = self.workload
+        if self.device == "cuda":
+            import torch
+
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            gpus = [int(g) for g in visible.split(",") if g] if visible else list(range(torch.cuda.device_count()))
+            n = self.launch.slots or max(1, len(gpus) // w.nproc_per_node)
+            if n * w.nproc_per_node > len(gpus):
+                raise ConfigError(f"launch.slots={n} x nproc_per_node={w.nproc_per_node} needs {n * w.nproc_per_node}"
+                                  f" GPUs, {len(gpus)} visible: lower launch.slots")
+            return [Resources(gpus=tuple(gpus[i * w.nproc_per_node:(i + 1) * w.nproc_per_node])) for i in range(n)]
+        # On a CPU concurrent trials share memory bandwidth and caches: one slot unless asked.
+        cores = sorted(os.sched_getaffinity(0))
+        n = self.launch.slots or 1
+        if n == 1:
+            return [Resources()]
+        per = len(cores) // n
+        if per < w.nproc_per_node:
+            raise ConfigError(f"launch.slots={n} leaves {per} cores per slot for {w.nproc_per_node} processes: "
+                              "lower launch.slots")
+        return [Resources(cpus=tuple(cores[i * per:(i + 1) * per])) for i in range(n)]
+
+    def slot_threads(self, resources: Resources) -> int:
+        """Threads per process inside a slot: the slot's cores shared by its processes."""
+        if not resources.cpus or self.workload.threads:
+            return self.threads
+        return max(1, len(resources.cpus) // self.workload.nproc_per_node)
 
 
 def model_spec(node: Any, available: list[str]) -> ModelSpec:
@@ -228,6 +285,7 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
         study = OmegaConf.to_object(cfg.study)
         objective = OmegaConf.to_object(cfg.objective)
         tracking = OmegaConf.to_object(cfg.tracking)
+        launch = OmegaConf.to_object(cfg.launch)
         device = workload.resolved_device()
         if device == "cuda":
             import torch
@@ -236,8 +294,8 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
                 raise ConfigError("workload.device=cuda but no CUDA device is visible: use workload.device=cpu")
         settings = Settings(
             task=cfg.task, output_root=Path(cfg.output_root), model=model, workload=workload, measure=measure,
-            study=study, objective=objective, tracking=tracking, fixed_knobs=fixed_knobs(cfg), device=device,
-            threads=workload.resolved_threads(),
+            study=study, objective=objective, tracking=tracking, launch=launch, fixed_knobs=fixed_knobs(cfg),
+            device=device, threads=workload.resolved_threads(),
         )
         # Fixed knobs must be valid on their own; under tune, one that does not apply to every
         # sampled trial is fine, so only measure is strict.

@@ -9,11 +9,15 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.storages import JournalStorage
+from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
@@ -28,12 +32,24 @@ RESULT_KEYS = ("status", "failure", "reason", "tokens_per_s", "step_s", "step_s_
                "losses", "tokens_per_s_windows", "environment")
 
 
-def storage_for(url: str, run_dir: Path) -> optuna.storages.BaseStorage:
-    """The study's storage: a journal file in the run directory unless a URL is given."""
+RDB_SCHEMES = ("postgresql", "mysql", "sqlite", "oracle", "mssql")
+
+
+def storage_for(url: str, run_dir: Path, heartbeat_s: int = 30) -> optuna.storages.BaseStorage:
+    """The study's storage: a journal file in the run directory unless a URL is given.
+
+    Database URLs get Optuna heartbeats: a trial whose tuner stops beating (killed, node lost) is
+    failed by whichever tuner notices, and its configuration queued again.
+    """
     try:
         if not url:
             run_dir.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(str(run_dir / "optuna.journal")))
+        if url.split(":", 1)[0].split("+", 1)[0] in RDB_SCHEMES:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s,
+                                                  grace_period=3 * heartbeat_s, heartbeat_stale_trial_callback=requeue)
         return optuna.storages.get_storage(url)
     except Exception as exc:
         raise ConfigError(f"study.storage={url or run_dir / 'optuna.journal'!s} cannot be opened "
@@ -71,21 +87,63 @@ def is_orphaned(trial: FrozenTrial) -> bool:
     return False
 
 
+def requeue(study: optuna.Study, trial: FrozenTrial, why: str = "its tuner stopped sending heartbeats") -> None:
+    """A trial whose tuner died: not counted, its configuration measured again (once)."""
+    storage = study._storage
+    storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+    storage.set_trial_user_attr(trial._trial_id, "reason", why)
+    if trial.state == TrialState.RUNNING:
+        study.tell(trial.number, state=TrialState.FAIL)
+    if trial.params:
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, **(
+            {"baseline": trial.user_attrs["baseline"]} if "baseline" in trial.user_attrs else {})})
+    log.warning("trial %d was interrupted (%s): marked failed, configuration queued again", trial.number, why)
+
+
 def recover_interrupted(study: optuna.Study) -> list[int]:
-    """Mark trials left RUNNING by a killed tuner as failed and queue their configuration again."""
+    """Trials left RUNNING by a dead tuner on this host: fail them and queue their configuration again."""
     recovered = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not is_orphaned(trial):
-            continue
-        study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
-        study._storage.set_trial_user_attr(trial._trial_id, "reason", "tuner process died during the trial")
-        study.tell(trial.number, state=TrialState.FAIL)
-        if trial.params:
-            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
-        recovered.append(trial.number)
-        log.warning("trial %d was interrupted by a dead tuner: marked failed, configuration queued again",
-                    trial.number)
+        if is_orphaned(trial):
+            requeue(study, trial, "tuner process died during the trial")
+            recovered.append(trial.number)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)  # the same, by heartbeat, for database storages
     return recovered
+
+
+def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Callable[[], None]:
+    """A beat to call while the trial runs (throttled); a no-op for storages without heartbeats."""
+    storage = study._storage
+    if not is_heartbeat_enabled(storage):
+        return lambda: None
+    period = storage.get_heartbeat_interval() / 2
+    last = [0.0]
+
+    def beat() -> None:
+        if time.monotonic() - last[0] >= period:
+            storage.record_heartbeat(trial._trial_id)
+            last[0] = time.monotonic()
+
+    return beat
+
+
+def running_twin(study: optuna.Study, identity: str, number: int) -> FrozenTrial | None:
+    """An earlier trial of the same configuration still running (another slot or tuner process)."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if trial.number < number and trial.user_attrs.get("identity") == identity:
+            return trial
+    return None
+
+
+def wait_finished(study: optuna.Study, number: int, poll_s: float = 1.0) -> FrozenTrial:
+    while True:
+        trial = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(
+            study._study_id, number))
+        if trial.state.is_finished():
+            return trial
+        time.sleep(poll_s)
 
 
 def counted(trial: FrozenTrial) -> bool:

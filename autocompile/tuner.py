@@ -8,7 +8,9 @@ tell. Failures are told as failures with their reason; a study that only fails i
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autocompile.knobs import describe
-from autocompile.launcher import launch
+from autocompile.launcher import Agents, Resources, launch
 from autocompile.objective import Objective
 from autocompile.report import build_report, print_report, write_artifacts
 from autocompile.settings import Settings
@@ -25,11 +27,14 @@ from autocompile.study import (
     compact,
     counted,
     find_measured,
+    heartbeat,
     measured_trials,
     open_study,
     owner,
     recover_interrupted,
+    running_twin,
     storage_for,
+    wait_finished,
 )
 from autocompile.view import StudyView
 
@@ -47,8 +52,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     env = settings.env
     space = SearchSpace(env, settings.fixed_knobs, settings.study.extended)
     objective = Objective(settings.objective)
-    study = open_study(settings.study.name, storage_for(settings.study.storage, run_dir), objective.directions,
-                       settings.study.seed)
+    storage = storage_for(settings.study.storage, run_dir, settings.study.heartbeat_s)
+    study = open_study(settings.study.name, storage, objective.directions, settings.study.seed)
     recover_interrupted(study)
     if settings.study.baselines:
         queue_baselines(study, space)
@@ -56,38 +61,81 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     from autocompile.tracking import tracker_for
 
     tracker = tracker_for(settings, study, run_dir)
-    log.info("study %s: %d distinct configurations in the space, %d trials asked; storage %s",
-             study.study_name, space.size(), settings.study.n_trials, settings.study.storage or run_dir)
+    slots = settings.slots()
+    agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)
+    log.info("study %s: %d distinct configurations in the space, %d trials asked, %d slot(s); storage %s",
+             study.study_name, space.size(), settings.study.n_trials, len(slots), settings.study.storage or run_dir)
 
-    started = time.time()
-    stop_reason = f"{settings.study.n_trials} trials finished"
+    budget = Budget(study, settings)
+    tracking = threading.Lock()  # one writer at a time into the tracking store
     with StudyView(settings.study.n_trials, objective) as view:
-        while True:
-            trials = study.get_trials(deepcopy=False)
-            done = sum(counted(t) for t in trials)
-            view.refresh(trials)
-            if done >= settings.study.n_trials:
-                break
-            if settings.study.timeout_s and time.time() - started > settings.study.timeout_s:
-                stop_reason = f"study.timeout_s={settings.study.timeout_s:g} reached"
-                break
-            if failing(trials, settings.study.max_failure_rate):
-                stop_reason = "failure guard"
-                break
-            trial = study.ask()
-            trial.set_user_attr("owner", owner())
-            run_trial(study, trial, space, objective, settings, run_dir, view)
-            tracker.log_trial(study.trials[trial.number])
+
+        def slot_loop(resources: Resources) -> None:
+            while (trial := budget.next_trial(view)) is not None:
+                run_trial(study, trial, space, objective, settings, run_dir, view, resources, agents)
+                with tracking:
+                    tracker.log_trial(study.trials[trial.number])
+
+        if len(slots) == 1:
+            slot_loop(slots[0])
+        else:
+            with ThreadPoolExecutor(len(slots), thread_name_prefix="slot") as pool:
+                list(pool.map(slot_loop, slots))
         view.refresh(study.get_trials(deepcopy=False))
 
-    report = build_report(study, settings, objective, space, stop_reason, time.time() - started, run_dir)
+    report = build_report(study, settings, objective, space, budget.stop_reason, time.time() - budget.started,
+                          run_dir)
     write_artifacts(report, run_dir)
     print_report(report)
     tracker.finish(report, run_dir)
-    if stop_reason == "failure guard":
+    if budget.stop_reason == "failure guard":
         raise StudyFailing(f"stopped: more than {settings.study.max_failure_rate:.0%} of trials failed; see "
                            f"the reasons above and in {run_dir / 'trials'}")
     return report.summary
+
+
+class Budget:
+    """Hands out trials while the study needs more, across slots and across tuner processes.
+
+    Trials running elsewhere count towards ``n_trials``, but a tuner that finds the rest of the
+    budget running elsewhere waits instead of leaving: such a trial may yet die with its tuner and
+    need measuring again (found by pid on this host, by heartbeat on a database storage).
+    """
+
+    def __init__(self, study: optuna.Study, settings: Settings) -> None:
+        self.study = study
+        self.settings = settings.study
+        self.patience_s = settings.measure.timeout_s + 60
+        self.started = time.time()
+        self.stop_reason = f"{self.settings.n_trials} trials finished"
+        self.lock = threading.Lock()
+
+    def next_trial(self, view: StudyView) -> optuna.Trial | None:
+        waiting_since = None
+        while True:
+            with self.lock:
+                recover_interrupted(self.study)
+                trials = self.study.get_trials(deepcopy=False)
+                view.refresh(trials)
+                done = sum(counted(t) for t in trials)
+                running = sum(t.state == TrialState.RUNNING for t in trials)
+                if done >= self.settings.n_trials:
+                    return None
+                if self.settings.timeout_s and time.time() - self.started > self.settings.timeout_s:
+                    self.stop_reason = f"study.timeout_s={self.settings.timeout_s:g} reached"
+                    return None
+                if failing(trials, self.settings.max_failure_rate):
+                    self.stop_reason = "failure guard"
+                    return None
+                if done + running < self.settings.n_trials:
+                    trial = self.study.ask()
+                    trial.set_user_attr("owner", owner())
+                    return trial
+            waiting_since = waiting_since or time.time()
+            if time.time() - waiting_since > self.patience_s:
+                self.stop_reason = f"the last {running} trial(s) still run elsewhere after {self.patience_s:g} s"
+                return None
+            time.sleep(1.0)
 
 
 def queue_baselines(study: optuna.Study, space: SearchSpace) -> None:
@@ -106,7 +154,7 @@ def failing(trials: list[optuna.trial.FrozenTrial], max_rate: float) -> bool:
 
 
 def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, objective: Objective,
-              settings: Settings, run_dir: Path, view: StudyView) -> None:
+              settings: Settings, run_dir: Path, view: StudyView, resources: Resources, agents: Agents) -> None:
     config = space.sample(trial)
     key = identity(config, space.env)
     name = describe(config, space.env)
@@ -115,6 +163,12 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
     trial.set_user_attr("name", name)
 
     prior = find_measured(study, key, exclude=trial.number)
+    if prior is None and (twin := running_twin(study, key, trial.number)) is not None:
+        # Another slot or tuner is measuring this very configuration: wait for its result.
+        view.running(trial.number, f"waiting for trial {twin.number} ({name})")
+        prior = wait_finished(study, twin.number)
+        if "result" not in prior.user_attrs or prior.user_attrs.get("interrupted"):
+            prior = None
     if prior is not None:
         # Same configuration, same workload: its measurement stands; the sampler still learns from it.
         trial.set_user_attr("duplicate_of", prior.number)
@@ -129,12 +183,19 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
 
     best = best_result(study, objective)
     baseline = trial.user_attrs.get("baseline")
-    rule = objective.stop_rule(best) if settings.study.prune and baseline is None else None
+    prune = objective.stop_rule(best) if settings.study.prune and baseline is None else None
+    beat = heartbeat(study, trial)
+
+    def rule(events: list[dict[str, Any]], elapsed: float) -> str | None:
+        beat()
+        return prune(events, elapsed) if prune else None
+
     trial_dir = run_dir / "trials" / f"{trial.number:04d}"
     trial.set_user_attr("trial_dir", str(trial_dir))
     cache_dir = settings.output_root / "inductor_cache_warm" if settings.measure.cache == "warm" else None
     view.running(trial.number, name)
-    result = launch(trial_dir, settings.trial_spec(config), cache_dir=cache_dir, should_stop=rule)
+    result = launch(trial_dir, settings.trial_spec(config, settings.slot_threads(resources)), cache_dir=cache_dir,
+                    should_stop=rule, resources=resources, agents=agents)
     trial.set_user_attr("result", compact(result))
     if result["status"] == "ok":
         constraints = objective.constraints(result, reference_losses(study))

@@ -279,6 +279,8 @@ def environment(device: torch.device | None, rank: int, threads: int | None = No
         "threads": threads if threads is not None else torch.get_num_threads(),
         "hostname": platform.node(),
         "rank": rank,
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
 
 

@@ -1,0 +1,87 @@
+"""Tuners in two processes sharing a PostgreSQL study: one is killed -9, its trial is failed by the
+heartbeat and measured again by the other; nothing is lost."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autocompile.launcher import free_port
+from autocompile.study import counted, measured_trials
+from tests.test_tuner import ROOT, TINY
+
+BINDIR = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def postgres() -> Iterator[str]:
+    if not BINDIR or shutil.which("runuser") is None:
+        pytest.skip("PostgreSQL is not installed (scripts/setup.sh installs it as root)")
+    bindir = BINDIR[-1]
+    data = Path(tempfile.mkdtemp(prefix="autocompile-pg-"))
+    user = [] if os.getuid() != 0 else ["runuser", "-u", "postgres", "--"]
+    if os.getuid() == 0:
+        shutil.chown(data, "postgres", "postgres")
+    subprocess.run([*user, str(bindir / "initdb"), "-D", str(data / "db"), "--auth=trust", "-U", "postgres"],
+                   check=True, capture_output=True)
+    port = free_port()
+    subprocess.run([*user, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-w", "-l", str(data / "log"), "-o",
+                    f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*user, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_killed_tuner_trial_is_failed_by_heartbeat_and_measured_again(tmp_path: Path, postgres: str) -> None:
+    args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", f"study.storage={postgres}",
+            "study.heartbeat_s=1", "+model.block_sleep_s=0.02", "compile.scope=none", "amp.dtype=none",
+            "study.prune=false", "measure.windows=40", "study.n_trials=4"]
+    victim = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    survivor = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    storage = optuna.storages.RDBStorage(postgres)
+    killed = None
+    deadline = time.time() + 240
+    while killed is None and time.time() < deadline:
+        time.sleep(0.3)
+        studies = optuna.get_all_study_summaries(storage)
+        if not studies:
+            continue
+        study = optuna.load_study(study_name=studies[0].study_name, storage=storage)
+        for t in study.get_trials(states=(TrialState.RUNNING,)):
+            progress = Path(t.user_attrs.get("trial_dir", "/nonexistent")) / "progress.jsonl"
+            if t.user_attrs.get("owner", {}).get("pid") == victim.pid and progress.exists() and (
+                    '"window"' in progress.read_text()):
+                os.kill(victim.pid, signal.SIGKILL)
+                killed = t.number
+                break
+    assert killed is not None, "the victim tuner never ran a trial"
+    victim.wait()
+    _, err = survivor.communicate(timeout=600)
+    assert survivor.returncode == 0, err[-3000:]
+
+    trials = study.get_trials()
+    dead = trials[killed]
+    assert dead.state == TrialState.FAIL and dead.user_attrs["interrupted"]
+    assert "heartbeat" in dead.user_attrs["reason"] or "died" in dead.user_attrs["reason"]
+    (retry,) = [t for t in trials if t.user_attrs.get("retry_of") == killed]
+    assert retry.user_attrs["identity"] == dead.user_attrs["identity"]
+    assert retry.user_attrs["owner"]["pid"] == survivor.pid and retry.state == TrialState.COMPLETE
+    assert sum(counted(t) for t in trials) == 4
+    identities = [t.user_attrs["identity"] for t in measured_trials(study)]
+    assert len(identities) == len(set(identities))
+    assert not [t for t in trials if t.state == TrialState.RUNNING]

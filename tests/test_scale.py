@@ -1,0 +1,78 @@
+"""Scaling out: tuners sharing a study, parallel slots, multi-node trials, the SLURM launcher config."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from optuna.trial import TrialState
+
+from autocompile.study import counted, measured_trials
+from tests.test_tuner import ROOT, TINY, load, tune_cli
+
+SMALL = ["compile.backend=eager", "amp.dtype=none", "ac.policy=none", "study.prune=false"]
+
+
+def test_two_tuner_processes_share_one_study_without_measuring_anything_twice(tmp_path: Path) -> None:
+    args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", *SMALL, "study.n_trials=8"]
+    tuners = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+              for _ in range(2)]
+    for tuner in tuners:
+        _, err = tuner.communicate(timeout=600)
+        assert tuner.returncode == 0, err[-3000:]
+    study = load(tmp_path)
+    owners = {t.user_attrs["owner"]["pid"] for t in study.trials}
+    assert len(owners) == 2  # both tuners worked on the study
+    identities = [t.user_attrs["identity"] for t in measured_trials(study)]
+    assert len(identities) == len(set(identities))
+    baselines = [t.user_attrs["baseline"] for t in measured_trials(study) if "baseline" in t.user_attrs]
+    assert sorted(baselines) == ["compile", "eager", "regional"]
+    assert 8 <= sum(counted(t) for t in study.trials) <= 9  # cooperating tuners stop together
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+
+
+def test_two_slots_run_trials_side_by_side_each_on_its_own_core(tmp_path: Path) -> None:
+    run = tune_cli(tmp_path, "compile.backend=eager", "launch.slots=2", "study.baselines=false",
+                   "study.n_trials=4", "study.prune=false")
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads(p.read_text()) for p in tmp_path.glob("*/trials/*/result.json")]
+    assert len(results) >= 3 and any(r["status"] == "ok" for r in results)
+    seen = {tuple(r["environment"]["cpus"]) for r in results}
+    assert seen == {(0,), (1,)}  # each trial saw only its slot's core; both slots were used
+    assert all(r["resources"]["cpus"] == r["environment"]["cpus"] for r in results)
+    assert all(r["environment"]["threads"] == 1 for r in results)
+
+
+def test_a_two_node_trial_from_two_torchrun_agents(tmp_path: Path) -> None:
+    run = tune_cli(tmp_path, *SMALL, "compile.scope=module", "workload.nnodes=2", "study.baselines=false",
+                   "study.n_trials=1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    (trial_dir,) = tmp_path.glob("*/trials/0000")
+    result = json.loads((trial_dir / "result.json").read_text())
+    assert result["status"] == "ok", result.get("reason")
+    assert result["environment"]["world_size"] == 2
+    assert len(result["param_checksums"]) == 2 and len(set(result["param_checksums"])) == 1
+    assert (trial_dir / "stderr.node1.log").exists()  # the second node's agent
+    assert "--nnodes=2" in (trial_dir / "cmd.txt").read_text()
+    assert load(tmp_path).trials[0].user_attrs["result"]["environment"]["world_size"] == 2
+
+
+def test_slurm_launcher_config_composes_for_a_job_array() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from autocompile.app import CONF_DIR, check_command_line
+    from autocompile.settings import register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm", "+model=gpt2-tiny", "launch.worker=3"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert launcher.gpus_per_node == 1 and launcher.array_parallelism == 64
+    assert cfg.launch.worker == 3
+    # The documented command line validates: eight tuner jobs on one study.
+    check_command_line(["-m", "hydra/launcher=slurm", "+model=gpt2-tiny", "launch.worker=range(8)",
+                        "tracking.enabled=false"])
