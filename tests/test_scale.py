@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from optuna.trial import TrialState
 
 from autocompile.study import counted, measured_trials
@@ -15,6 +16,7 @@ from tests.test_tuner import ROOT, TINY, load, tune_cli
 SMALL = ["compile.backend=eager", "amp.dtype=none", "ac.policy=none", "study.prune=false"]
 
 
+@pytest.mark.integration
 def test_two_tuner_processes_share_one_study_without_measuring_anything_twice(tmp_path: Path) -> None:
     args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", *SMALL, "study.n_trials=8"]
     tuners = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -33,6 +35,7 @@ def test_two_tuner_processes_share_one_study_without_measuring_anything_twice(tm
     assert not [t for t in study.trials if t.state == TrialState.RUNNING]
 
 
+@pytest.mark.integration
 def test_two_slots_run_trials_side_by_side_each_on_its_own_core(tmp_path: Path) -> None:
     run = tune_cli(tmp_path, "compile.backend=eager", "launch.slots=2", "study.baselines=false",
                    "study.n_trials=4", "study.prune=false")
@@ -45,6 +48,7 @@ def test_two_slots_run_trials_side_by_side_each_on_its_own_core(tmp_path: Path) 
     assert all(r["environment"]["threads"] == 1 for r in results)
 
 
+@pytest.mark.integration
 def test_a_two_node_trial_from_two_torchrun_agents(tmp_path: Path) -> None:
     run = tune_cli(tmp_path, *SMALL, "compile.scope=module", "workload.nnodes=2", "study.baselines=false",
                    "study.n_trials=1")

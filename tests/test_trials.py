@@ -55,7 +55,7 @@ def ddp_matrix() -> list[dict[str, Any]]:
     for wrap, ca, mode in itertools.product(("ddp_of_compiled", "compile_of_ddp"), (False, True),
                                             ("ddp_optimizer", "no_optimization", "python_reducer")):
         knobs = {"compile.scope": "module", "ddp.wrap_order": wrap, "compile.compiled_autograd": ca,
-                 "ddp.optimize": mode, "compile.backend": "aot_eager"}
+                 "ddp.optimize": mode, "compile.backend": "eager"}
         try:
             configs.append(TrialConfig.from_flat(knobs, env).flat())
         except KnobError:
