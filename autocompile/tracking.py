@@ -1,9 +1,27 @@
 """MLflow tracking: one parent run per study, one child run per trial, comparable in the MLflow UI.
 
-Only the tuner writes to MLflow (workers write files). Child runs carry every knob under its
-dotted key as a param, the measurements as metrics (per-step loss and per-window throughput as
-histories), the Optuna state and reasons as tags, and the trial's files as artifacts. A resumed
-study continues under its parent run and skips trials that already have a child run.
+Only the tuner writes to MLflow (workers write files). The store defaults to SQLite next to the
+run directories (``<output_root>/mlflow.db``, artifacts in ``<output_root>/mlartifacts``), so
+studies accumulate side by side; ``tracking.uri=http://...`` logs to a running server instead.
+
+Shapes, chosen for the UI's compare views (parallel coordinates, scatter, contour, box), which
+plot the params and metrics that the selected runs share:
+
+- one experiment per model (``tracking.experiment`` overrides), so the studies of one model,
+  including every job of a Hydra multirun, are side by side; the workload is a param of each run;
+- one parent run per study, named after it; a resumed study continues under the same parent
+  (its id is kept in the Optuna study) and never logs a trial twice;
+- one child run per finished trial (``mlflow.parentRunId`` set explicitly), named ``#N`` plus the
+  knobs that differ from their defaults (fixed knobs left out: they are the same in every trial).
+  Params: every knob under its dotted key (``n/a`` where it does not apply), plus the workload.
+  Metrics: the measurement, the objective, the speedup over each baseline, and histories (loss
+  per step, throughput per window, warm-up step times). Tags and the run's note: Optuna number
+  and state, failure or prune reason, torch, device, world size. FAILED / KILLED for failed /
+  pruned trials. Artifacts: the trial's files (config, result, command, logs).
+
+The parent gets the resolved config, the summary, the best configuration (YAML and code), the
+trials and verdict tables and the plots (:mod:`autocompile.plots`). Every write is batched: over
+HTTP one call per metric is slow.
 """
 
 from __future__ import annotations
@@ -11,25 +29,41 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import platform
+import re
+import socket
+import tempfile
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autocompile.knobs import KNOBS
 from autocompile.settings import ConfigError, Settings
+from autocompile.study import is_orphaned, owner
 
 log = logging.getLogger(__name__)
 
 STUDY_TAG = "autocompile.study"
-TRIAL_TAG = "autocompile.trial_number"
+TRIAL_TAG = "optuna.trial_number"
 PARENT_ATTR = "mlflow_parent_run_id"
 TRIAL_FILES = ("trial.json", "result.json", "cmd.txt", "stdout.log", "stderr.log", "progress.jsonl")
 RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.FAIL: "FAILED", TrialState.PRUNED: "KILLED"}
-METRICS = ("tokens_per_s", "step_s", "step_s_cv", "compile_s", "first_step_s", "peak_memory_bytes", "mfu",
-           "graph_count", "graph_breaks", "recompiles_timed", "wall_s")
+METRICS = ("tokens_per_s", "step_s", "step_s_cv", "compile_s", "first_step_s", "mfu", "graph_count",
+           "graph_breaks", "recompiles_timed", "wall_s")
+INACTIVE = "n/a"
+"""Param value of a knob that does not apply to the trial (e.g. compile.mode of an eager trial)."""
+PARENT_FILES = ("summary.json", "best_config.yaml", "best_config.py")
+LOG_GRACE_S = 600
+"""A trial another live tuner finished is left to it for this long (it logs its own trials)."""
+# Short causes of an unusable store, found in the (long, nested) exception text.
+CAUSES = ("Connection refused", "Name or service not known", "Temporary failure in name resolution",
+          "timed out", "No route to host", "certificate verify failed", "unable to open database file",
+          "readonly database", "Permission denied")
 
 
 @contextlib.contextmanager
@@ -47,28 +81,85 @@ def quick_http() -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _cause(exc: BaseException) -> str:
+    text = str(exc).strip()
+    found = next((c for c in CAUSES if c.lower() in text.lower()), None)
+    if found:
+        return found.lower()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return first if len(first) <= 160 else first[:157] + "..."
+
+
+def sqlite_path(uri: str) -> Path | None:
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
 def check_store(uri: str) -> None:
-    """Fail before any trial when the tracking store cannot be reached or written."""
+    """Fail before any trial when the tracking store cannot be reached or written (one-line ConfigError)."""
     from mlflow.tracking import MlflowClient
 
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # schema creation chatter of a new store
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     try:
+        db = sqlite_path(uri)
+        if db is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
+                raise PermissionError("Permission denied")
         with quick_http():
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"tracking.uri={uri} is not reachable ({first}); start the server, fix the URI, "
+        what = "is not reachable" if uri.startswith(("http://", "https://")) else "cannot be opened for writing"
+        raise ConfigError(f"tracking.uri={uri} {what} ({_cause(exc)}): start the MLflow server, fix tracking.uri, "
                           "or set tracking.enabled=false") from exc
 
 
 def experiment_name(settings: Settings) -> str:
-    w = settings.workload
-    return settings.tracking.experiment or (
-        f"autocompile/{settings.model.name}/bs{w.batch_size}-seq{'-'.join(map(str, w.seq_len))}-"
-        f"ws{w.world_size}-{settings.device}")
+    """One experiment per model: its studies (workloads, multirun jobs) side by side."""
+    return settings.tracking.experiment or f"autocompile/{settings.model.name}"
+
+
+def artifact_location(uri: str, name: str) -> str | None:
+    """Next to a SQLite store (MLflow's default would be ./mlruns under whatever the working directory is);
+    a server chooses its own."""
+    db = sqlite_path(uri)
+    if db is None:
+        return None
+    return (db.resolve().parent / "mlartifacts" / re.sub(r"[^\w./-]", "_", name)).as_uri()
+
+
+def resolved_config(text: str) -> str:
+    """The composed config with interpolations (the study name...) resolved, when they resolve here."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_yaml(OmegaConf.create(text), resolve=True)
+    except Exception:  # noqa: BLE001 - resolvers not registered in this process: the raw config still says it all
+        return text
+
+
+def local_environment(device: str) -> dict[str, Any]:
+    """torch and device as the tuner sees them: for trials that ended before the worker reported its own."""
+    import torch
+
+    name = platform.processor() or platform.machine()
+    if device == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+    return {"torch": torch.__version__, "device_name": name}
+
+
+def logged_elsewhere(trial: FrozenTrial) -> bool:
+    """Another live tuner process ran this trial (tuners sharing a study) and logs it itself."""
+    who = trial.user_attrs.get("owner")
+    if not who or who == owner() or is_orphaned(trial):
+        return False
+    if who.get("host") == socket.gethostname():
+        return True  # its pid is alive
+    done = trial.datetime_complete
+    return done is None or (datetime.now() - done).total_seconds() < LOG_GRACE_S
+
+
+def public_url(url: str) -> str:
+    """A storage URL fit for a tag: without its password."""
+    return re.sub(r"(://[^/:@]+):[^/@]*@", r"\1:***@", url)
 
 
 class NoTracker:
@@ -87,48 +178,110 @@ class MlflowTracker:
 
         self.settings = settings
         self.study = study
-        self.client = MlflowClient(tracking_uri=settings.tracking_uri)
-        name = experiment_name(settings)
-        experiment = self.client.get_experiment_by_name(name)
-        self.experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-        self.parent_id = self._parent_run(run_dir)
-        self.logged = {
-            int(r.data.tags[TRIAL_TAG])
-            for r in self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_id}'",
-                                             max_results=50000)
-            if TRIAL_TAG in r.data.tags
-        }
+        self.uri = settings.tracking_uri
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self._environment: dict[str, Any] | None = None
+        self.parent_id, self.experiment_id = self._parent_run(run_dir)
+        self.children = self._children()
         # Trials finished before this tuner started (a resume, or another tuner process) are logged now.
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                               TrialState.FAIL)):
-            self.log_trial(trial)
+        self.sync()
 
-    def _parent_run(self, run_dir: Path) -> str:
+    # -- the study's parent run ---------------------------------------------------------------------
+
+    def _experiment(self) -> str:
+        name = experiment_name(self.settings)
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is None:
+            return self.client.create_experiment(name, artifact_location=artifact_location(self.uri, name))
+        if experiment.lifecycle_stage == "deleted":
+            self.client.restore_experiment(experiment.experiment_id)
+        return experiment.experiment_id
+
+    def _parent_run(self, run_dir: Path) -> tuple[str, str]:
+        from mlflow.exceptions import MlflowException
+
         parent = self.study.user_attrs.get(PARENT_ATTR)
         if parent:
-            self.client.update_run(parent, status="RUNNING")
-            return parent
-        w = self.settings.workload
-        run = self.client.create_run(self.experiment_id, run_name=self.study.study_name, tags={
-            STUDY_TAG: self.study.study_name, "autocompile.run_dir": str(run_dir),
-            "autocompile.storage": self.settings.study.storage or str(run_dir / "optuna.journal"),
-            "mlflow.note.content": f"autocompile study {self.study.study_name}: {self.settings.model.name}, "
-                                   f"objective {self.settings.objective.kind}",
+            try:
+                run = self.client.get_run(parent)
+            except MlflowException:
+                run = None
+            if run is not None and run.info.lifecycle_stage == "active":
+                self.client.update_run(parent, status="RUNNING")
+                return parent, run.info.experiment_id
+            log.info("MLflow: the study's parent run %s is not in %s; starting a new one", parent, self.uri)
+        experiment_id = self._experiment()
+        s, w = self.settings, self.settings.workload
+        run = self.client.create_run(experiment_id, run_name=self.study.study_name, tags={
+            STUDY_TAG: self.study.study_name, "autocompile.run_dir": str(run_dir.resolve()),
+            "autocompile.storage": public_url(s.study.storage) or str(run_dir.resolve() / "optuna.journal"),
+            "mlflow.note.content": f"autocompile study `{self.study.study_name}`: {s.model.name}, objective "
+                                  f"{s.objective.kind}. Its trials are the child runs; the summary, tables and "
+                                  "plots are this run's artifacts.",
         })
-        params = {"model": self.settings.model.name, "workload.batch_size": w.batch_size,
-                  "workload.seq_len": ",".join(map(str, w.seq_len)), "workload.world_size": w.world_size,
-                  "workload.device": self.settings.device, "objective.kind": self.settings.objective.kind,
-                  "objective.horizon_steps": self.settings.objective.horizon_steps,
-                  **{f"fixed.{k}": v for k, v in self.settings.fixed_knobs.items()}}
+        params = {**self.workload_params(), "objective.horizon_steps": s.objective.horizon_steps,
+                  "workload.lr": w.lr, "study.seed": s.study.seed, "study.extended": s.study.extended,
+                  **{f"fixed.{k}": v for k, v in s.fixed_knobs.items()}}
         self._batch(run.info.run_id, params=params)
         self.study.set_user_attr(PARENT_ATTR, run.info.run_id)
-        return run.info.run_id
+        return run.info.run_id, experiment_id
+
+    def workload_params(self) -> dict[str, Any]:
+        s, w = self.settings, self.settings.workload
+        return {"model": s.model.name, "workload.batch_size": w.batch_size,
+                "workload.seq_len": ",".join(map(str, w.seq_len)), "workload.world_size": w.world_size,
+                "workload.device": s.device, "objective.kind": s.objective.kind}
+
+    def _children(self) -> dict[int, tuple[str, set[str]]]:
+        """Trial number -> (run id, metric keys) of this parent's children. A child left RUNNING was cut
+        off while being logged: it is deleted and logged again, and so is a second child of one trial."""
+        from mlflow.entities import ViewType
+
+        children: dict[int, tuple[str, set[str]]] = {}
+        trials = {t.number: t for t in self.study.get_trials(deepcopy=False)}
+        token = None
+        while True:
+            page = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent_id}'",
+                                           run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
+            for run in page:
+                number = run.data.tags.get(TRIAL_TAG)
+                if number is None:
+                    continue
+                if run.info.status == "RUNNING" or int(number) in children:
+                    trial = trials.get(int(number))
+                    if trial is None or not logged_elsewhere(trial):  # else its live tuner is logging it now
+                        self.client.delete_run(run.info.run_id)
+                    continue
+                children[int(number)] = (run.info.run_id, set(run.data.metrics))
+            token = page.token
+            if not token:
+                return children
+
+    def sync(self) -> None:
+        """Log every finished trial that has no child run yet, except those another live tuner logs."""
+        for trial in self.study.get_trials(deepcopy=False, states=tuple(RUN_STATUS)):
+            if not logged_elsewhere(trial):
+                self.log_trial(trial)
+
+    def converge(self) -> None:
+        """Tuners that started a fresh study together each made a parent; the one the study recorded last
+        wins: the others move their children under it and delete their own."""
+        winner = self.study.user_attrs.get(PARENT_ATTR)
+        if not winner or winner == self.parent_id:
+            return
+        for run_id, _ in self.children.values():
+            self.client.set_tag(run_id, "mlflow.parentRunId", winner)
+        self.client.delete_run(self.parent_id)
+        self.parent_id = winner
+        self.children = self._children()
+
+    # -- one child run per trial -----------------------------------------------------------------------
 
     def _batch(self, run_id: str, metrics: list[tuple[str, float, int]] = (), params: dict[str, Any] | None = None,
-               tags: dict[str, Any] | None = None) -> None:
+               tags: dict[str, Any] | None = None, timestamp_ms: int | None = None) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
-        now = int(time.time() * 1000)
+        now = timestamp_ms or int(time.time() * 1000)
         ms = [Metric(k, float(v), now, step) for k, v, step in metrics]
         ps = [Param(k, str(v)) for k, v in (params or {}).items()]
         ts = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
@@ -137,77 +290,177 @@ class MlflowTracker:
                                   tags=ts if i == 0 else [])
 
     def log_trial(self, trial: FrozenTrial) -> None:
-        if trial.number in self.logged or trial.state not in RUN_STATUS:
+        if trial.number in self.children or trial.state not in RUN_STATUS:
             return
         try:
             self._log_trial(trial)
-            self.logged.add(trial.number)
         except Exception as exc:  # noqa: BLE001 - a tracking hiccup must not end the study
             log.warning("MLflow: trial %d not logged (%s); the study goes on", trial.number, exc)
 
+    def run_name(self, trial: FrozenTrial) -> str:
+        """``#7 compile.mode=max-autotune, amp.dtype=bfloat16``: what this trial changed (fixed knobs are
+        the same in every trial of the study, so they are left out)."""
+        attrs = trial.user_attrs
+        config = attrs.get("config") or trial.params
+        changed = [f"{k}={v}" for k, v in config.items()
+                   if k in KNOBS and k not in self.settings.fixed_knobs and v != KNOBS[k][1]]
+        what = f"{attrs['baseline']} baseline" if attrs.get("baseline") else ", ".join(changed) or "defaults"
+        if "duplicate_of" in attrs:
+            what += f" (= #{attrs['duplicate_of']})"
+        return f"#{trial.number} {what}"[:250]
+
+    def environment(self, result: dict[str, Any]) -> dict[str, Any]:
+        env = result.get("environment")
+        if env:
+            return env
+        if self._environment is None:
+            # A pruned or crashed trial reports nothing: the study's other trials ran on the same machine.
+            known = (t.user_attrs.get("result", {}).get("environment") for t in self.study.get_trials(deepcopy=False))
+            self._environment = next((e for e in known if e), None) or local_environment(self.settings.device)
+        return self._environment
+
     def _log_trial(self, trial: FrozenTrial) -> None:
+        from autocompile.launcher import read_progress
+
         attrs = trial.user_attrs
         result = attrs.get("result") or {}
-        env = result.get("environment") or {}
-        name = f"#{trial.number} {attrs.get('name', '')}"[:250]
-        run = self.client.create_run(self.experiment_id, run_name=name, tags={
-            "mlflow.parentRunId": self.parent_id, TRIAL_TAG: trial.number, STUDY_TAG: self.study.study_name})
-        run_id = run.info.run_id
-        params = {**attrs.get("config", {}), "model": self.settings.model.name,
-                  "workload.batch_size": self.settings.workload.batch_size,
-                  "workload.seq_len": ",".join(map(str, self.settings.workload.seq_len)),
-                  "workload.world_size": self.settings.workload.world_size}
-        tags = {"optuna.state": trial.state.name, "status": result.get("status", trial.state.name.lower()),
-                "torch": env.get("torch", ""), "device_name": env.get("device_name", ""),
+        env = self.environment(result)
+        config = attrs.get("config") or trial.params
+        params = {**{k: config.get(k, INACTIVE) for k in KNOBS}, **self.workload_params()}
+        status = result.get("status", trial.state.name.lower())
+        tags = {"mlflow.parentRunId": self.parent_id, TRIAL_TAG: trial.number, STUDY_TAG: self.study.study_name,
+                "optuna.state": trial.state.name, "status": status, "torch": env.get("torch", ""),
+                "device_name": env.get("device_name", ""),
                 "world_size": env.get("world_size", self.settings.workload.world_size)}
         for key in ("baseline", "duplicate_of", "retry_of"):
             if key in attrs:
                 tags[f"autocompile.{key}"] = attrs[key]
-        reason = attrs.get("reason") or result.get("reason")
+        reason = attrs.get("reason") or result.get("reason") or ""
         if reason:
             tags["reason"] = reason[:5000]
-            tags["mlflow.note.content"] = f"{result.get('status', trial.state.name)}: {reason}"
         if result.get("failure"):
             tags["failure"] = result["failure"]
+        trial_dir = Path(attrs.get("trial_dir", "")) if attrs.get("trial_dir") else None
+        tags["mlflow.note.content"] = self.note(trial, status, reason, result, trial_dir)
+
         metrics = [(k, result[k], 0) for k in METRICS if isinstance(result.get(k), (int, float))]
+        if isinstance(result.get("peak_memory_bytes"), (int, float)):
+            metrics.append(("peak_memory_mb", result["peak_memory_bytes"] / 2**20, 0))
         for i, v in enumerate(trial.values or []):
             metrics.append((f"objective_{i}" if len(trial.values) > 1 else "objective", v, 0))
-        if result.get("status") == "ok":
+        if status == "ok" and "step_s" in result:
             metrics.append(("time_to_train_s", result["compile_s"]
                             + self.settings.objective.horizon_steps * result["step_s"], 0))
-            metrics += self._speedups(result)
+            metrics += [(f"speedup_vs_{name}", value, 0) for name, value in self.speedups(result).items()]
         metrics += [("loss", v, i) for i, v in enumerate(result.get("losses", []))]
         metrics += [("tokens_per_s_window", v, i) for i, v in enumerate(result.get("tokens_per_s_windows", []))]
-        self._batch(run_id, metrics, params, tags)
-        trial_dir = Path(attrs.get("trial_dir", ""))
-        for file in TRIAL_FILES:
-            if (trial_dir / file).is_file():
-                self.client.log_artifact(run_id, str(trial_dir / file), artifact_path="trial")
-        self.client.set_terminated(run_id, status=RUN_STATUS[trial.state])
+        if trial_dir is not None and "duplicate_of" not in attrs:
+            # What the worker reported while it ran: the story of a pruned trial (how far it got).
+            events = read_progress(trial_dir)
+            metrics += [("warmup_step_s", e["seconds"], e["step"]) for e in events if e["event"] == "warmup_step"]
+            metrics += [("step_s_window", e["step_s"], e["window"]) for e in events if e["event"] == "window"]
 
-    def _speedups(self, result: dict[str, Any]) -> list[tuple[str, float, int]]:
-        out = []
+        start = int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None
+        end = int(trial.datetime_complete.timestamp() * 1000) if trial.datetime_complete else None
+        run = self.client.create_run(self.experiment_id, start_time=start, tags=tags, run_name=self.run_name(trial))
+        run_id = run.info.run_id
+        self._batch(run_id, metrics, params, timestamp_ms=end)
+        if trial_dir is not None and "duplicate_of" not in attrs:  # a copy's files are its original's
+            for file in (*TRIAL_FILES, *sorted(p.name for p in trial_dir.glob("error.rank*.json"))):
+                if (trial_dir / file).is_file():
+                    self.client.log_artifact(run_id, str(trial_dir / file), artifact_path="trial")
+        self.client.set_terminated(run_id, status=RUN_STATUS[trial.state], end_time=end)
+        self.children[trial.number] = (run_id, {m[0] for m in metrics})
+
+    def note(self, trial: FrozenTrial, status: str, reason: str, result: dict[str, Any],
+             trial_dir: Path | None) -> str:
+        """The run's description in the UI (Markdown): outcome and reason first, then how to replay it."""
+        lines = [f"**Trial {trial.number}: {status}**" + (f" — {reason}" if reason else "")]
+        if status == "ok" and "tokens_per_s" in result:
+            lines.append(f"{result['tokens_per_s']:,.0f} tokens/s, {result['step_s'] * 1e3:.2f} ms/step, "
+                         f"compile {result['compile_s']:.1f} s")
+        config = trial.user_attrs.get("config") or {}
+        lines.append("Configuration: `" + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults") + "`")
+        cmd = trial_dir / "cmd.txt" if trial_dir is not None else None
+        if cmd is not None and cmd.is_file():
+            lines.append("Replay (artifact `trial/cmd.txt`):\n\n```\n" + cmd.read_text().splitlines()[0] + "\n```")
+        return "\n\n".join(lines)[:20000]
+
+    def speedups(self, result: dict[str, Any]) -> dict[str, float]:
+        """Steady-state speedup over each measured baseline: baseline step time / this step time."""
+        out = {}
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            base = t.user_attrs.get("baseline")
-            ref = t.user_attrs.get("result")
-            if base and ref and "duplicate_of" not in t.user_attrs:
-                out.append((f"speedup_vs_{base}", ref["step_s"] / result["step_s"], 0))
+            base, ref = t.user_attrs.get("baseline"), t.user_attrs.get("result")
+            if base and ref and ref.get("status") == "ok" and "duplicate_of" not in t.user_attrs:
+                out[base] = ref["step_s"] / result["step_s"]
         return out
+
+    # -- the end of the study --------------------------------------------------------------------------
 
     def finish(self, report: Any, run_dir: Path) -> None:
         try:
-            for file in ("config.yaml", "summary.json", "best_config.yaml", "best_config.py"):
-                if (run_dir / file).is_file():
-                    self.client.log_artifact(self.parent_id, str(run_dir / file))
-            best = report.best
-            if best is not None:
-                self._batch(self.parent_id, [("best_tokens_per_s", best["result"]["tokens_per_s"], 0),
-                                             ("best_compile_s", best["result"]["compile_s"], 0),
-                                             ("best_time_to_train_s", best["time_to_train_s"], 0)],
-                            tags={"best_trial": best["number"], "best_config": best["name"][:5000]})
-            self.client.set_terminated(self.parent_id, status="FINISHED")
+            self._finish(report, run_dir)
         except Exception as exc:  # noqa: BLE001 - the study's own files are already written
             log.warning("MLflow: study summary not logged (%s)", exc)
+
+    def _finish(self, report: Any, run_dir: Path) -> None:
+        from autocompile.plots import study_note, trial_rows, write_plots, write_tables
+
+        self.converge()
+        self.sync()
+        self._backfill_speedups()
+        for file in PARENT_FILES:
+            if (run_dir / file).is_file():
+                self.client.log_artifact(self.parent_id, str(run_dir / file))
+        with tempfile.TemporaryDirectory() as tmp:
+            config = run_dir / "config.yaml"
+            if config.is_file():
+                (Path(tmp) / "config.yaml").write_text(resolved_config(config.read_text()))
+                self.client.log_artifact(self.parent_id, str(Path(tmp) / "config.yaml"))
+        if (run_dir / ".hydra" / "overrides.yaml").is_file():
+            self.client.log_artifact(self.parent_id, str(run_dir / ".hydra" / "overrides.yaml"), "hydra")
+
+        trials = self.study.get_trials(deepcopy=False)
+        rows = trial_rows(trials, self.settings.objective.horizon_steps)
+        for row in rows:
+            row["run_id"] = self.children.get(row["trial"], ("",))[0]
+        write_tables(rows, report.effects, run_dir / "tables")
+        self.client.log_artifacts(self.parent_id, str(run_dir / "tables"), "tables")
+        try:
+            write_plots(rows, [e["number"] for e in report.pareto], report.effects, self.study.directions,
+                        report.objective, run_dir / "plots")
+            self.client.log_artifacts(self.parent_id, str(run_dir / "plots"), "plots")
+        except Exception as exc:  # noqa: BLE001 - a plotting problem must not hide the numbers
+            log.warning("MLflow: plots not made (%s)", exc)
+
+        counts = report.counts
+        step = counts.get("trials", len(trials))  # one point per (resumed) session: the best as the study grew
+        metrics = [(f"n_{k}", v, step) for k, v in counts.items() if k in ("trials", "complete", "pruned", "failed")]
+        tags: dict[str, Any] = {"stop_reason": report.stop_reason, "mlflow.note.content": study_note(report)}
+        best = report.best
+        if best is not None:
+            metrics += [("best_tokens_per_s", best["result"]["tokens_per_s"], step),
+                        ("best_compile_s", best["result"]["compile_s"], step),
+                        ("best_time_to_train_s", best["time_to_train_s"], step)]
+            metrics += [(f"best_speedup_vs_{name}", s["step_speedup"], step) for name, s in report.speedups.items()]
+            tags.update(best_trial=best["number"], best_config=best["name"][:5000],
+                        best_run_id=self.children.get(best["number"], ("",))[0])
+        self._batch(self.parent_id, metrics, tags=tags)
+        self.client.set_terminated(self.parent_id, status="FINISHED")
+
+    def _backfill_speedups(self) -> None:
+        """A trial that ran before a baseline gets its speedup over that baseline at the end, so every
+        complete child carries the same speedup metrics (compare views plot only shared metrics)."""
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            result = trial.user_attrs.get("result") or {}
+            if trial.number not in self.children or result.get("status") != "ok":
+                continue
+            run_id, keys = self.children[trial.number]
+            missing = [(f"speedup_vs_{name}", v, 0) for name, v in self.speedups(result).items()
+                       if f"speedup_vs_{name}" not in keys]
+            if missing:
+                self._batch(run_id, missing)
+                keys.update(m[0] for m in missing)
 
 
 def tracker_for(settings: Settings, study: optuna.Study, run_dir: Path) -> MlflowTracker | NoTracker:
