@@ -362,7 +362,8 @@ class MlflowTracker:
 
         start = int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None
         end = int(trial.datetime_complete.timestamp() * 1000) if trial.datetime_complete else None
-        run = self.client.create_run(self.experiment_id, start_time=start, tags=tags, run_name=self.run_name(trial))
+        run = self.client.create_run(self.experiment_id, start_time=start, run_name=self.run_name(trial),
+                                     tags={k: str(v) for k, v in tags.items()})  # over HTTP, strings only
         run_id = run.info.run_id
         self._batch(run_id, metrics, params, timestamp_ms=end)
         if trial_dir is not None and "duplicate_of" not in attrs:  # a copy's files are its original's

@@ -52,6 +52,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_dir(root: Path) -> Path:
+    (journal,) = root.glob("*/optuna.journal")
+    return journal.parent.resolve()
+
+
 def load_study(root: Path) -> optuna.Study:
     (journal,) = root.glob("*/optuna.journal")
     storage = JournalStorage(JournalFileBackend(str(journal)))
@@ -70,7 +75,7 @@ def study_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server(study_root: Path) -> Iterator[str]:
     port = free_port()
     log = (study_root / "mlflow-server.log").open("wb")
@@ -121,8 +126,7 @@ def test_every_trial_is_a_child_run_with_knobs_metrics_histories_and_reasons(stu
     experiment = api(server, "experiments/get-by-name", experiment_name=EXPERIMENT)["experiment"]
     assert experiment["artifact_location"].startswith((study_root / "mlartifacts").as_uri())  # not ./mlruns
 
-    (parent,) = search(server, experiment["experiment_id"], f"tags.`autocompile.study` = '{study.study_name}' "
-                                                            "and tags.`autocompile.storage` != ''")
+    (parent,) = search(server, experiment["experiment_id"], f"tags.`autocompile.run_dir` = '{run_dir(study_root)}'")
     assert parent["info"]["run_name"] == study.study_name and parent["info"]["status"] == "FINISHED"
     assert study.user_attrs["mlflow_parent_run_id"] == parent["info"]["run_id"]
     parent_tags = kv(parent["data"].get("tags"))
@@ -206,23 +210,25 @@ def test_resume_continues_under_the_same_parent_and_never_duplicates_a_run(study
     assert numbers == list(range(N_TRIALS + 1))  # one run per trial: the new one added, none twice
     assert set(before) - set(after) == {cut.info.run_id}  # the others untouched, the cut one replaced
     assert client.get_run(parent_id).info.status == "FINISHED"
-    parents = client.search_runs([client.get_run(parent_id).info.experiment_id], "tags.`autocompile.storage` != ''")
-    assert [p.info.run_id for p in parents] == [parent_id]
+    parents = client.search_runs([client.get_run(parent_id).info.experiment_id],
+                                 f"tags.`autocompile.run_dir` = '{run_dir(study_root)}'")
+    assert [p.info.run_id for p in parents] == [parent_id]  # the study's one parent, continued
 
 
-def test_multirun_gives_one_parent_per_job_in_one_experiment(tmp_path: Path) -> None:
-    from mlflow.tracking import MlflowClient
-
-    run = cli("-m", *MODEL, "workload.batch_size=2,3", "study.n_trials=1", f"output_root={tmp_path}")
+def test_multirun_over_http_gives_one_parent_per_job_in_one_experiment(server: str, tmp_path: Path) -> None:
+    run = cli("-m", *MODEL, "workload.batch_size=2,3", "study.n_trials=1", f"tracking.uri={server}",
+              f"output_root={tmp_path}")
     assert run.returncode == 0, run.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (experiment,) = [e for e in client.search_experiments() if e.name.startswith("autocompile/")]
-    parents = client.search_runs([experiment.experiment_id], "tags.`autocompile.storage` != ''")
-    assert sorted(p.info.run_name for p in parents) == ["tiny_lm-bs2-seq16-ws1-cpu", "tiny_lm-bs3-seq16-ws1-cpu"]
+    assert "not logged" not in run.stdout + run.stderr  # every write went through the server
+    experiment = api(server, "experiments/get-by-name", experiment_name=EXPERIMENT)["experiment"]
+    parents = search(server, experiment["experiment_id"], f"tags.`autocompile.run_dir` LIKE '{tmp_path.resolve()}/%'")
+    assert sorted(p["info"]["run_name"] for p in parents) == ["tiny_lm-bs2-seq16-ws1-cpu", "tiny_lm-bs3-seq16-ws1-cpu"]
     for parent in parents:
-        (child,) = client.search_runs([experiment.experiment_id],
-                                      f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-        assert child.data.params["workload.batch_size"] == parent.data.params["workload.batch_size"]
+        parent_id = parent["info"]["run_id"]
+        (child,) = search(server, experiment["experiment_id"], f"tags.`mlflow.parentRunId` = '{parent_id}'")
+        assert child["info"]["run_name"] == "#0 eager baseline" and child["info"]["status"] == "FINISHED"
+        assert kv(child["data"]["params"])["workload.batch_size"] == kv(parent["data"]["params"])["workload.batch_size"]
+        assert "tokens_per_s" in kv(child["data"]["metrics"])
 
 
 @pytest.mark.parametrize(("uri", "says"), [
