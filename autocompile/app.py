@@ -107,7 +107,7 @@ def hydra_main(cfg: DictConfig) -> Any:
             return measure(settings, run_dir)
         from autocompile.tuner import tune
 
-        return tune(settings, run_dir, OmegaConf.to_yaml(cfg))
+        return tune(settings, run_dir, OmegaConf.to_yaml(cfg, resolve=True))
     except (ConfigError, StudyFailing) as exc:
         print(f"autocompile: error: {exc}", file=sys.stderr)
         sys.exit(2 if isinstance(exc, ConfigError) else 3)

@@ -109,7 +109,7 @@ class TrackingSettings:
     uri: str = ""
     """Tracking URI; empty = sqlite:///<output_root>/mlflow.db (studies accumulate side by side)."""
     experiment: str = ""
-    """Experiment name; empty = one per model and workload."""
+    """Experiment name; empty = one per model (autocompile/<model>), its studies and multirun jobs side by side."""
 
 
 def _knob_groups() -> dict[str, Any]:

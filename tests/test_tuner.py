@@ -117,7 +117,7 @@ def test_snippet_applies_the_winner(tmp_path: Path) -> None:
 
 
 def test_kill_9_mid_trial_then_rerun_resumes_without_loss_or_double_counting(tmp_path: Path) -> None:
-    args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", "+model.block_sleep_s=0.02",
+    args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", "+model.block_sleep_s=0.005",
             "compile.scope=none", "study.n_trials=4", "study.prune=false", "measure.windows=15"]
     tuner = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
