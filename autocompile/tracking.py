@@ -112,6 +112,46 @@ def check_store(uri: str) -> None:
                           "or set tracking.enabled=false") from exc
 
 
+@contextlib.contextmanager
+def mlflow_server(store_uri: str, log_path: Path | None = None, start_timeout_s: float = 120) -> Iterator[str]:
+    """``mlflow server`` on 127.0.0.1 (a free port) for a store, until the block ends; yields its URL.
+
+    The server and its uvicorn worker run in their own process group, ended together.
+    """
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from autocompile.launcher import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path or os.devnull, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri,
+                                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.time() + start_timeout_s
+            while True:
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=2).read()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.time() > deadline:
+                        raise RuntimeError(f"mlflow server for {store_uri} did not start on port {port}") from None
+                    time.sleep(0.5)
+            yield url
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:  # a graceful uvicorn shutdown can take seconds: nothing to save
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
 def experiment_name(settings: Settings) -> str:
     """One experiment per model: its studies (workloads, multirun jobs) side by side."""
     return settings.tracking.experiment or f"autocompile/{settings.model.name}"

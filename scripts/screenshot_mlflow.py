@@ -32,9 +32,10 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from autocompile.tracking import mlflow_server
 
 ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("screenshot_mlflow")
@@ -48,45 +49,11 @@ CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
 WIDTH, HEIGHT = 1600, 1000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_json(url: str, body: dict[str, Any] | None = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
-
-
-@contextlib.contextmanager
-def mlflow_server(db: Path, port: int) -> Iterator[str]:
-    """``mlflow server`` on 127.0.0.1 for the store, killed (whole process group) on exit."""
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"mlflow server on port {port} did not start") from None
-                time.sleep(0.5)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def compare_url(server: str) -> str:
@@ -278,7 +245,7 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "autocompile", *STUDY, f"study.n_trials={args.trials}",
                         f"output_root={args.root.resolve()}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with mlflow_server(db, free_port()) as server:
+    with mlflow_server(f"sqlite:///{db}") as server:
         url = compare_url(server)
         log.info("compare view: %s", url)
         try:

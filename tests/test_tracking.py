@@ -9,13 +9,9 @@ its store and every check goes through the REST API, as the UI's would.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -29,6 +25,8 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from autocompile.knobs import KNOBS
+from autocompile.launcher import free_port
+from autocompile.tracking import mlflow_server
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
@@ -44,12 +42,6 @@ STATES = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "PRUNED": "KILLED"}
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "autocompile", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_dir(root: Path) -> Path:
@@ -77,30 +69,8 @@ def study_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(study_root: Path) -> Iterator[str]:
-    port = free_port()
-    log = (study_root / "mlflow-server.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                             f"sqlite:///{study_root / 'mlflow.db'}", "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).read()
-                break
-            except OSError:
-                assert proc.poll() is None and time.time() < deadline, "mlflow server did not start"
-                time.sleep(0.5)
+    with mlflow_server(f"sqlite:///{study_root / 'mlflow.db'}", study_root / "mlflow-server.log") as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn worker, its own process group
-        try:
-            proc.wait(3)
-        except subprocess.TimeoutExpired:  # a graceful uvicorn shutdown can take seconds: nothing to save here
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def api(server: str, endpoint: str, body: dict[str, Any] | None = None, **query: Any) -> Any:
