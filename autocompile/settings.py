@@ -86,8 +86,8 @@ class ObjectiveSettings:
     kind: str = "time_to_train"
     """time_to_train: compile s + horizon_steps x step s (minimise); throughput: tokens/s (maximise);
     pareto: tokens/s up and compile s down."""
-    horizon_steps: int = 1000
-    """Training steps the compile time is paid back over (time_to_train)."""
+    horizon_steps: int = 10000
+    """Training steps the compile time is paid back over (time_to_train): the length of the job."""
     memory_limit_gb: float = 0.0
     """Trials above this peak memory are infeasible; 0 = no limit."""
     loss_rtol: float = 0.02

@@ -59,8 +59,9 @@ def storage_for(url: str, run_dir: Path, heartbeat_s: int = 30) -> optuna.storag
 
 def open_study(name: str, storage: optuna.storages.BaseStorage, directions: list[str], seed: int) -> optuna.Study:
     """Create or resume; TPE with a multivariate, grouped model handles the conditional space."""
-    sampler = optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, n_startup_trials=8,
-                                         warn_independent_sampling=False)
+    with warnings.catch_warnings():  # multivariate and group are "experimental" since Optuna 2.2
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, n_startup_trials=8)
     study = optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler,
                                 load_if_exists=True)
     if [d.name.lower() for d in study.directions] != directions:

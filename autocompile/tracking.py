@@ -98,6 +98,8 @@ def check_store(uri: str) -> None:
     """Fail before any trial when the tracking store cannot be reached or written (one-line ConfigError)."""
     from mlflow.tracking import MlflowClient
 
+    for chatty in ("alembic", "mlflow.store.db.utils"):  # schema creation of a new store, at INFO
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         db = sqlite_path(uri)
         if db is not None:

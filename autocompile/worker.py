@@ -29,11 +29,11 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from autocompile.apply import apply, lm_loss  # noqa: E402
 from autocompile.data import SyntheticTokens  # noqa: E402
 from autocompile.knobs import Env, TrialConfig  # noqa: E402
 from autocompile.models import build, flops_per_token  # noqa: E402
 from autocompile.spec import TrialSpec, write_json_atomic  # noqa: E402
+from autocompile.step import apply, lm_loss  # noqa: E402
 
 IMPORTS_DONE = time.time()
 log = logging.getLogger("autocompile.worker")

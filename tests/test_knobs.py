@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autocompile.apply import compile_kwargs
 from autocompile.knobs import KNOBS, Env, KnobError, TrialConfig, describe
+from autocompile.step import compile_kwargs
 
 
 def cfg(env: Env, **values: object) -> TrialConfig:

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import torch
 
-from autocompile.apply import apply, lm_loss
 from autocompile.data import SyntheticTokens
 from autocompile.knobs import Env, TrialConfig
 from autocompile.models import find_blocks, flops_per_token, gpt2
+from autocompile.step import apply, lm_loss
 from tests.models import tiny_lm
 
 # fp32 eager vs compiled (aot_eager runs the same kernels): relative tolerance on per-step losses.
