@@ -93,9 +93,8 @@ def apply(
     compiled: list[str] = []
 
     if config.ac.policy == "block":
-        checkpointed = functools.partial(functools.partial, torch.utils.checkpoint.checkpoint, use_reentrant=False)
         for block in find_blocks(model)[1]:
-            _wrap_forward(block, checkpointed)
+            _wrap_forward(block, _checkpointed)
 
     units = _compile_units(model, knobs) if scope in ("module", "regional") else []
     if inside and scope != "train_step":
@@ -193,6 +192,16 @@ def _compile_units(model: nn.Module, knobs: CompileKnobs) -> list[tuple[str, nn.
 
 def _wrap_forward(module: nn.Module, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     module.forward = wrapper(module.forward)  # type: ignore[method-assign]
+
+
+def _checkpointed(fwd: Callable[..., Any]) -> Callable[..., Any]:
+    # A plain function, not functools.partial(checkpoint, ...): dynamo skipped the frame of a block
+    # whose forward was such a partial, so regional compile silently compiled nothing (torch 2.13).
+    @functools.wraps(fwd)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return torch.utils.checkpoint.checkpoint(fwd, *args, use_reentrant=False, **kwargs)
+
+    return forward
 
 
 def _autocast(fwd: Callable[..., Any], device_type: str, dtype: torch.dtype | None) -> Callable[..., Any]:

@@ -46,6 +46,10 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
+class NothingCompiled(RuntimeError):
+    pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -85,6 +89,8 @@ def classify(exc: BaseException) -> dict[str, str]:
         kind = "oom"
     elif isinstance(exc, NonFiniteLoss):
         kind = "nan_loss"
+    elif isinstance(exc, NothingCompiled):
+        kind = "nothing_compiled"
     elif type(exc).__name__ in ("FailOnRecompileLimitHit", "RecompileLimitExceeded"):
         kind = "recompile_limit"
     elif isinstance(exc, dynamo_exc.Unsupported):
@@ -156,6 +162,10 @@ class Trial:
             check_finite(losses[-1:], i)
             self.progress("warmup_step", step=i, seconds=warm_s[-1])
         self.timeline["warmup_done"] = time.time()
+        if step.compiled and not counters["stats"]["unique_graphs"]:
+            # Dynamo skipped every frame: the trial would time eager code under a compiled name.
+            raise NothingCompiled(f"{', '.join(step.compiled)} handed to torch.compile, but no graph was compiled "
+                                  "(dynamo skipped every frame)")
         frames_before = counters["frames"]["total"]
 
         window_s, window_tokens = [], []
