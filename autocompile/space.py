@@ -57,22 +57,15 @@ class SearchSpace:
         return params
 
     def size(self) -> int:
-        """Distinct configurations (by active knobs); small spaces are exhausted before n_trials."""
-        return len(self.enumerate())
+        """Distinct configurations. Inactive knobs only ever take their default, so every path
+        through the knob table is a different configuration: count paths, build nothing."""
 
-    def enumerate(self) -> list[TrialConfig]:
-        configs: dict[str, TrialConfig] = {}
-
-        def walk(values: dict[str, Any], keys: list[str]) -> None:
+        def count(values: dict[str, Any], keys: list[str]) -> int:
             if not keys:
-                config = TrialConfig.from_flat(values, self.env)
-                configs.setdefault(identity(config, self.env), config)
-                return
-            for choice in self.options(keys[0], values):
-                walk({**values, keys[0]: choice}, keys[1:])
+                return 1
+            return sum(count({**values, keys[0]: choice}, keys[1:]) for choice in self.options(keys[0], values))
 
-        walk({}, list(KNOBS))
-        return list(configs.values())
+        return count({}, list(KNOBS))
 
 
 def identity(config: TrialConfig, env: Env) -> str:

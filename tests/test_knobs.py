@@ -91,3 +91,14 @@ def test_mode_and_options_are_never_passed_together(cpu_env: Env) -> None:
                                 compile__options__shape_padding=False).compile)
     assert "mode" not in merged
     assert merged["options"] == {"max_autotune": True, "coordinate_descent_tuning": True, "shape_padding": False}
+
+
+def test_search_space_size_counts_distinct_configurations(cpu_env: Env) -> None:
+    from autocompile.space import SearchSpace
+
+    # Eager: only amp.dtype (none, bfloat16) and ac.policy (none, block) remain; placement etc. are inactive.
+    assert SearchSpace(cpu_env, {"compile.scope": "none"}).size() == 4
+    eager_regional = SearchSpace(cpu_env, {"compile.scope": "regional", "compile.backend": "eager"})
+    # granularity 3 x fullgraph 2 x optimizer 2 x compiled autograd 2 x (amp: none, bf16 x 2 placements) 3
+    # x placement.order 2 x ac 2
+    assert eager_regional.size() == 3 * 2 * 2 * 2 * 3 * 2 * 2
