@@ -18,11 +18,10 @@ log = logging.getLogger(__name__)
 def measure(settings: Settings, run_dir: Path) -> dict[str, Any]:
     env = settings.env
     config = TrialConfig.from_flat(settings.fixed_knobs, env)
-    cache_dir = settings.output_root / "inductor_cache_warm" if settings.measure.cache == "warm" else None
     trial_dir = run_dir / "measure" / time.strftime("%Y%m%d-%H%M%S")
     name = describe(config, env)
     log.info("measuring %s in %s (%s inductor cache)", name, trial_dir, settings.measure.cache)
-    result = launch(trial_dir, settings.trial_spec(config), cache_dir=cache_dir)
+    result = launch(trial_dir, settings.trial_spec(config), cache_dir=settings.cache_dir)
     console().print(measurement_table(result, name))
     if result.get("status") != "ok":
         raise SystemExit(1)

@@ -21,7 +21,7 @@ from autocompile.knobs import KNOBS
 from autocompile.objective import Objective
 from autocompile.settings import Settings
 from autocompile.space import SearchSpace
-from autocompile.study import measured_trials
+from autocompile.study import feasible, measured_trials
 from autocompile.view import console as make_console
 
 
@@ -67,7 +67,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     trials = study.get_trials(deepcopy=False)
     measured = measured_trials(study)
     complete = [entry(t, objective) for t in measured
-                if t.state == TrialState.COMPLETE and all(v <= 0 for v in t.user_attrs.get("constraints", {}).values())]
+                if t.state == TrialState.COMPLETE and feasible(t)]
     counts = {
         "trials": len([t for t in trials if t.state != TrialState.RUNNING]),
         "measured": len(measured),

@@ -198,6 +198,11 @@ class Settings:
     threads: int
 
     @property
+    def cache_dir(self) -> Path | None:
+        """The shared inductor cache of ``measure.cache=warm``; None = a cold cache per trial."""
+        return self.output_root / "inductor_cache_warm" if self.measure.cache == "warm" else None
+
+    @property
     def tracking_uri(self) -> str:
         return self.tracking.uri or f"sqlite:///{(self.output_root / 'mlflow.db').resolve()}"
 

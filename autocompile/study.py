@@ -154,12 +154,8 @@ def counted(trial: FrozenTrial) -> bool:
 
 def find_measured(study: optuna.Study, identity: str, exclude: int) -> FrozenTrial | None:
     """A finished, measured trial of the same configuration (not a dedupe copy, not interrupted)."""
-    for trial in study.get_trials(deepcopy=False, states=FINISHED):
-        attrs = trial.user_attrs
-        if (trial.number != exclude and attrs.get("identity") == identity and not attrs.get("interrupted")
-                and "duplicate_of" not in attrs and "result" in attrs):
-            return trial
-    return None
+    return next((t for t in measured_trials(study)
+                 if t.number != exclude and t.user_attrs.get("identity") == identity), None)
 
 
 def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -167,6 +163,11 @@ def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False, states=FINISHED)
             if "result" in t.user_attrs and "duplicate_of" not in t.user_attrs
             and not t.user_attrs.get("interrupted")]
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    """Within the memory limit and the loss tolerance (Optuna's convention: constraints <= 0)."""
+    return all(v <= 0 for v in (trial.user_attrs.get("constraints") or {}).values())
 
 
 def compact(result: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from autocompile.space import BASELINES, SearchSpace, identity
 from autocompile.study import (
     compact,
     counted,
+    feasible,
     find_measured,
     heartbeat,
     measured_trials,
@@ -192,10 +193,10 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
 
     trial_dir = run_dir / "trials" / f"{trial.number:04d}"
     trial.set_user_attr("trial_dir", str(trial_dir))
-    cache_dir = settings.output_root / "inductor_cache_warm" if settings.measure.cache == "warm" else None
     view.running(trial.number, name)
-    result = launch(trial_dir, settings.trial_spec(config, settings.slot_threads(resources)), cache_dir=cache_dir,
-                    should_stop=rule, resources=resources, agents=agents)
+    spec = settings.trial_spec(config, settings.slot_threads(resources))
+    result = launch(trial_dir, spec, cache_dir=settings.cache_dir, should_stop=rule, resources=resources,
+                    agents=agents)
     trial.set_user_attr("result", compact(result))
     if result["status"] == "ok":
         constraints = objective.constraints(result, reference_losses(study))
@@ -219,10 +220,6 @@ def tell(study: optuna.Study, trial: optuna.Trial, state: TrialState, values: li
         study.tell(trial, values)
     else:
         study.tell(trial, state=state)
-
-
-def feasible(trial: optuna.trial.FrozenTrial) -> bool:
-    return all(v <= 0 for v in (trial.user_attrs.get("constraints") or {}).values())
 
 
 def best_result(study: optuna.Study, objective: Objective) -> dict[str, Any] | None:
