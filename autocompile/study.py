@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -49,7 +50,7 @@ def storage_for(url: str, run_dir: Path, heartbeat_s: int = 30) -> optuna.storag
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s,
-                                                  grace_period=3 * heartbeat_s, heartbeat_stale_trial_callback=requeue)
+                                                  grace_period=3 * heartbeat_s)
         return optuna.storages.get_storage(url)
     except Exception as exc:
         raise ConfigError(f"study.storage={url or run_dir / 'optuna.journal'!s} cannot be opened "
@@ -71,13 +72,21 @@ def open_study(name: str, storage: optuna.storages.BaseStorage, directions: list
 
 
 def owner() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid()}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pidns": pid_namespace()}
+
+
+def pid_namespace() -> int | None:
+    """Containers on one host (``--network host``) share its hostname but not its pids."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def is_orphaned(trial: FrozenTrial) -> bool:
-    """A RUNNING trial whose tuner process is gone (same host, pid no longer alive)."""
+    """A RUNNING trial whose tuner process is gone (same host and pid namespace, pid not alive)."""
     who = trial.user_attrs.get("owner")
-    if not who or who.get("host") != socket.gethostname():
+    if not who or who.get("host") != socket.gethostname() or who.get("pidns") != pid_namespace():
         return False
     try:
         os.kill(int(who["pid"]), 0)
@@ -88,30 +97,46 @@ def is_orphaned(trial: FrozenTrial) -> bool:
     return False
 
 
-def requeue(study: optuna.Study, trial: FrozenTrial, why: str = "its tuner stopped sending heartbeats") -> None:
+def requeue(study: optuna.Study, trial: FrozenTrial, why: str) -> None:
     """A trial whose tuner died: not counted, its configuration measured again (once)."""
     storage = study._storage
+    # Marked while still RUNNING (storages refuse to touch finished trials); idempotent, so tuners
+    # that notice together agree. The state change is the claim: only its winner queues the retry.
     storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
     storage.set_trial_user_attr(trial._trial_id, "reason", why)
-    if trial.state == TrialState.RUNNING:
-        study.tell(trial.number, state=TrialState.FAIL)
+    try:
+        storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return
     if trial.params:
         study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, **(
             {"baseline": trial.user_attrs["baseline"]} if "baseline" in trial.user_attrs else {})})
     log.warning("trial %d was interrupted (%s): marked failed, configuration queued again", trial.number, why)
 
 
+_RECOVERY = threading.Lock()  # slots of one tuner recover one at a time
+
+
 def recover_interrupted(study: optuna.Study) -> list[int]:
-    """Trials left RUNNING by a dead tuner on this host: fail them and queue their configuration again."""
-    recovered = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if is_orphaned(trial):
-            requeue(study, trial, "tuner process died during the trial")
-            recovered.append(trial.number)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)  # the same, by heartbeat, for database storages
-    return recovered
+    """Trials left RUNNING by a dead tuner: fail them and queue their configuration again.
+
+    On a database storage a dead tuner is one whose heartbeat went silent, whatever its host; on a
+    journal file (one machine, no heartbeats) one whose pid is gone. Optuna's ``fail_stale_trials``
+    is not used: it fails the trial before its callback runs, and a failed trial can no longer be
+    marked as interrupted.
+    """
+    with _RECOVERY:
+        storage = study._storage
+        if is_heartbeat_enabled(storage):
+            dead, why = set(storage._get_stale_trial_ids(study._study_id)), "its tuner stopped sending heartbeats"
+        else:
+            dead, why = None, "its tuner process died during the trial"
+        recovered = []
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if trial._trial_id in dead if dead is not None else is_orphaned(trial):
+                requeue(study, trial, why)
+                recovered.append(trial.number)
+        return recovered
 
 
 def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Callable[[], None]:
@@ -138,13 +163,23 @@ def running_twin(study: optuna.Study, identity: str, number: int) -> FrozenTrial
     return None
 
 
-def wait_finished(study: optuna.Study, number: int, poll_s: float = 1.0) -> FrozenTrial:
-    while True:
-        trial = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(
-            study._study_id, number))
+def wait_finished(study: optuna.Study, number: int, patience_s: float, beat: Callable[[], None],
+                  poll_s: float = 1.0) -> FrozenTrial | None:
+    """Trial ``number`` once it finished, or None if it still runs after ``patience_s``.
+
+    While waiting, the waiter keeps its own trial's heartbeat and recovers trials of dead tuners:
+    the twin's tuner may be the one that died, and nobody else may be left to notice.
+    """
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline:
+        trial = study._storage.get_trial(trial_id)
         if trial.state.is_finished():
             return trial
+        beat()
+        recover_interrupted(study)
         time.sleep(poll_s)
+    return None
 
 
 def counted(trial: FrozenTrial) -> bool:

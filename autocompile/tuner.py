@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,9 @@ class Budget:
                     self.stop_reason = "failure guard"
                     return None
                 if done + running < self.settings.n_trials:
-                    trial = self.study.ask()
+                    with warnings.catch_warnings():  # we beat ourselves: ask/tell is our optimize loop
+                        warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
+                        trial = self.study.ask()
                     trial.set_user_attr("owner", owner())
                     return trial
             waiting_since = waiting_since or time.time()
@@ -163,12 +166,15 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
     trial.set_user_attr("identity", key)
     trial.set_user_attr("name", name)
 
+    beat = heartbeat(study, trial)
+    beat()  # a trial without any heartbeat is never found stale: beat before anything can hang
     prior = find_measured(study, key, exclude=trial.number)
     if prior is None and (twin := running_twin(study, key, trial.number)) is not None:
-        # Another slot or tuner is measuring this very configuration: wait for its result.
+        # Another slot or tuner is measuring this very configuration: wait for its result (a live
+        # twin ends within its own timeout; a dead one is failed by pid or heartbeat meanwhile).
         view.running(trial.number, f"waiting for trial {twin.number} ({name})")
-        prior = wait_finished(study, twin.number)
-        if "result" not in prior.user_attrs or prior.user_attrs.get("interrupted"):
+        prior = wait_finished(study, twin.number, settings.measure.timeout_s + 60, beat)
+        if prior is None or "result" not in prior.user_attrs or prior.user_attrs.get("interrupted"):
             prior = None
     if prior is not None:
         # Same configuration, same workload: its measurement stands; the sampler still learns from it.
@@ -185,7 +191,6 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
     best = best_result(study, objective)
     baseline = trial.user_attrs.get("baseline")
     prune = objective.stop_rule(best) if settings.study.prune and baseline is None else None
-    beat = heartbeat(study, trial)
 
     def rule(events: list[dict[str, Any]], elapsed: float) -> str | None:
         beat()

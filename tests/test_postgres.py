@@ -77,7 +77,7 @@ def test_killed_tuner_trial_is_failed_by_heartbeat_and_measured_again(tmp_path: 
     trials = study.get_trials()
     dead = trials[killed]
     assert dead.state == TrialState.FAIL and dead.user_attrs["interrupted"]
-    assert "heartbeat" in dead.user_attrs["reason"] or "died" in dead.user_attrs["reason"]
+    assert "heartbeat" in dead.user_attrs["reason"]  # not its pid: the database path works across hosts
     (retry,) = [t for t in trials if t.user_attrs.get("retry_of") == killed]
     assert retry.user_attrs["identity"] == dead.user_attrs["identity"]
     assert retry.user_attrs["owner"]["pid"] == survivor.pid and retry.state == TrialState.COMPLETE

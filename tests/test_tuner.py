@@ -21,7 +21,17 @@ from optuna.trial import TrialState
 
 from autocompile.objective import Objective
 from autocompile.settings import ObjectiveSettings
-from autocompile.study import counted, measured_trials
+from autocompile.study import (
+    counted,
+    heartbeat,
+    is_orphaned,
+    measured_trials,
+    open_study,
+    owner,
+    recover_interrupted,
+    storage_for,
+    wait_finished,
+)
 from tests.models import tiny_lm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,3 +199,38 @@ def test_multirun_runs_one_study_per_combination_with_a_combined_summary(tmp_pat
     assert studies == ["tiny_lm-bs2-seq16-ws1-cpu", "tiny_lm-bs4-seq16-ws1-cpu"]
     combined = run.stdout[run.stdout.index("autocompile multirun"):]
     assert all(name in combined for name in studies)
+
+
+def test_a_trial_waiting_on_a_twin_whose_tuner_died_recovers_it_instead_of_waiting_forever(tmp_path: Path) -> None:
+    # The twin's tuner died on this host: found by pid. Two waiters (slots) recover it once.
+    study = open_study("twins", storage_for("", tmp_path), ["minimize"], seed=0)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    twin = study.ask({"x": optuna.distributions.CategoricalDistribution(["a", "b"])})
+    twin.set_user_attr("owner", {**owner(), "pid": dead.pid})
+    started = time.monotonic()
+    finished = wait_finished(study, twin.number, patience_s=60, beat=lambda: None, poll_s=0.05)
+    assert finished is not None and time.monotonic() - started < 10
+    assert finished.state == TrialState.FAIL and finished.user_attrs["interrupted"]
+    recover_interrupted(study)
+    assert [t.user_attrs["retry_of"] for t in study.get_trials(states=(TrialState.WAITING,))] == [twin.number]
+
+    # A twin whose tuner lives elsewhere and never finishes: the waiter gives up after its patience.
+    study2 = open_study("remote", storage_for("", tmp_path / "2"), ["minimize"], seed=0)
+    remote = study2.ask()
+    remote.set_user_attr("owner", {**owner(), "host": "another-node", "pid": dead.pid})
+    assert wait_finished(study2, remote.number, patience_s=0.3, beat=lambda: None, poll_s=0.05) is None
+    # Nor is a dead pid in another container that shares this hostname (another pid namespace).
+    assert not is_orphaned(study2.trials[remote.number])
+    remote.set_user_attr("owner", {**owner(), "pidns": -1, "pid": dead.pid})
+    assert not is_orphaned(study2.trials[remote.number])
+
+    # On a database, a waiter's own heartbeat keeps its trial alive; a silent twin is failed as stale.
+    db = storage_for(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path, heartbeat_s=1)
+    study3 = open_study("beats", db, ["minimize"], seed=0)
+    silent, waiter = study3.ask(), study3.ask()
+    heartbeat(study3, silent)()
+    beat = heartbeat(study3, waiter)
+    finished = wait_finished(study3, silent.number, patience_s=30, beat=beat, poll_s=0.2)
+    assert finished is not None and finished.state == TrialState.FAIL and finished.user_attrs["interrupted"]
+    assert study3.trials[waiter.number].state == TrialState.RUNNING
