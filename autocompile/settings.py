@@ -30,8 +30,10 @@ class StudySettings:
     """The Optuna study."""
 
     name: str = ("${model.name}-bs${workload.batch_size}-seq${ac_join:${workload.seq_len}}"
-                 "-ws${ac_ws:}-${ac_device:${workload.device}}")
-    """Study (and run directory) name; the same name resumes the same study."""
+                 "-ws${ac_ws:}-${ac_device:${workload.device}}${ac_fixed:}")
+    """Study (and run directory) name; the same name resumes the same study. The default names the
+    model and workload, then what the study fixes (``+compile.mode=max-autotune``, a non-default
+    objective), so each job of a sweep over those is a study of its own."""
     storage: str = ""
     """Optuna storage URL; empty = a journal file in the run directory."""
     n_trials: int = 20
@@ -154,10 +156,26 @@ def register() -> None:
         "ac_ws", lambda *, _root_: _root_.workload.nproc_per_node * _root_.workload.nnodes, replace=True)
     OmegaConf.register_new_resolver(
         "ac_device", lambda device: Workload(device=device).resolved_device(), replace=True)
+    OmegaConf.register_new_resolver("ac_fixed", study_variant, replace=True)
     OmegaConf.register_new_resolver("ac_knobs_help", knobs_help, replace=True)
     OmegaConf.register_new_resolver("ac_basename", lambda path: str(path).rsplit(".", 1)[-1], replace=True)
     cs = ConfigStore.instance()
     cs.store(name="autocompile_schema", node=AppConfig)
+
+
+def study_variant(*, _root_: DictConfig) -> str:
+    """What a study fixes, for its name: given knobs, and an objective whose values differ from the
+    default's (Optuna keeps each trial's values, so another objective is another study)."""
+    if _root_.task != "tune":
+        return ""
+    parts = [f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+             for key, value in fixed_knobs(_root_).items()]
+    objective, default = _root_.objective, ObjectiveSettings()
+    if objective.kind != default.kind:
+        parts.append(f"objective={objective.kind}")
+    if objective.kind == "time_to_train" and objective.horizon_steps != default.horizon_steps:
+        parts.append(f"horizon={objective.horizon_steps}")
+    return "".join(f"+{part}" for part in parts)
 
 
 def knobs_help() -> str:

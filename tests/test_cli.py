@@ -47,3 +47,23 @@ def test_measure_one_configuration_prints_the_table(tmp_path: Path) -> None:
     measured = json.loads(path.read_text())
     assert measured["status"] == "ok" and measured["compiled"] == ["transformer.h.0", "transformer.h.1"]
     assert path.parent.parent.parent.name == "gpt2-tiny-bs2-seq16-ws1-cpu"
+
+
+def test_each_job_of_a_sweep_over_knobs_or_objectives_is_a_study_of_its_own() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from autocompile.settings import register
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        def name(*overrides: str) -> str:
+            return compose("config", overrides=["+model=gpt2-tiny", *overrides]).study.name
+
+        base = "gpt2-tiny-bs8-seq128-ws1-cpu"
+        assert name() == base
+        assert name("compile.mode=max-autotune", "compile.fullgraph=true") == (
+            f"{base}+compile.mode=max-autotune+compile.fullgraph=true")
+        assert name("objective.kind=throughput") == f"{base}+objective=throughput"
+        assert name("objective.horizon_steps=1000") == f"{base}+horizon=1000"
+        assert name("task=measure", "compile.mode=max-autotune") == base  # a measurement is not a study
+        assert name("study.name=mine", "compile.mode=max-autotune") == "mine"

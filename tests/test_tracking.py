@@ -192,7 +192,8 @@ def test_multirun_over_http_gives_one_parent_per_job_in_one_experiment(server: s
     assert "not logged" not in run.stdout + run.stderr  # every write went through the server
     experiment = api(server, "experiments/get-by-name", experiment_name=EXPERIMENT)["experiment"]
     parents = search(server, experiment["experiment_id"], f"tags.`autocompile.run_dir` LIKE '{tmp_path.resolve()}/%'")
-    assert sorted(p["info"]["run_name"] for p in parents) == ["tiny_lm-bs2-seq16-ws1-cpu", "tiny_lm-bs3-seq16-ws1-cpu"]
+    assert sorted(p["info"]["run_name"] for p in parents) == [
+        "tiny_lm-bs2-seq16-ws1-cpu+compile.backend=aot_eager", "tiny_lm-bs3-seq16-ws1-cpu+compile.backend=aot_eager"]
     for parent in parents:
         parent_id = parent["info"]["run_id"]
         (child,) = search(server, experiment["experiment_id"], f"tags.`mlflow.parentRunId` = '{parent_id}'")
