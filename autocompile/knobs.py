@@ -111,6 +111,11 @@ SHAPES_VARY = Rule("the workload varies sequence length", lambda c, e: e.shapes_
 AMP_ON = Rule("amp.dtype is not none", lambda c, e: c["amp.dtype"] != "none")
 DISTRIBUTED = Rule("world size > 1", lambda c, e: e.world_size > 1)
 MODULE_SCOPE = Rule("compile.scope is module", lambda c, e: c["compile.scope"] == "module")
+NOT_NESTED = Rule(
+    "blocks are not nested compile regions (torch 2.13 inlines a nested region under checkpoint, and "
+    "checkpoint inside one breaks the graph)",
+    lambda c, e: not (c["compile.scope"] == "regional" and c["compile.granularity"] == "nested"),
+)
 NOT_COMPILE_OF_DDP = Rule(
     "DDP is not wrapped inside compile (placement is decided by DDP then)",
     lambda c, e: e.world_size == 1 or c["ddp.wrap_order"] != "compile_of_ddp",
@@ -236,7 +241,7 @@ class AcKnobs:
     """Activation checkpointing."""
 
     policy: str = knob(
-        "none", values=("none", "block"),
+        "none", values=("none", "block"), when=NOT_NESTED,
         doc="Recompute each repeated block's activations in backward (torch.utils.checkpoint).",
         question="Activation checkpointing per block?")
 

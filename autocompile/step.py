@@ -11,6 +11,7 @@ worker calls, so a measured configuration and an applied one are the same code::
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -63,6 +64,16 @@ def compile_kwargs(knobs: CompileKnobs) -> dict[str, Any]:
     elif knobs.mode != "default":
         kwargs["mode"] = knobs.mode
     return kwargs
+
+
+def uses_cuda_graphs(kwargs: dict[str, Any]) -> bool:
+    """Whether inductor will record CUDA graphs (``reduce-overhead``, ``max-autotune``...)."""
+    if kwargs["backend"] != "inductor":
+        return False
+    from torch._inductor import list_mode_options
+
+    options = kwargs.get("options") or list_mode_options(kwargs.get("mode", "default"))
+    return bool(options.get("triton.cudagraphs", False))
 
 
 def apply(
@@ -150,6 +161,11 @@ def apply(
             scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
+    # CUDA graph trees reuse output memory on the next replay: each step starts a new generation,
+    # and a loss that is a graph output (train_step) is copied out before it can be overwritten.
+    cuda_graphs = device.type == "cuda" and scope != "none" and uses_cuda_graphs(kwargs)
+    mark_step = torch.compiler.cudagraph_mark_step_begin if cuda_graphs else lambda: None
+
     if scope == "train_step":
         def whole_step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             with torch.autocast(device.type, dtype=dtype) if inside else nullcontext():
@@ -161,10 +177,13 @@ def apply(
         compiled.append("train_step")
 
         def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            mark_step()
             with outer():
-                return compiled_step(inputs, targets)
+                loss = compiled_step(inputs, targets)
+            return loss.clone() if cuda_graphs else loss
     else:
         def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            mark_step()
             with compiled_autograd():
                 with outer():
                     loss = loss_fn(runner(inputs), targets)
@@ -182,10 +201,11 @@ def _compile_units(model: nn.Module, knobs: CompileKnobs) -> list[tuple[str, nn.
     if knobs.granularity == "sublayer":
         return [(f"{name}.{i}.{sub}", m) for i, block in enumerate(blocks) for sub, m in sublayers(block)]
     if knobs.granularity == "nested":
-        # Marked on the class, as the decorator would be: one region shared by every block.
-        cls = type(blocks[0])
-        if not hasattr(cls.forward, "__marked_compile_region_config__"):
-            cls.forward = torch.compiler.nested_compile_region(cls.forward)
+        # One marked function bound to every block, as the decorator on the class would be (one
+        # region traced once, reused by each block), without changing the class for other users.
+        region = torch.compiler.nested_compile_region(type(blocks[0]).forward)
+        for block in blocks:
+            block.forward = types.MethodType(region, block)  # type: ignore[method-assign]
         return [("model", model)]
     return [(f"{name}.{i}", block) for i, block in enumerate(blocks)]
 

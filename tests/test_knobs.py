@@ -32,6 +32,7 @@ def test_defaults_round_trip_through_flat(cpu_env: Env) -> None:
     ({"ddp.optimize": "no_optimization"}, "world size > 1"),
     ({"amp.placement": "inside"}, "amp.dtype is not none"),
     ({"compile.granularity": "sublayer"}, "compile.scope is regional"),
+    ({"compile.scope": "regional", "compile.granularity": "nested", "ac.policy": "block"}, "not nested"),
     ({"compile.scope": "none", "compile.fullgraph": True}, "compile.scope is not none"),
     ({"compile.dynamic": True}, "varies sequence length"),
     ({"compile.backend": "eager", "compile.mode": "lite"}, "compile.backend is inductor"),
@@ -99,6 +100,6 @@ def test_search_space_size_counts_distinct_configurations(cpu_env: Env) -> None:
     # Eager: only amp.dtype (none, bfloat16) and ac.policy (none, block) remain; placement etc. are inactive.
     assert SearchSpace(cpu_env, {"compile.scope": "none"}).size() == 4
     eager_regional = SearchSpace(cpu_env, {"compile.scope": "regional", "compile.backend": "eager"})
-    # granularity 3 x fullgraph 2 x optimizer 2 x compiled autograd 2 x (amp: none, bf16 x 2 placements) 3
-    # x placement.order 2 x ac 2
-    assert eager_regional.size() == 3 * 2 * 2 * 2 * 3 * 2 * 2
+    # fullgraph 2 x optimizer 2 x compiled autograd 2 x (amp: none, bf16 x 2 placements) 3 x placement.order 2
+    # x (granularity block or sublayer x ac 2, or nested without ac) 5
+    assert eager_regional.size() == 2 * 2 * 2 * 3 * 2 * (2 * 2 + 1)

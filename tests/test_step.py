@@ -134,3 +134,39 @@ def test_flops_per_token_of_gpt2_124m_shape() -> None:
     n = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()
     assert flops_per_token(model, 1024) == 6 * n + 12 * 12 * 768 * 1024
     assert 120e6 < n < 125e6
+
+
+def test_nested_regions_reuse_one_subgraph_for_every_block_and_leave_the_class_alone() -> None:
+    import dataclasses
+
+    from torch._dynamo.backends.debugging import aot_eager
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    env = Env.detect("cpu", 1, False)
+    config = TrialConfig.from_flat({"compile.scope": "regional", "compile.granularity": "nested"}, env)
+    config = dataclasses.replace(config, compile=dataclasses.replace(config.compile, backend=recording))
+    torch._dynamo.reset()
+    model = gpt2(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=64)
+    block_class_forward = type(model.transformer.h[0]).forward
+    step = apply(model, torch.optim.AdamW(model.parameters(), lr=1e-3), lm_loss, config)
+    step(*SyntheticTokens(128, 2, [16], seed=0).batch(0))
+    (graph,) = graphs
+    calls = [n for n in graph.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+    assert len(calls) == 2 and len({n.args[0].target for n in calls}) == 1  # one region, called per block
+    assert type(model.transformer.h[0]).forward is block_class_forward  # other users of the class unaffected
+
+
+def test_cuda_graph_modes_are_recognised_for_step_marking() -> None:
+    from autocompile.step import uses_cuda_graphs
+
+    assert uses_cuda_graphs({"backend": "inductor", "mode": "reduce-overhead"})
+    assert uses_cuda_graphs({"backend": "inductor", "mode": "max-autotune"})
+    assert uses_cuda_graphs({"backend": "inductor", "options": {"triton.cudagraphs": True, "max_autotune": True}})
+    assert not uses_cuda_graphs({"backend": "inductor", "mode": "max-autotune-no-cudagraphs"})
+    assert not uses_cuda_graphs({"backend": "inductor"})
+    assert not uses_cuda_graphs({"backend": "aot_eager"})
