@@ -98,7 +98,8 @@ class MeasureSettings:
     windows: int = 5
     """Timed windows; the median is reported and the spread across windows shows the noise."""
     window_steps: int = 5
-    """Steps per timed window."""
+    """Steps per timed window; rounded up to a multiple of the number of sequence lengths, so that
+    every window runs each length equally often."""
     timeout_s: float = 900.0
     """Wall-clock limit of the whole trial process tree; past it the trial is killed and failed."""
     cache: str = "cold"

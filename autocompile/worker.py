@@ -20,6 +20,7 @@ import logging  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import re  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -38,8 +39,12 @@ from autocompile.step import apply, lm_loss  # noqa: E402
 IMPORTS_DONE = time.time()
 log = logging.getLogger("autocompile.worker")
 
-# Dense bf16 tensor-core peaks (FLOP/s) for MFU; extend with measure.peak_tflops.
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "H20": 148e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+# Dense bf16 tensor-core peaks (FLOP/s) for MFU, by the words of the device name (first match
+# wins: "NVIDIA H100 PCIe" before "H100"); anything else: measure.peak_tflops.
+PEAK_FLOPS = (
+    (("H100", "PCIE"), 756e12), (("H100",), 989e12), (("H200",), 989e12), (("H20",), 148e12),
+    (("A100",), 312e12), (("L40S",), 362e12), (("L4",), 121e12), (("A10",), 125e12),
+)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -48,6 +53,10 @@ class NonFiniteLoss(RuntimeError):
 
 class NothingCompiled(RuntimeError):
     pass
+
+
+class RanksDiverged(RuntimeError):
+    """Data-parallel ranks ended the burst with different parameters: the gradients were not synchronised."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +100,8 @@ def classify(exc: BaseException) -> dict[str, str]:
         kind = "nan_loss"
     elif isinstance(exc, NothingCompiled):
         kind = "nothing_compiled"
+    elif isinstance(exc, RanksDiverged):
+        kind = "ranks_diverged"
     elif type(exc).__name__ in ("FailOnRecompileLimitHit", "RecompileLimitExceeded"):
         kind = "recompile_limit"
     elif isinstance(exc, dynamo_exc.Unsupported):
@@ -168,27 +179,32 @@ class Trial:
                                   "(dynamo skipped every frame)")
         frames_before = counters["frames"]["total"]
 
+        # Every window runs each sequence length equally often: windows then differ by noise only.
+        shapes = len(workload.seq_len)
+        window_steps = -(-spec.measure.window_steps // shapes) * shapes
         window_s, window_tokens = [], []
         s = warmup
         for w in range(spec.measure.windows):
             self.sync()
             t0 = time.perf_counter()
-            for _ in range(spec.measure.window_steps):
+            for _ in range(window_steps):
                 losses.append(step(*data.batch(s)))
                 s += 1
             self.sync()
             window_s.append(time.perf_counter() - t0)
-            window_tokens.append(sum(data.tokens(j) for j in range(s - spec.measure.window_steps, s)))
-            check_finite(losses[-spec.measure.window_steps:], s)
-            self.progress("window", window=w, seconds=window_s[-1],
-                          step_s=window_s[-1] / spec.measure.window_steps)
+            window_tokens.append(sum(data.tokens(j) for j in range(s - window_steps, s)))
+            check_finite(losses[-window_steps:], s)
+            self.progress("window", window=w, seconds=window_s[-1], step_s=window_s[-1] / window_steps)
         self.timeline["timed_done"] = time.time()
         recompiles_timed = counters["frames"]["total"] - frames_before
 
         # The slowest rank sets the pace of a synchronous job.
         window_s = self.reduce_max(window_s)
         warm_s = self.reduce_max(warm_s)
-        step_s = [t / spec.measure.window_steps for t in window_s]
+        step_s = [t / window_steps for t in window_s]
+        checksums = self.param_checksums(model)
+        if not all(math.isclose(c, checksums[0], rel_tol=1e-9) for c in checksums):
+            raise RanksDiverged(f"parameters differ across ranks after {s} steps (checksums {checksums})")
         median_step = statistics.median(step_s)
         tokens_per_s = [n * self.world_size / t for n, t in zip(window_tokens, window_s, strict=True)]
         compile_s = max(0.0, sum(warm_s) - warmup * median_step)
@@ -213,9 +229,10 @@ class Trial:
             "recompiles_timed": recompiles_timed,
             "losses": [float(x) for x in torch.stack(losses).float().cpu().tolist()],
             "warmup_steps": warmup,
+            "window_steps": window_steps,
             "mfu": mfu(model, mean_seq, tps, self.device, self.world_size, spec.measure.peak_tflops),
             "flops_per_token": flops_per_token(model, mean_seq),
-            "param_checksums": self.param_checksums(model),
+            "param_checksums": checksums,
             "timeline": self.timeline,
             "environment": environment(self.device, self.rank, spec.threads),
         }
@@ -269,11 +286,16 @@ def mfu(model: torch.nn.Module, seq_len: float, tokens_per_s: float, device: tor
         peak_tflops: float) -> float | None:
     peak = peak_tflops * 1e12
     if not peak and device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        peak = next((v for k, v in PEAK_FLOPS.items() if k in name.split()), 0.0)
+        peak = peak_flops(torch.cuda.get_device_name(device))
     if not peak:
         return None
     return flops_per_token(model, seq_len) * tokens_per_s / (peak * world_size)
+
+
+def peak_flops(device_name: str) -> float:
+    """"NVIDIA A100-SXM4-80GB" -> words A100, SXM4, 80GB -> the A100 peak; 0.0 when unknown."""
+    words = set(re.split(r"[\s\-_]+", device_name.upper()))
+    return next((flops for needed, flops in PEAK_FLOPS if words.issuperset(needed)), 0.0)
 
 
 def environment(device: torch.device | None, rank: int, threads: int | None = None) -> dict[str, Any]:

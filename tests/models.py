@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -43,6 +44,9 @@ class TinyLM(nn.Module):
             raise ValueError("boom from the test model")
         elif self.behaviour == "nan":
             x = x * float("nan")
+        elif self.behaviour == "diverge" and os.environ.get("RANK") == "1":
+            with torch.no_grad():  # a change DDP does not see: rank 1's parameters drift away
+                self.head.bias.add_(1e-3)
         for block in self.blocks:
             x = block(x)
         return self.head(x)

@@ -17,13 +17,14 @@ from tests.models import tiny_lm
 LOSS_RTOL = 1e-4
 
 
-def run(knobs: dict[str, Any], steps: int = 3, seq_lens: list[int] | None = None, model_factory=None):
+def run(knobs: dict[str, Any], steps: int = 3, seq_lens: list[int] | None = None, model_factory=None,
+        lr: float = 1e-3):
     torch._dynamo.reset()
     env = Env.detect("cpu", 1, len(set(seq_lens or [16])) > 1)
     config = TrialConfig.from_flat({"compile.backend": "aot_eager", **knobs}, env, strict=False)
     torch.manual_seed(0)
     model = (model_factory or (lambda: gpt2(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=64)))()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     step = apply(model, optimizer, lm_loss, config)
     data = SyntheticTokens(128 if model_factory is None else 64, 2, seq_lens or [16], seed=0)
     losses = [float(step(*data.batch(i))) for i in range(steps)]
@@ -170,3 +171,17 @@ def test_cuda_graph_modes_are_recognised_for_step_marking() -> None:
     assert not uses_cuda_graphs({"backend": "inductor", "mode": "max-autotune-no-cudagraphs"})
     assert not uses_cuda_graphs({"backend": "inductor"})
     assert not uses_cuda_graphs({"backend": "aot_eager"})
+
+
+def test_a_step_that_does_not_train_drifts_beyond_the_studys_loss_tolerance() -> None:
+    from autocompile.objective import loss_drift
+    from autocompile.settings import ObjectiveSettings
+
+    # The study's numerics check compares each trial's per-step losses with the eager baseline's
+    # over a burst (3 warm-up + 5x5 timed steps by default): the data must make that burst learn.
+    _, _, eager = run({"compile.scope": "none"}, steps=28, lr=3e-4)
+    _, _, frozen = run({"compile.scope": "none"}, steps=28, lr=0.0)
+    _, _, compiled = run({"compile.scope": "module"}, steps=28, lr=3e-4)
+    tolerance = ObjectiveSettings().loss_rtol
+    assert loss_drift(frozen, eager) > 2 * tolerance
+    assert loss_drift(compiled, eager) < tolerance / 10

@@ -108,6 +108,19 @@ def test_failure_on_one_rank_is_reported(tmp_path: Path) -> None:
     assert "boom from the test model" in result["reason"]
 
 
+def test_ranks_that_end_with_different_parameters_fail_the_trial(tmp_path: Path) -> None:
+    result = launch(tmp_path / "t", make_spec({"compile.scope": "none"}, model=tiny_lm("diverge"), nproc=2))
+    assert result["status"] == "failed" and result["failure"] == "ranks_diverged", result.get("reason")
+
+
+def test_peak_flops_are_found_from_device_names() -> None:
+    from autocompile.worker import peak_flops
+
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12  # the name has no "A100" word without the dashes
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12 and peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA GeForce RTX 4090") == 0.0  # unknown: MFU left out unless measure.peak_tflops
+
+
 def test_hanging_trial_is_killed_at_its_timeout_with_nothing_left_alive(tmp_path: Path) -> None:
     spec = make_spec({"compile.scope": "none"}, model=tiny_lm("hang"), nproc=2, timeout_s=20)
     started = time.time()
