@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ from optuna.trial import TrialState
 from rich.console import Console
 from rich.table import Table
 
+from autocompile.app import config_dir
 from autocompile.effects import Effect, knob_effects
 from autocompile.knobs import KNOBS
 from autocompile.objective import Objective
-from autocompile.settings import Settings
+from autocompile.settings import LaunchSettings, Settings, _BaseConfig
 from autocompile.space import SearchSpace
+from autocompile.spec import MeasureSettings, ModelSpec, Workload
 from autocompile.study import feasible, measured_trials
 from autocompile.view import console as make_console
 
@@ -88,7 +91,8 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         effects=knob_effects(complete), run_dir=str(run_dir), commands=look_commands(settings, run_dir),
     )
     if best is not None:
-        report.measure_command = measure_command(settings, best["config"])
+        threads = (best["result"].get("environment") or {}).get("threads")
+        report.measure_command = measure_command(settings, best["config"], threads)
         report.snippet = snippet(settings, best, space)
     return report
 
@@ -118,13 +122,119 @@ def pareto_front(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(front, key=lambda e: e["result"]["compile_s"])
 
 
-def measure_command(settings: Settings, config: dict[str, Any]) -> str:
-    w = settings.workload
-    args = [f"+model={settings.model.name}", "task=measure", f"workload.batch_size={w.batch_size}",
-            f"workload.seq_len=[{','.join(map(str, w.seq_len))}]", f"workload.nproc_per_node={w.nproc_per_node}",
-            f"workload.device={settings.device}"]
-    args += [f"{k}={'null' if v is None else v}" for k, v in config.items() if v != KNOBS[k][1]]
-    return "python -m autocompile " + " ".join(shlex.quote(a) for a in args)
+def measure_command(settings: Settings, config: dict[str, Any], threads: int | None = None) -> str:
+    """The ``task=measure`` command that measures ``config`` on the study's workload again.
+
+    ``threads`` is what the trial ran with (its result's environment): a trial slot may have used
+    fewer threads than a lone measurement picks, so it is pinned when it differs."""
+    return shlex.join(["python", "-m", "autocompile", *measure_overrides(settings, config, threads)])
+
+
+def measure_overrides(settings: Settings, config: dict[str, Any], threads: int | None = None) -> list[str]:
+    """Hydra overrides composing the study's model, workload and measurement plus ``config``: only
+    what differs from the defaults, so the command stays readable."""
+    args = model_overrides(settings.model, model_choice(settings.model))
+    args.append("task=measure")
+    if settings.output_root != Path(_BaseConfig.output_root):
+        # The warm inductor cache (measure.cache=warm) and the study's run directory live there.
+        args.append(f"output_root={hydra_value(str(settings.output_root))}")
+    w, defaults = settings.workload, workload_defaults()
+    for f in fields(Workload):
+        value = getattr(w, f.name)
+        if f.name == "device":
+            value = settings.device  # resolved: "auto" may pick another device elsewhere
+        elif f.name == "threads" and not value and threads and threads != settings.threads:
+            value = threads
+        elif value == defaults[f.name]:
+            continue
+        args.append(f"workload.{f.name}={hydra_value(value)}")
+    if w.nnodes > 1:
+        launch, default_launch = settings.launch, LaunchSettings()
+        args += [f"launch.{k}={hydra_value(getattr(launch, k))}" for k in ("rdzv_host", "remote_agent")
+                 if getattr(launch, k) != getattr(default_launch, k)]
+    default_measure = MeasureSettings()
+    args += [f"measure.{f.name}={hydra_value(getattr(settings.measure, f.name))}" for f in fields(MeasureSettings)
+             if getattr(settings.measure, f.name) != getattr(default_measure, f.name)]
+    args += [f"{k}={hydra_value(v)}" for k, v in config.items() if v != KNOBS[k][1]]
+    return args
+
+
+def model_yaml(choice: str) -> dict[str, Any]:
+    return yaml.safe_load((config_dir() / "model" / f"{choice}.yaml").read_text()) or {}
+
+
+def model_choice(spec: ModelSpec) -> str:
+    """The ``+model=`` option that composed ``spec``: Hydra's own record inside a Hydra job, else the
+    named config with the same name and factory, else ``custom`` (which composes any model)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    available = {p.stem for p in (config_dir() / "model").glob("*.yaml")}
+    if HydraConfig.initialized():
+        choice = HydraConfig.get().runtime.choices.get("model")
+        if choice in available:
+            return str(choice)
+    for name in sorted(available - {"custom"}):
+        node = model_yaml(name)
+        if node.get("name", name) == spec.name and node.get("_target_") == spec.target:
+            return name
+    return "custom"
+
+
+def model_overrides(spec: ModelSpec, choice: str) -> list[str]:
+    """``+model=choice`` and the edits that turn that config into ``spec``: changed keys, added keys
+    (``+``), removed keys (``~``). Any choice composes the same model; the right one in few edits."""
+    want = {"name": spec.name, "_target_": spec.target, **spec.kwargs}
+    base = model_yaml(choice)
+    if "ac_basename" in str(base.get("name", "")):
+        # custom.yaml names the model after its factory: only another name needs saying.
+        base["name"] = spec.target.rsplit(".", 1)[-1]
+    args = [f"+model={choice}"]
+    for key, value in base.items():
+        if key not in want:
+            args.append(f"~model.{key}")
+        elif value == "???" or value != want[key] or type(value) is not type(want[key]):
+            args.append(f"model.{key}={hydra_value(want[key])}")
+    args += [f"+model.{key}={hydra_value(value)}" for key, value in want.items() if key not in base]
+    return args
+
+
+def workload_defaults() -> dict[str, Any]:
+    """What ``workload`` composes to without overrides: the schema under conf/workload/default.yaml."""
+    path = config_dir() / "workload" / "default.yaml"
+    return {**asdict(Workload()), **(yaml.safe_load(path.read_text()) if path.is_file() else {})}
+
+
+UNQUOTED = re.compile(r"[A-Za-z0-9_./:@%+-]+")
+
+
+def hydra_value(value: Any) -> str:
+    """``value`` in Hydra's override grammar, read back as the same value and type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    if UNQUOTED.fullmatch(text) and text.lower() not in ("true", "false", "null") and not _is_number(text):
+        return text
+    # Quoted (double quotes read best inside the shell's single ones): backslashes before a quote or
+    # the closing one doubled, that quote escaped, and ${ escaped so OmegaConf keeps it as text.
+    q = "'" if '"' in text else '"'
+    body = re.sub(rf"(\\+)(?={q}|$)", lambda m: m.group(1) * 2, text).replace(q, "\\" + q)
+    return q + body.replace("${", "\\${") + q
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 SNIPPET = '''"""Apply the best configuration autocompile found for {model} (study {study}, trial {number}).
@@ -141,42 +251,83 @@ from autocompile import Env, TrialConfig, apply, lm_loss
 
 KNOBS = {knobs}
 DEVICE = {device!r}
-
+SEED = {seed!r}  # the study's workload.seed: every trial started from these weights and data
+{local_device}
 
 def build_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
     """Your model and optimizer, compiled the way that measured best (call after init_process_group for DDP)."""
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     config = TrialConfig.from_flat(KNOBS, Env.detect(DEVICE, world_size, shapes_vary={shapes_vary}))
-    return apply(model, optimizer, lm_loss, config, device=DEVICE)
+    return apply(model, optimizer, lm_loss, config, device={step_device})
 
 
 if __name__ == "__main__":
-    # The tuned workload on synthetic tokens; replace the model, optimizer and data with yours.
+    # The tuned workload on synthetic tokens; replace the model, optimizer and data with yours.{launch_hint}
     from autocompile.data import SyntheticTokens
     from autocompile.models import build
-
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        torch.distributed.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
-    torch.manual_seed(0)
+{setup}
+    torch.manual_seed(SEED)
     model = build({target!r}, {kwargs!r})
     optimizer = torch.optim.AdamW(model.parameters(), lr={lr!r})
     step = build_step(model, optimizer)
-    data = SyntheticTokens({vocab}, {batch_size}, {seq_len!r}, seed=0, device=DEVICE)
+    data = SyntheticTokens({vocab}, {batch_size}, {seq_len!r}, seed=SEED{rank}, device={data_device})
     for i in range(10):
         loss = step(*data.batch(i))
     print("compiled:", step.compiled, "loss:", float(loss))
+{teardown}'''
+
+LOCAL_DEVICE = '''
+
+def local_device() -> str:
+    """This process's GPU under torchrun; without set_device every rank lands on cuda:0 (NCCL: "Duplicate GPU")."""
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    return f"cuda:{local}"
+'''
+
+# The device is set first: NCCL binds each rank to the current device when the group starts.
+PER_GPU_SETUP = '''
+    device = local_device()
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        torch.distributed.init_process_group("nccl")'''
+
+SETUP = '''
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        torch.distributed.init_process_group("{backend}")'''
+
+TEARDOWN = '''    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 '''
 
 
 def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace) -> str:
+    """``best_config.py``: one process per GPU (LOCAL_RANK) for a multi-GPU winner, plain otherwise."""
     r, w = best["result"], settings.workload
+    distributed = w.world_size > 1
+    per_gpu = distributed and settings.device == "cuda"
+    setup = PER_GPU_SETUP if per_gpu else SETUP.format(backend="gloo") if distributed else ""
+    launch_hint = (f"\n    # Launch it as the study did: torchrun, {w.nproc_per_node} process(es) per node, "
+                   f"{w.nnodes} node(s).") if distributed else ""
+    command = measure_command(settings, best["config"], (r.get("environment") or {}).get("threads"))
     return SNIPPET.format(
         model=settings.model.name, study=settings.study.name, number=best["number"], tokens=r["tokens_per_s"],
-        step_ms=r["step_s"] * 1e3, compile_s=r["compile_s"], command=measure_command(settings, best["config"]),
-        knobs=json.dumps(best["config"], indent=4).replace("null", "None").replace("true", "True").replace(
-            "false", "False"),
-        device=settings.device, shapes_vary=w.shapes_vary, target=settings.model.target, kwargs=settings.model.kwargs,
-        lr=w.lr, vocab=settings.model.vocab_size, batch_size=w.batch_size, seq_len=list(w.seq_len))
+        step_ms=r["step_s"] * 1e3, compile_s=r["compile_s"], command=docstring_safe(command),
+        knobs=python_dict(best["config"]), device=settings.device, seed=w.seed,
+        local_device=LOCAL_DEVICE if per_gpu else "", step_device="local_device()" if per_gpu else "DEVICE",
+        shapes_vary=w.shapes_vary, launch_hint=launch_hint, setup=setup, target=settings.model.target,
+        kwargs=settings.model.kwargs, lr=w.lr, vocab=settings.model.vocab_size, batch_size=w.batch_size,
+        seq_len=list(w.seq_len), rank=', rank=int(os.environ.get("RANK", 0))' if distributed else "",
+        data_device="device" if per_gpu else "DEVICE", teardown=TEARDOWN if distributed else "")
+
+
+def python_dict(values: dict[str, Any]) -> str:
+    """A dict literal, one key a line (repr, not JSON: a string "null" stays a string)."""
+    return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in values.items()) + "}"
+
+
+def docstring_safe(text: str) -> str:
+    """``text`` inside a triple-quoted docstring: backslashes doubled, no closing quotes."""
+    return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
 
 
 def write_artifacts(report: Report, run_dir: Path) -> None:
