@@ -63,10 +63,12 @@ def check_command_line(argv: list[str]) -> None:
             except (HydraException, OmegaConfBaseException) as exc:
                 raise ConfigError(explain(exc)) from exc
     # Stores are touched only once every job is known to be valid: a typo creates nothing.
-    for url in dict.fromkeys(s.study.storage for s, _ in jobs if s.task == "tune" and s.study.storage):
-        from autocompile.study import storage_for
+    from autocompile.study import check_resumable
 
-        storage_for(url, jobs[0][1])
+    for settings, output_root in jobs:
+        if settings.task == "tune":  # opens the storage (a bad URL fails here) and checks a resumed study
+            check_resumable(settings.study.storage, output_root / settings.study.name, settings.study.name,
+                            settings.measured_on())
     for uri in dict.fromkeys(s.tracking_uri for s, _ in jobs if s.task == "tune" and s.tracking.enabled):
         from autocompile.tracking import check_store
 
@@ -96,7 +98,7 @@ def one_line(exc: BaseException) -> str:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> Any:
-    from autocompile.tuner import StudyFailing
+    from autocompile.tuner import StudyFailing, StudyInterrupted
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -111,6 +113,9 @@ def hydra_main(cfg: DictConfig) -> Any:
     except (ConfigError, StudyFailing) as exc:
         print(f"autocompile: error: {exc}", file=sys.stderr)
         sys.exit(2 if isinstance(exc, ConfigError) else 3)
+    except (StudyInterrupted, KeyboardInterrupt) as exc:
+        print(f"autocompile: interrupted{f': {exc}' if str(exc) else ''}", file=sys.stderr)
+        sys.exit(130)  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
 class MultirunSummary(Callback):

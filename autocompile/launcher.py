@@ -3,8 +3,8 @@
 Each trial gets its own directory: ``trial.json`` (what to run), ``cmd.txt`` (the exact command,
 replayable by hand), ``stdout.log``/``stderr.log``, ``progress.jsonl`` and ``result.json``, and
 its own inductor cache (a cold compile, as a new job pays) unless a shared warm cache is asked for.
-The launcher never trusts the tree to end by itself: on timeout or prune it ends every process
-it started, including workers that torchrun put in sessions of their own.
+The launcher never trusts the tree to end by itself: on timeout, prune or interruption it ends every
+process it started, including workers that torchrun put in sessions of their own.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -35,6 +36,29 @@ log = logging.getLogger(__name__)
 
 StopRule = Callable[[list[dict[str, Any]], float], "str | None"]
 """Called while a trial runs with its progress events and seconds since launch; a string stops it."""
+
+INTERRUPT = threading.Event()
+"""Set when the tuner stops (Ctrl-C): every launch in this process kills its trial and raises Interrupted.
+Process-wide because the tuner's slots reach ``launch`` through code that does not pass it along."""
+
+INTERRUPTED = ("interrupted", "the tuner was interrupted; process tree killed")
+PR_SET_PDEATHSIG = 1
+
+
+class Interrupted(Exception):
+    """The trial was stopped, or not started, because the tuner is stopping: it measured nothing."""
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    # Loaded here, once: dlopen in the forked child of a multithreaded process can deadlock on a
+    # lock another thread held at fork time (why Python calls preexec_fn unsafe with threads).
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):  # not glibc Linux: trials just lack the parent-death signal
+        return None
+
+
+_PRCTL = _load_prctl()
 
 
 @dataclass(frozen=True)
@@ -105,15 +129,28 @@ def prepare(trial_dir: Path, spec: TrialSpec, cache_dir: Path | None = None, res
     spec.write(trial_dir)
     cmd = torchrun_command(trial_dir, spec, agents)
     extra = trial_environment(trial_dir, spec, cache_dir, resources)
-    replay = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
+    (trial_dir / "cmd.txt").write_text(replay_text(trial_dir, spec, cmd, extra, cache_dir, resources))
+    return cmd, extra
+
+
+def replay_text(trial_dir: Path, spec: TrialSpec, cmd: list[str], extra: dict[str, str], cache_dir: Path | None,
+                resources: Resources) -> str:
+    """``cmd.txt``: the trial's command with its environment, to run again by hand.
+
+    A cold trial's cache stays in its directory (to inspect what inductor built); replaying with it
+    would time a warm compile, so the replay gets a fresh cache each time it runs.
+    """
+    values = {k: shlex.quote(v) for k, v in extra.items()}
+    fresh = ""
+    if cache_dir is None:
+        fresh = "cache=$(mktemp -d) && "
+        values |= {"TORCHINDUCTOR_CACHE_DIR": '"$cache"', "TRITON_CACHE_DIR": '"$cache/triton"'}
+    replay = " ".join(f"{k}={v}" for k, v in values.items())
     pin = f"taskset -c {','.join(map(str, resources.cpus))} " if resources.cpus else ""
     nodes = f"  # on each of the {spec.workload.nnodes} nodes" if spec.workload.nnodes > 1 else ""
-    (trial_dir / "cmd.txt").write_text(
-        f"cd {shlex.quote(os.getcwd())} && {replay} {pin}{shlex.join(cmd)}{nodes}\n"
-        f"# one process, no torchrun (world size 1): {replay} "
-        f"{shlex.join([sys.executable, '-m', 'autocompile.worker', str(trial_dir.resolve())])}\n"
-    )
-    return cmd, extra
+    worker = shlex.join([sys.executable, "-m", "autocompile.worker", str(trial_dir.resolve())])
+    return (f"cd {shlex.quote(os.getcwd())} && {fresh}{replay} {pin}{shlex.join(cmd)}{nodes}\n"
+            f"# one process, no torchrun (world size 1): {fresh}{replay} {worker}\n")
 
 
 def launch(
@@ -125,39 +162,67 @@ def launch(
     resources: Resources = Resources(),
     agents: Agents = Agents(),
     poll_s: float = 0.25,
+    interrupt: threading.Event = INTERRUPT,
 ) -> dict[str, Any]:
-    """Run the trial to its end, its timeout, or until ``should_stop`` says why not; return the result."""
+    """Run the trial to its end, its timeout, or until ``should_stop`` says why not; return the result.
+
+    Raises Interrupted once ``interrupt`` is set (the trial's tree killed first, or nothing started),
+    and lets a KeyboardInterrupt in the calling thread through after killing the tree: an interrupted
+    trial measured nothing, and the caller decides what becomes of it.
+    """
+    if interrupt.is_set():
+        raise Interrupted("the tuner is stopping: trial not started")
     cmd, extra = prepare(trial_dir, spec, cache_dir, resources, agents)
     for stale in ("result.json", "progress.jsonl", *(p.name for p in trial_dir.glob("error.rank*.json"))):
         (trial_dir / stale).unlink(missing_ok=True)
     started = time.time()
     env = {**os.environ, **extra, "AUTOCOMPILE_LAUNCH_TIME": repr(started)}
-    procs = []
-    with contextlib.ExitStack() as files:
-        for node in range(spec.workload.nnodes):
-            suffix = "" if node == 0 else f".node{node}"
-            out = files.enter_context(open(trial_dir / f"stdout{suffix}.log", "wb"))
-            err = files.enter_context(open(trial_dir / f"stderr{suffix}.log", "wb"))
-            args: list[str] | str = cmd
-            if node > 0 and agents.remote:
-                args = agents.remote.format(cmd=shlex.join(cmd), node=node)
-            procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                          shell=isinstance(args, str), start_new_session=True,
-                                          preexec_fn=functools.partial(_child_setup, resources.cpus)))
-        stopped: tuple[str, str] | None = None
-        while any(p.poll() is None for p in procs):
-            elapsed = time.time() - started
-            if elapsed > spec.measure.timeout_s:
-                stopped = ("timeout", f"exceeded measure.timeout_s={spec.measure.timeout_s:g}s; process tree killed")
-            elif should_stop is not None and (why := should_stop(read_progress(trial_dir), elapsed)):
-                stopped = ("pruned", why)
-            if stopped:
-                for p in procs:
-                    kill_tree(p)
-                break
-            time.sleep(poll_s)
+    procs: list[subprocess.Popen[bytes]] = []
+    stopped: tuple[str, str] | None = None
+    try:
+        with contextlib.ExitStack() as files:
+            for node in range(spec.workload.nnodes):
+                suffix = "" if node == 0 else f".node{node}"
+                out = files.enter_context(open(trial_dir / f"stdout{suffix}.log", "wb"))
+                err = files.enter_context(open(trial_dir / f"stderr{suffix}.log", "wb"))
+                args: list[str] | str = cmd
+                if node > 0 and agents.remote:
+                    args = agents.remote.format(cmd=shlex.join(cmd), node=node)
+                procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                              shell=isinstance(args, str), start_new_session=True,
+                                              preexec_fn=functools.partial(_child_setup, resources.cpus)))
+            while any(p.poll() is None for p in procs):
+                elapsed = time.time() - started
+                if interrupt.is_set():
+                    stopped = INTERRUPTED
+                elif elapsed > spec.measure.timeout_s:
+                    stopped = ("timeout",
+                               f"exceeded measure.timeout_s={spec.measure.timeout_s:g}s; process tree killed")
+                elif should_stop is not None and (why := should_stop(read_progress(trial_dir), elapsed)):
+                    stopped = ("pruned", why)
+                if stopped:
+                    break
+                interrupt.wait(poll_s)  # a sleep that ends as soon as the tuner stops
+    except KeyboardInterrupt:  # Ctrl-C lands in the thread that launched when the tuner runs one slot
+        stopped = INTERRUPTED
+        raise
+    finally:
+        # Stopped, interrupted, or an error on the way: no process of the trial outlives the launch.
+        if stopped or any(p.poll() is None for p in procs):
+            for p in procs:
+                kill_tree(p)
+        if stopped == INTERRUPTED:
+            _record(trial_dir, procs, stopped, started, resources)
+    if stopped == INTERRUPTED:
+        raise Interrupted(INTERRUPTED[1])
+    return _record(trial_dir, procs, stopped, started, resources)
+
+
+def _record(trial_dir: Path, procs: list[subprocess.Popen[bytes]], stopped: tuple[str, str] | None,
+            started: float, resources: Resources) -> dict[str, Any]:
+    """The trial's result.json, written whatever ended it."""
     wall_s = time.time() - started
-    result = collect(trial_dir, procs[0].returncode, stopped)
+    result = collect(trial_dir, procs[0].returncode if procs else None, stopped)
     result["wall_s"] = wall_s
     result["trial_dir"] = str(trial_dir)
     if resources.cpus or resources.gpus:
@@ -170,8 +235,8 @@ def collect(trial_dir: Path, returncode: int | None, stopped: tuple[str, str] | 
     """The trial's outcome from what it left behind; a rank's own error beats a torn-down rank 0."""
     if stopped is not None:
         kind, why = stopped
-        if kind == "pruned":
-            return {"status": "pruned", "reason": why}
+        if kind in ("pruned", "interrupted"):
+            return {"status": kind, "reason": why}
         return {"status": "failed", "failure": "timeout", "reason": why}
     path = trial_dir / "result.json"
     result = json.loads(path.read_text()) if path.exists() else None
@@ -223,11 +288,12 @@ def kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
 def _child_setup(cpus: tuple[int, ...]) -> None:
     """In the child before exec: pin the CPUs of its slot, and SIGTERM torchrun if the tuner dies
     (kill -9 included): torchrun then tears its workers down, so a killed study leaves no trial
-    running behind it (Linux only)."""
+    running behind it (Linux only; the signal follows the thread that forked, a slot thread that
+    outlives its trials). Runs between fork and exec with other threads frozen: no imports, no dlopen."""
     if cpus:
         os.sched_setaffinity(0, cpus)
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if _PRCTL is not None:  # a plain syscall here: the library was loaded at import, before any fork
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _signal(p: psutil.Process, sig: signal.Signals) -> None:

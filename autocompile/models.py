@@ -8,6 +8,7 @@ a Hydra ``_target_``, so user models plug in without registering anything.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -16,9 +17,10 @@ from torch import nn
 
 def gpt2(
     n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab_size: int = 50257, n_positions: int = 1024,
-    dropout: float = 0.0,
+    dropout: float = 0.0, **config: Any,
 ) -> nn.Module:
     """Hugging Face ``GPT2LMHeadModel``, randomly initialised (no download); defaults are GPT-2 124M.
+    Further ``GPT2Config`` fields pass through (``+model.n_inner=2048``).
 
     ``use_cache=False``: with a cache object per block, dynamo guards on it and recompiles per
     block, so regional compile hits the recompile limit. ``loss_type`` is set because passing
@@ -29,7 +31,7 @@ def gpt2(
     config = GPT2Config(
         n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size, n_positions=n_positions,
         resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False,
-        bos_token_id=0, eos_token_id=0,
+        bos_token_id=0, eos_token_id=0, **config,
     )
     model = GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"
@@ -48,8 +50,26 @@ def resolve(target: str) -> Callable[..., nn.Module]:
     return factory
 
 
+def factory_kwargs(target: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments the factory takes: ``vocab_size`` (the data's) only if it has such a parameter;
+    any other argument it does not take is an error now, not in every trial."""
+    factory = resolve(target)
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C extension: pass everything
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    taken = {k: v for k, v in kwargs.items() if k in params or k != "vocab_size"}
+    unknown = sorted(set(taken) - set(params))
+    if unknown:
+        raise ValueError(f"model _target_ {target!r} takes no argument {unknown[0]!r}: drop model.{unknown[0]} "
+                         f"(it takes {', '.join(params) or 'no arguments'})")
+    return taken
+
+
 def build(target: str, kwargs: dict[str, Any]) -> nn.Module:
-    model = resolve(target)(**kwargs)
+    model = resolve(target)(**factory_kwargs(target, kwargs))
     if not isinstance(model, nn.Module):
         raise TypeError(f"model _target_ {target!r} returned {type(model).__name__}, not an nn.Module")
     return model

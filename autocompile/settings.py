@@ -9,7 +9,7 @@ a knob given a value is fixed.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from autocompile.knobs import KNOBS, Env, KnobError, TrialConfig
 from autocompile.launcher import Resources
-from autocompile.models import resolve
+from autocompile.models import factory_kwargs
 from autocompile.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
 
 TASKS = ("tune", "measure")
@@ -228,6 +228,15 @@ class Settings:
     def env(self) -> Env:
         return Env.detect(self.device, self.workload.world_size, self.workload.shapes_vary)
 
+    def measured_on(self) -> dict[str, Any]:
+        """What every measurement of a study shares: a resumed study must match it, or old results
+        would stand for another workload (dedupe reuses them)."""
+        import torch
+
+        measure = {k: v for k, v in asdict(self.measure).items() if k not in ("timeout_s", "peak_tflops")}
+        return {"model": asdict(self.model), "workload": {**asdict(self.workload), "device": self.device},
+                "measure": measure, "torch": torch.__version__}
+
     def trial_spec(self, config: TrialConfig, threads: int | None = None) -> TrialSpec:
         return TrialSpec(knobs=config.flat(), model=self.model, workload=self.workload, measure=self.measure,
                          device=self.device, threads=threads or self.threads)
@@ -280,7 +289,7 @@ def model_spec(node: Any, available: list[str]) -> ModelSpec:
     if vocab in (None, "???"):
         raise ConfigError(f"model {name!r} has no vocab_size: set model.vocab_size=N (token ids of the synthetic data)")
     try:
-        resolve(target)
+        factory_kwargs(target, raw)
         return ModelSpec(name=name, target=target, vocab_size=int(vocab), kwargs=raw)
     except (ImportError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc

@@ -6,6 +6,7 @@ a resumed study, a second tuner process, the report and MLflow all read the same
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -71,6 +72,41 @@ def open_study(name: str, storage: optuna.storages.BaseStorage, directions: list
     return study
 
 
+def check_measured_on(study: optuna.Study, measured_on: dict[str, Any], record: bool = True) -> None:
+    """Refuse to resume a study on another workload than it measured; ``record`` it on a new one."""
+    current = json.loads(json.dumps(measured_on))  # as stored: tuples become lists
+    recorded = study.user_attrs.get("measured_on")
+    if recorded is None:
+        if record:
+            study.set_user_attr("measured_on", current)
+        return
+    old, new = _dotted(recorded), _dotted(current)
+    changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
+               if old.get(k) != new.get(k)]
+    if changed:
+        raise ConfigError(f"study {study.study_name!r} was measured on another workload ({'; '.join(changed[:4])}): "
+                          "restore those settings to resume it, or set study.name for a new study")
+
+
+def check_resumable(url: str, run_dir: Path, name: str, measured_on: dict[str, Any]) -> None:
+    """Before anything starts: an existing study of this name must match the workload (read only)."""
+    if not url and not (run_dir / "optuna.journal").is_file():
+        return
+    storage = storage_for(url, run_dir)
+    if name in optuna.get_all_study_names(storage):
+        check_measured_on(optuna.load_study(study_name=name, storage=storage), measured_on, record=False)
+
+
+def _dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def owner() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "pidns": pid_namespace()}
 
@@ -102,12 +138,12 @@ def requeue(study: optuna.Study, trial: FrozenTrial, why: str) -> None:
     storage = study._storage
     # Marked while still RUNNING (storages refuse to touch finished trials); idempotent, so tuners
     # that notice together agree. The state change is the claim: only its winner queues the retry.
-    storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
-    storage.set_trial_user_attr(trial._trial_id, "reason", why)
     try:
+        storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+        storage.set_trial_user_attr(trial._trial_id, "reason", why)
         storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
-        return
+        return  # finished meanwhile, by its tuner or by another one recovering it
     if trial.params:
         study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, **(
             {"baseline": trial.user_attrs["baseline"]} if "baseline" in trial.user_attrs else {})})
@@ -164,8 +200,8 @@ def running_twin(study: optuna.Study, identity: str, number: int) -> FrozenTrial
 
 
 def wait_finished(study: optuna.Study, number: int, patience_s: float, beat: Callable[[], None],
-                  poll_s: float = 1.0) -> FrozenTrial | None:
-    """Trial ``number`` once it finished, or None if it still runs after ``patience_s``.
+                  poll_s: float = 1.0, stop: threading.Event | None = None) -> FrozenTrial | None:
+    """Trial ``number`` once it finished, or None if it still runs after ``patience_s`` (or ``stop`` is set).
 
     While waiting, the waiter keeps its own trial's heartbeat and recovers trials of dead tuners:
     the twin's tuner may be the one that died, and nobody else may be left to notice.
@@ -178,7 +214,10 @@ def wait_finished(study: optuna.Study, number: int, patience_s: float, beat: Cal
             return trial
         beat()
         recover_interrupted(study)
-        time.sleep(poll_s)
+        if stop is not None and stop.wait(poll_s):
+            return None
+        if stop is None:
+            time.sleep(poll_s)
     return None
 
 
@@ -187,10 +226,17 @@ def counted(trial: FrozenTrial) -> bool:
     return trial.state in FINISHED and not trial.user_attrs.get("interrupted")
 
 
+# Failures that may not happen again (a neighbour's load, the OOM killer): measured once more
+# before they stand for the configuration.
+TRANSIENT_FAILURES = ("timeout", "crash")
+
+
 def find_measured(study: optuna.Study, identity: str, exclude: int) -> FrozenTrial | None:
-    """A finished, measured trial of the same configuration (not a dedupe copy, not interrupted)."""
-    return next((t for t in measured_trials(study)
-                 if t.number != exclude and t.user_attrs.get("identity") == identity), None)
+    """A finished, measured trial of the same configuration (not a dedupe copy, not interrupted),
+    unless its only measurement ended in a failure that may be transient."""
+    same = [t for t in measured_trials(study) if t.number != exclude and t.user_attrs.get("identity") == identity]
+    lasting = [t for t in same if t.user_attrs["result"].get("failure") not in TRANSIENT_FAILURES]
+    return lasting[0] if lasting else same[1] if len(same) > 1 else None
 
 
 def measured_trials(study: optuna.Study) -> list[FrozenTrial]:

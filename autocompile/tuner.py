@@ -7,6 +7,7 @@ tell. Failures are told as failures with their reason; a study that only fails i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -19,12 +20,13 @@ import optuna
 from optuna.trial import TrialState
 
 from autocompile.knobs import describe
-from autocompile.launcher import Agents, Resources, launch
+from autocompile.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
 from autocompile.objective import Objective
 from autocompile.report import build_report, print_report, write_artifacts
 from autocompile.settings import Settings
 from autocompile.space import BASELINES, SearchSpace, identity
 from autocompile.study import (
+    check_measured_on,
     compact,
     counted,
     feasible,
@@ -34,6 +36,7 @@ from autocompile.study import (
     open_study,
     owner,
     recover_interrupted,
+    requeue,
     running_twin,
     storage_for,
     wait_finished,
@@ -50,12 +53,17 @@ class StudyFailing(RuntimeError):
     """Most trials fail: the workload or the environment is broken, not the configurations."""
 
 
+class StudyInterrupted(RuntimeError):
+    """Ctrl-C: running trials were stopped and queued again; the same command resumes the study."""
+
+
 def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     env = settings.env
     space = SearchSpace(env, settings.fixed_knobs, settings.study.extended)
     objective = Objective(settings.objective)
     storage = storage_for(settings.study.storage, run_dir, settings.study.heartbeat_s)
     study = open_study(settings.study.name, storage, objective.directions, settings.study.seed)
+    check_measured_on(study, settings.measured_on())
     recover_interrupted(study)
     if settings.study.baselines:
         queue_baselines(study, space)
@@ -68,28 +76,59 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     log.info("study %s: %d distinct configurations in the space, %d trials asked, %d slot(s); storage %s",
              study.study_name, space.size(), settings.study.n_trials, len(slots), settings.study.storage or run_dir)
 
-    budget = Budget(study, settings)
+    INTERRUPT.clear()  # a study interrupted earlier in this process (a test) must not stop this one
+    budget = Budget(study, settings, INTERRUPT)
     tracking = threading.Lock()  # one writer at a time into the tracking store
     with StudyView(settings.study.n_trials, objective) as view:
 
         def slot_loop(resources: Resources) -> None:
             while (trial := budget.next_trial(view)) is not None:
-                run_trial(study, trial, space, objective, settings, run_dir, view, resources, agents)
+                try:
+                    run_trial(study, trial, space, objective, settings, run_dir, view, resources, agents)
+                except BaseException as exc:
+                    # Ctrl-C, the stop flag or an error: the trial measured nothing; left RUNNING, it would
+                    # hold a slot of the budget and a twin waiting on it until this process is gone.
+                    stopping = isinstance(exc, (KeyboardInterrupt, Interrupted))
+                    budget.release("the tuner was interrupted" if stopping else f"the tuner failed: {exc!r}",
+                                   trial.number)
+                    if isinstance(exc, Interrupted):
+                        return
+                    raise
                 with tracking:
                     tracker.log_trial(study.trials[trial.number])
 
-        if len(slots) == 1:
-            slot_loop(slots[0])
-        else:
-            with ThreadPoolExecutor(len(slots), thread_name_prefix="slot") as pool:
-                list(pool.map(slot_loop, slots))
+        try:
+            if len(slots) == 1:
+                slot_loop(slots[0])  # Ctrl-C lands in this very loop: launch kills the tree, slot_loop releases
+            else:
+                with ThreadPoolExecutor(len(slots), thread_name_prefix="slot") as pool:
+                    try:
+                        list(pool.map(slot_loop, slots))
+                    except BaseException:
+                        # Ctrl-C lands here, in the main thread; the pool's exit then waits for the slots,
+                        # which must stop first: their launches kill their trials, next_trial hands out none.
+                        budget.interrupt()
+                        raise
+        except KeyboardInterrupt:
+            budget.interrupt()
+        interrupted = budget.stop.is_set()
+        if interrupted:
+            budget.release("the tuner was interrupted")  # e.g. asked but not yet launched when Ctrl-C came
         view.refresh(study.get_trials(deepcopy=False))
 
-    report = build_report(study, settings, objective, space, budget.stop_reason, time.time() - budget.started,
-                          run_dir)
-    write_artifacts(report, run_dir)
-    print_report(report)
-    tracker.finish(report, run_dir)
+    try:
+        report = build_report(study, settings, objective, space, budget.stop_reason, time.time() - budget.started,
+                              run_dir)
+        write_artifacts(report, run_dir)
+        print_report(report)
+        tracker.finish(report, run_dir)
+    except Exception as exc:
+        if not interrupted:
+            raise
+        log.warning("the report of the interrupted study is incomplete: %r", exc)
+    if interrupted:
+        raise StudyInterrupted(f"{len(budget.released)} running trial(s) stopped and queued again; rerun the same "
+                               f"command to resume the study in {run_dir}")
     if budget.stop_reason == "failure guard":
         raise StudyFailing(f"stopped: more than {settings.study.max_failure_rate:.0%} of trials failed; see "
                            f"the reasons above and in {run_dir / 'trials'}")
@@ -104,17 +143,40 @@ class Budget:
     need measuring again (found by pid on this host, by heartbeat on a database storage).
     """
 
-    def __init__(self, study: optuna.Study, settings: Settings) -> None:
+    def __init__(self, study: optuna.Study, settings: Settings, stop: threading.Event | None = None) -> None:
         self.study = study
         self.settings = settings.study
         self.patience_s = settings.measure.timeout_s + 60
         self.started = time.time()
         self.stop_reason = f"{self.settings.n_trials} trials finished"
         self.lock = threading.Lock()
+        # Set: no more trials. The tuner passes the launcher's INTERRUPT: running launches stop too.
+        self.stop = stop if stop is not None else threading.Event()
+        self.released: list[int] = []
+
+    def interrupt(self) -> None:
+        """No more trials from now on; with the launcher's event, running launches kill their trials."""
+        self.stop_reason = "interrupted"
+        self.stop.set()
+
+    def release(self, why: str, number: int | None = None) -> None:
+        """Trial ``number``, or every trial this process holds, if still RUNNING: failed and marked
+        interrupted (not counted), its configuration queued again for the study's next run."""
+        me = owner()
+        with self.lock:
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                if t.number == number or (number is None and t.user_attrs.get("owner") == me):
+                    # Another tuner may have found it stale and failed it meanwhile: nothing left to do.
+                    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                        requeue(self.study, t, why)
+                        self.released.append(t.number)
 
     def next_trial(self, view: StudyView) -> optuna.Trial | None:
         waiting_since = None
         while True:
+            if self.stop.is_set():
+                self.stop_reason = "interrupted"
+                return None
             with self.lock:
                 recover_interrupted(self.study)
                 trials = self.study.get_trials(deepcopy=False)
@@ -139,7 +201,7 @@ class Budget:
             if time.time() - waiting_since > self.patience_s:
                 self.stop_reason = f"the last {running} trial(s) still run elsewhere after {self.patience_s:g} s"
                 return None
-            time.sleep(1.0)
+            self.stop.wait(1.0)
 
 
 def queue_baselines(study: optuna.Study, space: SearchSpace) -> None:
@@ -173,7 +235,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
         # Another slot or tuner is measuring this very configuration: wait for its result (a live
         # twin ends within its own timeout; a dead one is failed by pid or heartbeat meanwhile).
         view.running(trial.number, f"waiting for trial {twin.number} ({name})")
-        prior = wait_finished(study, twin.number, settings.measure.timeout_s + 60, beat)
+        prior = wait_finished(study, twin.number, settings.measure.timeout_s + 60, beat, stop=INTERRUPT)
         if prior is None or "result" not in prior.user_attrs or prior.user_attrs.get("interrupted"):
             prior = None
     if prior is not None:

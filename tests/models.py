@@ -54,3 +54,8 @@ class TinyLM(nn.Module):
 
 def tiny_lm(vocab_size: int = 64, behaviour: str = "ok", block_sleep_s: float = 0.0) -> nn.Module:
     return TinyLM(vocab_size=vocab_size, behaviour=behaviour, block_sleep_s=block_sleep_s)
+
+
+def tiny_lm_with_extras(vocab_size: int = 64, **extras: object) -> nn.Module:
+    """A factory that takes any further argument, as one passing a config dict on would."""
+    return TinyLM(vocab_size=vocab_size)

@@ -26,6 +26,8 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     (("+model=custom", "model._target_=no_such_pkg.make", "model.vocab_size=8"),
      "model _target_ 'no_such_pkg.make' does not import"),
     (("-m", "+model=gpt2-tiny,gpt3"), "unknown model 'gpt3'"),
+    (("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=8", "+model.widht=3"),
+     "takes no argument 'widht': drop model.widht"),
 ])
 def test_bad_input_is_one_line_naming_the_fix(args: tuple[str, ...], says: str, tmp_path: Path) -> None:
     result = cli(*args, f"output_root={tmp_path}")

@@ -56,7 +56,7 @@ def non_default(config: dict[str, Any]) -> dict[str, Any]:
     ("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "+model.block_sleep_s=0.005",
      "+model.behaviour=ok"),
     # Strings that must stay strings, quotes, spaces and a literal ${...} survive both quotings.
-    ("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "model.name=tiny lm",
+    ("+model=custom", "model._target_=tests.models.tiny_lm_with_extras", "model.vocab_size=64", "model.name=tiny lm",
      '+model.note="it\'s \\${not} a \\"ref\\""', '+model.flag="true"', '+model.count="12"'),
 ])
 def test_measure_command_composes_back_to_the_same_workload(settings_for: Compose,

@@ -185,3 +185,13 @@ def test_a_step_that_does_not_train_drifts_beyond_the_studys_loss_tolerance() ->
     tolerance = ObjectiveSettings().loss_rtol
     assert loss_drift(frozen, eager) > 2 * tolerance
     assert loss_drift(compiled, eager) < tolerance / 10
+
+
+def test_a_factory_gets_vocab_size_only_if_it_takes_it() -> None:
+    from autocompile.models import factory_kwargs
+
+    kwargs = {"in_features": 4, "out_features": 8, "vocab_size": 8}
+    assert factory_kwargs("torch.nn.Linear", kwargs) == {"in_features": 4, "out_features": 8}
+    assert factory_kwargs("tests.models.tiny_lm", {"vocab_size": 8}) == {"vocab_size": 8}
+    with pytest.raises(ValueError, match="takes no argument 'width'"):
+        factory_kwargs("tests.models.tiny_lm", {"vocab_size": 8, "width": 3})

@@ -183,11 +183,15 @@ def test_bad_input_leaves_an_existing_study_intact(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr[-2000:]
     (journal,) = tmp_path.glob("*/optuna.journal")
     before = journal.read_bytes()
-    for bad in ("study.n_trials=0", "objective.kind=fastest", "compile.scoop=1", "study.storage=sqlite:////no/dir/x.db"):
+    # The last two resume the same study name on another workload: its results would stand for it.
+    for bad in ("study.n_trials=0", "objective.kind=fastest", "compile.scoop=1", "study.storage=sqlite:////no/dir/x.db",
+                "measure.window_steps=3", "+model.block_sleep_s=0.01"):
         again = tune_cli(tmp_path, "compile.scope=none", "amp.dtype=none", "ac.policy=none", bad)
         assert again.returncode != 0, bad
         assert len(again.stderr.strip().splitlines()) == 1, again.stderr
         assert journal.read_bytes() == before
+        if bad.startswith(("measure.", "+model.")):
+            assert "was measured on another workload" in again.stderr and bad.split("=")[0][-12:] in again.stderr
 
 
 def test_multirun_runs_one_study_per_combination_with_a_combined_summary(tmp_path: Path) -> None:
@@ -235,3 +239,21 @@ def test_a_trial_waiting_on_a_twin_whose_tuner_died_recovers_it_instead_of_waiti
     finished = wait_finished(study3, silent.number, patience_s=30, beat=beat, poll_s=0.2)
     assert finished is not None and finished.state == TrialState.FAIL and finished.user_attrs["interrupted"]
     assert study3.trials[waiter.number].state == TrialState.RUNNING
+
+
+def test_a_configuration_that_failed_transiently_is_measured_once_more_before_its_failure_stands(
+        tmp_path: Path) -> None:
+    from autocompile.study import find_measured
+
+    study = open_study("transient", storage_for("", tmp_path), ["minimize"], seed=0)
+
+    def failed(identity: str, failure: str) -> None:
+        study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={
+            "identity": identity, "result": {"status": "failed", "failure": failure}}))
+
+    failed("a", "timeout")
+    assert find_measured(study, "a", exclude=-1) is None  # a busy neighbour may have caused it
+    failed("a", "crash")
+    assert find_measured(study, "a", exclude=-1).number == 1  # twice: it stands
+    failed("b", "graph_break")
+    assert find_measured(study, "b", exclude=-1).number == 2  # deterministic: once is enough

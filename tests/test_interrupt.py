@@ -1,0 +1,149 @@
+"""Ctrl-C stops a study at once and cleanly; the launcher forks safely; a cold trial replays cold."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from autocompile import launcher
+from autocompile.launcher import Interrupted, launch, prepare, read_progress
+from autocompile.spec import ModelSpec
+from autocompile.study import counted
+from tests.conftest import make_spec
+from tests.test_tuner import ROOT, TINY, load
+
+SLOW_TINY = ModelSpec(name="tiny-slow", target="tests.models.tiny_lm", vocab_size=64,
+                      kwargs={"vocab_size": 64, "block_sleep_s": 0.05})
+
+
+def alive(marker: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+def in_windows(tmp_path: Path) -> int:
+    """Trials of the study that reached their timed windows."""
+    return sum('"window"' in p.read_text() for p in tmp_path.glob("*/trials/*/progress.jsonl"))
+
+
+@pytest.mark.parametrize("slots", [2, 1])
+def test_ctrl_c_stops_the_study_kills_its_trials_and_leaves_none_running(tmp_path: Path, slots: int) -> None:
+    args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", f"launch.slots={slots}",
+            "+model.block_sleep_s=0.05", "compile.scope=none", "measure.windows=50", "study.n_trials=6",
+            "study.prune=false"]
+    with open(tmp_path / "tuner.log", "wb") as out:
+        tuner = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 120
+            while time.time() < deadline and in_windows(tmp_path) < slots and tuner.poll() is None:
+                time.sleep(0.2)
+            assert in_windows(tmp_path) == slots, (tmp_path / "tuner.log").read_text()[-3000:]
+            tuner.send_signal(signal.SIGINT)
+            interrupted_at = time.time()
+            returncode = tuner.wait(timeout=30)
+            stopped_s = time.time() - interrupted_at
+        finally:
+            if tuner.poll() is None:
+                tuner.kill()
+    log = (tmp_path / "tuner.log").read_text()
+    assert returncode == 130, log[-3000:]
+    assert stopped_s < 20, stopped_s
+    assert "interrupted:" in log and "rerun the same command to resume" in log
+    time.sleep(1)
+    assert alive(str(tmp_path)) == []  # no torchrun, no worker: nothing measures after the tuner is gone
+
+    study = load(tmp_path)
+    assert [t for t in study.trials if t.state == TrialState.RUNNING] == []
+    interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
+    assert len(interrupted) == slots
+    assert all(t.state == TrialState.FAIL and t.user_attrs["reason"] == "the tuner was interrupted"
+               for t in interrupted)
+    assert sum(counted(t) for t in study.trials) < 6
+    for t in interrupted:  # the trial says why it measured nothing; its configuration is queued again
+        assert json.loads((Path(t.user_attrs["trial_dir"]) / "result.json").read_text())["status"] == "interrupted"
+    assert sorted(t.user_attrs["retry_of"] for t in study.get_trials(states=(TrialState.WAITING,))) == sorted(
+        t.number for t in interrupted)
+    (summary,) = tmp_path.glob("*/summary.json")  # the report of what was done is written
+    assert json.loads(summary.read_text())["stop_reason"] == "interrupted"
+
+
+def test_a_set_interrupt_kills_a_running_trial_and_starts_no_other(tmp_path: Path) -> None:
+    stop = threading.Event()
+    trial_dir = tmp_path / "t"
+
+    def stop_in_windows() -> None:
+        deadline = time.time() + 60
+        while time.time() < deadline and not any(e["event"] == "window" for e in read_progress(trial_dir)):
+            time.sleep(0.1)
+        stop.set()
+
+    watcher = threading.Thread(target=stop_in_windows)
+    watcher.start()
+    with pytest.raises(Interrupted):
+        launch(trial_dir, make_spec({"compile.scope": "none"}, model=SLOW_TINY, windows=50), interrupt=stop)
+    stopped_s = time.time()
+    watcher.join()
+    assert alive(str(trial_dir.resolve())) == []
+    assert json.loads((trial_dir / "result.json").read_text())["status"] == "interrupted"
+    assert any(e["event"] == "window" for e in read_progress(trial_dir))  # it was stopped mid-measurement
+    assert stopped_s - os.path.getmtime(trial_dir / "progress.jsonl") < 10
+
+    with pytest.raises(Interrupted):
+        launch(tmp_path / "later", make_spec({"compile.scope": "none"}), interrupt=stop)
+    assert not (tmp_path / "later").exists()
+
+
+def replay_cache(cmd_txt: Path, cmd: list[str]) -> str:
+    """Run cmd.txt's replay line with the trial command swapped for one that prints the cache it got."""
+    line = cmd_txt.read_text().splitlines()[0]
+    assert shlex.join(cmd) in line
+    show = shlex.join([sys.executable, "-c", "import os; print(os.environ['TORCHINDUCTOR_CACHE_DIR'], "
+                       "os.environ['TRITON_CACHE_DIR'])"])
+    out = subprocess.run(["bash", "-c", line.replace(shlex.join(cmd), show)], capture_output=True, text=True,
+                         check=True).stdout.split()
+    return out[0] if out[1] == os.path.join(out[0], "triton") else f"mismatch: {out}"
+
+
+def test_a_cold_trial_replays_cold_and_a_warm_one_with_the_shared_cache(tmp_path: Path) -> None:
+    spec = make_spec({"compile.scope": "module"})
+    cmd, extra = prepare(tmp_path / "cold", spec)
+    kept = extra["TORCHINDUCTOR_CACHE_DIR"]
+    assert kept == str((tmp_path / "cold" / "inductor_cache").resolve())  # the trial itself keeps its cache
+    assert kept not in (tmp_path / "cold" / "cmd.txt").read_text()
+    first, second = replay_cache(tmp_path / "cold" / "cmd.txt", cmd), replay_cache(tmp_path / "cold" / "cmd.txt", cmd)
+    assert first != second and not os.listdir(first)  # a new, empty cache at every replay
+    assert not first.startswith(str(tmp_path))
+
+    warm = tmp_path / "warm_cache"
+    cmd, _ = prepare(tmp_path / "warm", spec, cache_dir=warm)
+    assert replay_cache(tmp_path / "warm" / "cmd.txt", cmd) == str(warm.resolve())
+
+
+def test_the_child_sets_its_parent_death_signal_without_loading_a_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert launcher._PRCTL is not None  # Linux with glibc: loaded once, at import
+
+    def no_dlopen(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ctypes.CDLL called after fork")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_dlopen)
+    children: list[subprocess.Popen[bytes]] = []
+
+    def spawn() -> None:  # the signal is tied to the thread that forked: here one that ends at once
+        children.append(subprocess.Popen(["sleep", "60"], preexec_fn=functools.partial(launcher._child_setup, ())))
+
+    thread = threading.Thread(target=spawn)
+    thread.start()
+    thread.join()
+    assert children[0].wait(timeout=10) == -signal.SIGTERM
