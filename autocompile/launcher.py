@@ -67,7 +67,7 @@ class Resources:
 
     cpus: tuple[int, ...] = ()
     """CPU affinity of the trial's process tree (workers inherit it)."""
-    gpus: tuple[int, ...] = ()
+    gpus: tuple[str, ...] = ()
     """GPUs the trial sees (CUDA_VISIBLE_DEVICES)."""
 
 

@@ -248,12 +248,19 @@ class Settings:
             import torch
 
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            gpus = [int(g) for g in visible.split(",") if g] if visible else list(range(torch.cuda.device_count()))
+            # Kept as given: indices, GPU-… UUIDs and MIG-… ids all pass through to the trials.
+            gpus = ([g.strip() for g in visible.split(",") if g.strip()] if visible
+                    else [str(i) for i in range(torch.cuda.device_count())])
             n = self.launch.slots or max(1, len(gpus) // w.nproc_per_node)
             if n * w.nproc_per_node > len(gpus):
                 raise ConfigError(f"launch.slots={n} x nproc_per_node={w.nproc_per_node} needs {n * w.nproc_per_node}"
                                   f" GPUs, {len(gpus)} visible: lower launch.slots")
-            return [Resources(gpus=tuple(gpus[i * w.nproc_per_node:(i + 1) * w.nproc_per_node])) for i in range(n)]
+            # Concurrent slots also get their own cores: compile (inductor's workers follow the
+            # affinity) and the Python side of a step would otherwise contend across slots.
+            cores = sorted(os.sched_getaffinity(0))
+            per = len(cores) // n if n > 1 else 0
+            return [Resources(gpus=tuple(gpus[i * w.nproc_per_node:(i + 1) * w.nproc_per_node]),
+                              cpus=tuple(cores[i * per:(i + 1) * per])) for i in range(n)]
         # On a CPU concurrent trials share memory bandwidth and caches: one slot unless asked.
         cores = sorted(os.sched_getaffinity(0))
         n = self.launch.slots or 1

@@ -69,3 +69,27 @@ def test_each_job_of_a_sweep_over_knobs_or_objectives_is_a_study_of_its_own() ->
         assert name("objective.horizon_steps=1000") == f"{base}+horizon=1000"
         assert name("task=measure", "compile.mode=max-autotune") == base  # a measurement is not a study
         assert name("study.name=mine", "compile.mode=max-autotune") == "mine"
+
+
+def test_gpu_slots_take_any_device_ids_and_split_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+    import os
+
+    from hydra import compose, initialize_config_dir
+
+    from autocompile.app import available_models
+    from autocompile.settings import register, settings_from
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", overrides=["+model=gpt2-tiny", "workload.device=cpu"])
+    cpu = settings_from(cfg, available_models())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5e1d,MIG-7f00,3")  # UUIDs and MIG ids are not integers
+    cores = sorted(os.sched_getaffinity(0))
+    gpu = dataclasses.replace(cpu, device="cuda")
+    slots = gpu.slots()
+    assert [s.gpus for s in slots] == [("GPU-5e1d",), ("MIG-7f00",), ("3",)]
+    per = len(cores) // 3
+    assert [s.cpus for s in slots] == [tuple(cores[i * per:(i + 1) * per]) for i in range(3)]
+    one = dataclasses.replace(gpu, launch=dataclasses.replace(gpu.launch, slots=1)).slots()
+    assert one[0].gpus == ("GPU-5e1d",) and one[0].cpus == ()  # a lone slot keeps the whole machine
