@@ -65,10 +65,10 @@ def check_command_line(argv: list[str]) -> None:
     # Stores are touched only once every job is known to be valid: a typo creates nothing.
     from autocompile.study import check_resumable
 
+    opened: dict[str, Any] = {}
     for settings, output_root in jobs:
         if settings.task == "tune":  # opens the storage (a bad URL fails here) and checks a resumed study
-            check_resumable(settings.study.storage, output_root / settings.study.name, settings.study.name,
-                            settings.measured_on())
+            check_resumable(settings, output_root / settings.study.name, opened)
     for uri in dict.fromkeys(s.tracking_uri for s, _ in jobs if s.task == "tune" and s.tracking.enabled):
         from autocompile.tracking import check_store
 

@@ -17,7 +17,7 @@ from torch import nn
 
 def gpt2(
     n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab_size: int = 50257, n_positions: int = 1024,
-    dropout: float = 0.0, **config: Any,
+    dropout: float = 0.0, **config_fields: Any,
 ) -> nn.Module:
     """Hugging Face ``GPT2LMHeadModel``, randomly initialised (no download); defaults are GPT-2 124M.
     Further ``GPT2Config`` fields pass through (``+model.n_inner=2048``).
@@ -31,11 +31,21 @@ def gpt2(
     config = GPT2Config(
         n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size, n_positions=n_positions,
         resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False,
-        bos_token_id=0, eos_token_id=0, **config,
+        bos_token_id=0, eos_token_id=0, **config_fields,
     )
     model = GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"
     return model
+
+
+def _gpt2_config_fields() -> set[str]:
+    from transformers import GPT2Config
+
+    return set(GPT2Config().to_dict())
+
+
+# GPT2Config keeps any keyword, so a misspelled field would silently measure the default model.
+gpt2.accepts = _gpt2_config_fields  # type: ignore[attr-defined]
 
 
 def resolve(target: str) -> Callable[..., nn.Module]:
@@ -58,13 +68,18 @@ def factory_kwargs(target: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a builtin or C extension: pass everything
         return kwargs
+    named = set(params)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    taken = {k: v for k, v in kwargs.items() if k in params or k != "vocab_size"}
-    unknown = sorted(set(taken) - set(params))
+        if not hasattr(factory, "accepts") or set(kwargs) <= named:
+            return kwargs
+        named |= factory.accepts()  # the keywords it passes on, where it says which
+    p_kw = inspect.Parameter.VAR_KEYWORD
+    taken = {k: v for k, v in kwargs.items() if k in named or k != "vocab_size"}
+    unknown = sorted(set(taken) - named)
     if unknown:
         raise ValueError(f"model _target_ {target!r} takes no argument {unknown[0]!r}: drop model.{unknown[0]} "
-                         f"(it takes {', '.join(params) or 'no arguments'})")
+                         f"(it takes {', '.join(p for p in params if params[p].kind != p_kw) or 'no arguments'}"
+                         f"{' and further config fields' if len(named) > len(params) else ''})")
     return taken
 
 

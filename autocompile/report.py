@@ -17,14 +17,14 @@ from optuna.trial import TrialState
 from rich.console import Console
 from rich.table import Table
 
-from autocompile.app import config_dir
+from autocompile.app import available_models, config_dir
 from autocompile.effects import Effect, knob_effects
 from autocompile.knobs import KNOBS
 from autocompile.objective import Objective
 from autocompile.settings import LaunchSettings, Settings, _BaseConfig
 from autocompile.space import SearchSpace
 from autocompile.spec import MeasureSettings, ModelSpec, Workload
-from autocompile.study import feasible, measured_trials
+from autocompile.study import feasible, interrupted, measured_trials
 from autocompile.view import console as make_console
 
 
@@ -79,7 +79,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         "pruned": sum(t.state == TrialState.PRUNED for t in measured),
         "failed": sum(t.state == TrialState.FAIL for t in measured),
         "duplicates_skipped": sum("duplicate_of" in t.user_attrs for t in trials),
-        "interrupted": sum(bool(t.user_attrs.get("interrupted")) for t in trials),
+        "interrupted": sum(interrupted(t) for t in trials),
     }
     best = min(complete, key=lambda e: objective.score(e["result"]), default=None)
     baselines = {e["baseline"]: e for e in complete if e["baseline"]}
@@ -168,7 +168,7 @@ def model_choice(spec: ModelSpec) -> str:
     named config with the same name and factory, else ``custom`` (which composes any model)."""
     from hydra.core.hydra_config import HydraConfig
 
-    available = {p.stem for p in (config_dir() / "model").glob("*.yaml")}
+    available = set(available_models())
     if HydraConfig.initialized():
         choice = HydraConfig.get().runtime.choices.get("model")
         if choice in available:

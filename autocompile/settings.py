@@ -221,6 +221,11 @@ class Settings:
         return self.output_root / "inductor_cache_warm" if self.measure.cache == "warm" else None
 
     @property
+    def patience_s(self) -> float:
+        """How long a trial running elsewhere may take before waiting on it stops: its own timeout and a margin."""
+        return self.measure.timeout_s + 60
+
+    @property
     def tracking_uri(self) -> str:
         return self.tracking.uri or f"sqlite:///{(self.output_root / 'mlflow.db').resolve()}"
 
@@ -257,10 +262,9 @@ class Settings:
                                   f" GPUs, {len(gpus)} visible: lower launch.slots")
             # Concurrent slots also get their own cores: compile (inductor's workers follow the
             # affinity) and the Python side of a step would otherwise contend across slots.
-            cores = sorted(os.sched_getaffinity(0))
-            per = len(cores) // n if n > 1 else 0
-            return [Resources(gpus=tuple(gpus[i * w.nproc_per_node:(i + 1) * w.nproc_per_node]),
-                              cpus=tuple(cores[i * per:(i + 1) * per])) for i in range(n)]
+            cores = partition(sorted(os.sched_getaffinity(0)), n) if n > 1 else [()] * n
+            return [Resources(gpus=tuple(gpus[i * w.nproc_per_node:(i + 1) * w.nproc_per_node]), cpus=cores[i])
+                    for i in range(n)]
         # On a CPU concurrent trials share memory bandwidth and caches: one slot unless asked.
         cores = sorted(os.sched_getaffinity(0))
         n = self.launch.slots or 1
@@ -270,13 +274,19 @@ class Settings:
         if per < w.nproc_per_node:
             raise ConfigError(f"launch.slots={n} leaves {per} cores per slot for {w.nproc_per_node} processes: "
                               "lower launch.slots")
-        return [Resources(cpus=tuple(cores[i * per:(i + 1) * per])) for i in range(n)]
+        return [Resources(cpus=part) for part in partition(cores, n)]
 
     def slot_threads(self, resources: Resources) -> int:
         """Threads per process inside a slot: the slot's cores shared by its processes."""
         if not resources.cpus or self.workload.threads:
             return self.threads
         return max(1, len(resources.cpus) // self.workload.nproc_per_node)
+
+
+def partition(cores: list[int], n: int) -> list[tuple[int, ...]]:
+    """``n`` equal, disjoint runs of ``cores`` (a remainder stays unused)."""
+    per = len(cores) // n
+    return [tuple(cores[i * per:(i + 1) * per]) for i in range(n)]
 
 
 def model_spec(node: Any, available: list[str]) -> ModelSpec:

@@ -23,7 +23,7 @@ from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.settings import ConfigError
+from autocompile.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +88,18 @@ def check_measured_on(study: optuna.Study, measured_on: dict[str, Any], record: 
                           "restore those settings to resume it, or set study.name for a new study")
 
 
-def check_resumable(url: str, run_dir: Path, name: str, measured_on: dict[str, Any]) -> None:
-    """Before anything starts: an existing study of this name must match the workload (read only)."""
+def check_resumable(settings: Settings, run_dir: Path, opened: dict[str, optuna.storages.BaseStorage]) -> None:
+    """Before anything starts: an existing study of this name must match the workload (read only).
+    ``opened`` keeps the storages of earlier jobs of a sweep by URL: each is opened once."""
+    url, name = settings.study.storage, settings.study.name
     if not url and not (run_dir / "optuna.journal").is_file():
         return
-    storage = storage_for(url, run_dir)
-    if name in optuna.get_all_study_names(storage):
-        check_measured_on(optuna.load_study(study_name=name, storage=storage), measured_on, record=False)
+    key = url or str(run_dir)
+    if key not in opened:
+        opened[key] = storage_for(url, run_dir)
+    if name in optuna.get_all_study_names(opened[key]):
+        check_measured_on(optuna.load_study(study_name=name, storage=opened[key]), settings.measured_on(),
+                          record=False)
 
 
 def _dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -122,7 +127,7 @@ def pid_namespace() -> int | None:
 def is_orphaned(trial: FrozenTrial) -> bool:
     """A RUNNING trial whose tuner process is gone (same host and pid namespace, pid not alive)."""
     who = trial.user_attrs.get("owner")
-    if not who or who.get("host") != socket.gethostname() or who.get("pidns") != pid_namespace():
+    if not who or who.get("host") != socket.gethostname() or who.get("pidns", pid_namespace()) != pid_namespace():
         return False
     try:
         os.kill(int(who["pid"]), 0)
@@ -133,8 +138,9 @@ def is_orphaned(trial: FrozenTrial) -> bool:
     return False
 
 
-def requeue(study: optuna.Study, trial: FrozenTrial, why: str) -> None:
-    """A trial whose tuner died: not counted, its configuration measured again (once)."""
+def requeue(study: optuna.Study, trial: FrozenTrial, why: str) -> bool:
+    """A trial whose tuner died: not counted, its configuration measured again (once). False when
+    another tuner (or the trial's own) finished it first."""
     storage = study._storage
     # Marked while still RUNNING (storages refuse to touch finished trials); idempotent, so tuners
     # that notice together agree. The state change is the claim: only its winner queues the retry.
@@ -143,11 +149,12 @@ def requeue(study: optuna.Study, trial: FrozenTrial, why: str) -> None:
         storage.set_trial_user_attr(trial._trial_id, "reason", why)
         storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
-        return  # finished meanwhile, by its tuner or by another one recovering it
+        return False  # finished meanwhile, by its tuner or by another one recovering it
     if trial.params:
         study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, **(
             {"baseline": trial.user_attrs["baseline"]} if "baseline" in trial.user_attrs else {})})
     log.warning("trial %d was interrupted (%s): marked failed, configuration queued again", trial.number, why)
+    return True
 
 
 _RECOVERY = threading.Lock()  # slots of one tuner recover one at a time
@@ -214,16 +221,20 @@ def wait_finished(study: optuna.Study, number: int, patience_s: float, beat: Cal
             return trial
         beat()
         recover_interrupted(study)
-        if stop is not None and stop.wait(poll_s):
+        if (stop or threading.Event()).wait(poll_s):
             return None
-        if stop is None:
-            time.sleep(poll_s)
     return None
+
+
+def interrupted(trial: FrozenTrial) -> bool:
+    """Failed because its tuner died or stopped. The mark alone is not enough: it is written before
+    the state, and a late but live tuner may still have completed the trial."""
+    return trial.state == TrialState.FAIL and bool(trial.user_attrs.get("interrupted"))
 
 
 def counted(trial: FrozenTrial) -> bool:
     """Finished trials count towards n_trials, except those a dead tuner interrupted (re-measured)."""
-    return trial.state in FINISHED and not trial.user_attrs.get("interrupted")
+    return trial.state in FINISHED and not interrupted(trial)
 
 
 # Failures that may not happen again (a neighbour's load, the OOM killer): measured once more
@@ -242,8 +253,7 @@ def find_measured(study: optuna.Study, identity: str, exclude: int) -> FrozenTri
 def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
     """Finished trials that carry a measurement of their own (duplicates and interruptions left out)."""
     return [t for t in study.get_trials(deepcopy=False, states=FINISHED)
-            if "result" in t.user_attrs and "duplicate_of" not in t.user_attrs
-            and not t.user_attrs.get("interrupted")]
+            if "result" in t.user_attrs and "duplicate_of" not in t.user_attrs and not interrupted(t)]
 
 
 def feasible(trial: FrozenTrial) -> bool:

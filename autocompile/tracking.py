@@ -193,7 +193,7 @@ def logged_elsewhere(trial: FrozenTrial) -> bool:
     who = trial.user_attrs.get("owner")
     if not who or who == owner() or is_orphaned(trial):
         return False
-    if who.get("host") == socket.gethostname() and who.get("pidns") == pid_namespace():
+    if who.get("host") == socket.gethostname() and who.get("pidns", pid_namespace()) == pid_namespace():
         return True  # its pid is alive
     done = trial.datetime_complete
     return done is None or (datetime.now() - done).total_seconds() < LOG_GRACE_S

@@ -7,12 +7,11 @@ tell. Failures are told as failures with their reason; a study that only fails i
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -102,11 +101,15 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
                 slot_loop(slots[0])  # Ctrl-C lands in this very loop: launch kills the tree, slot_loop releases
             else:
                 with ThreadPoolExecutor(len(slots), thread_name_prefix="slot") as pool:
+                    futures = [pool.submit(slot_loop, r) for r in slots]
                     try:
-                        list(pool.map(slot_loop, slots))
+                        wait(futures, return_when=FIRST_EXCEPTION)
+                        for future in futures:
+                            future.result()
                     except BaseException:
-                        # Ctrl-C lands here, in the main thread; the pool's exit then waits for the slots,
-                        # which must stop first: their launches kill their trials, next_trial hands out none.
+                        # Ctrl-C or a slot's error lands here, in the main thread; the pool's exit then
+                        # waits for the other slots, which must stop first: their launches kill their
+                        # trials, next_trial hands out none.
                         budget.interrupt()
                         raise
         except KeyboardInterrupt:
@@ -146,7 +149,7 @@ class Budget:
     def __init__(self, study: optuna.Study, settings: Settings, stop: threading.Event | None = None) -> None:
         self.study = study
         self.settings = settings.study
-        self.patience_s = settings.measure.timeout_s + 60
+        self.patience_s = settings.patience_s
         self.started = time.time()
         self.stop_reason = f"{self.settings.n_trials} trials finished"
         self.lock = threading.Lock()
@@ -165,17 +168,14 @@ class Budget:
         me = owner()
         with self.lock:
             for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                if t.number == number or (number is None and t.user_attrs.get("owner") == me):
-                    # Another tuner may have found it stale and failed it meanwhile: nothing left to do.
-                    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                        requeue(self.study, t, why)
-                        self.released.append(t.number)
+                mine = t.number == number or (number is None and t.user_attrs.get("owner") == me)
+                if mine and requeue(self.study, t, why):  # False: another tuner recovered it meanwhile
+                    self.released.append(t.number)
 
     def next_trial(self, view: StudyView) -> optuna.Trial | None:
         waiting_since = None
         while True:
             if self.stop.is_set():
-                self.stop_reason = "interrupted"
                 return None
             with self.lock:
                 recover_interrupted(self.study)
@@ -235,9 +235,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
         # Another slot or tuner is measuring this very configuration: wait for its result (a live
         # twin ends within its own timeout; a dead one is failed by pid or heartbeat meanwhile).
         view.running(trial.number, f"waiting for trial {twin.number} ({name})")
-        prior = wait_finished(study, twin.number, settings.measure.timeout_s + 60, beat, stop=INTERRUPT)
-        if prior is None or "result" not in prior.user_attrs or prior.user_attrs.get("interrupted"):
-            prior = None
+        if wait_finished(study, twin.number, settings.patience_s, beat, stop=INTERRUPT) is not None:
+            prior = find_measured(study, key, exclude=trial.number)  # the same rules as without a wait
     if prior is not None:
         # Same configuration, same workload: its measurement stands; the sampler still learns from it.
         trial.set_user_attr("duplicate_of", prior.number)

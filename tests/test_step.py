@@ -195,3 +195,7 @@ def test_a_factory_gets_vocab_size_only_if_it_takes_it() -> None:
     assert factory_kwargs("tests.models.tiny_lm", {"vocab_size": 8}) == {"vocab_size": 8}
     with pytest.raises(ValueError, match="takes no argument 'width'"):
         factory_kwargs("tests.models.tiny_lm", {"vocab_size": 8, "width": 3})
+    # gpt2 passes further GPT2Config fields on, and only those: a typo would measure the default model.
+    assert factory_kwargs("autocompile.models.gpt2", {"n_inner": 64, "vocab_size": 8})["n_inner"] == 64
+    with pytest.raises(ValueError, match="takes no argument 'n_layr'"):
+        factory_kwargs("autocompile.models.gpt2", {"n_layr": 2, "vocab_size": 8})
