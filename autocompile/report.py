@@ -93,7 +93,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     if best is not None:
         threads = (best["result"].get("environment") or {}).get("threads")
         report.measure_command = measure_command(settings, best["config"], threads)
-        report.snippet = snippet(settings, best, space)
+        report.snippet = snippet(settings, best, space, report.measure_command)
     return report
 
 
@@ -300,7 +300,7 @@ TEARDOWN = '''    if torch.distributed.is_initialized():
 '''
 
 
-def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace) -> str:
+def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace, command: str | None = None) -> str:
     """``best_config.py``: one process per GPU (LOCAL_RANK) for a multi-GPU winner, plain otherwise."""
     r, w = best["result"], settings.workload
     distributed = w.world_size > 1
@@ -308,7 +308,8 @@ def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace) -> str
     setup = PER_GPU_SETUP if per_gpu else SETUP.format(backend="gloo") if distributed else ""
     launch_hint = (f"\n    # Launch it as the study did: torchrun, {w.nproc_per_node} process(es) per node, "
                    f"{w.nnodes} node(s).") if distributed else ""
-    command = measure_command(settings, best["config"], (r.get("environment") or {}).get("threads"))
+    # The report passes the command it already built (composing it reads every model config).
+    command = command or measure_command(settings, best["config"], (r.get("environment") or {}).get("threads"))
     return SNIPPET.format(
         model=settings.model.name, study=settings.study.name, number=best["number"], tokens=r["tokens_per_s"],
         step_ms=r["step_s"] * 1e3, compile_s=r["compile_s"], command=docstring_safe(command),
