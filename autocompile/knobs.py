@@ -35,9 +35,16 @@ class Env:
     """``torch.compile`` modes worth running here (cudagraph modes only on CUDA)."""
     nested_regions: bool = False
     """Whether ``torch.compiler.nested_compile_region`` exists in the running torch."""
+    has_blocks: bool = True
+    """The model has a repeated stack of blocks (``units.Structure``; unknown counts as yes)."""
+    splits_blocks: bool = True
+    """Its blocks have more than one part with weights (sublayer granularity differs from block)."""
+    has_rest: bool = True
+    """Weights live outside the repeated stacks (``compile.rest`` can matter)."""
 
     @classmethod
-    def detect(cls, device: str, world_size: int, shapes_vary: bool) -> Env:
+    def detect(cls, device: str, world_size: int, shapes_vary: bool, structure: Any = None) -> Env:
+        """``structure``: a ``units.Structure`` of the model; without one every structural knob is offered."""
         import torch
         from torch._inductor import list_mode_options
 
@@ -53,6 +60,7 @@ class Env:
             shapes_vary=shapes_vary,
             modes=modes,
             nested_regions=hasattr(torch.compiler, "nested_compile_region"),
+            **({} if structure is None else dataclasses.asdict(structure)),
         )
 
 
@@ -106,6 +114,12 @@ MODEL_COMPILED = Rule(
     "compile.scope is module or regional", lambda c, e: c["compile.scope"] in ("module", "regional")
 )
 REGIONAL = Rule("compile.scope is regional", lambda c, e: c["compile.scope"] == "regional")
+HAS_REST = Rule("the model has weights outside its repeated blocks and blocks are compiled one by one",
+                lambda c, e: e.has_rest and c["compile.granularity"] != "nested")
+NOT_TRAIN_STEP = Rule(
+    "compile.scope is not train_step (its graph always breaks at loss.backward() and the optimizer)",
+    lambda c, e: c["compile.scope"] != "train_step")
+HAS_BLOCKS = Rule("the model has a repeated stack of blocks", lambda c, e: e.has_blocks)
 INDUCTOR = Rule("compile.backend is inductor", lambda c, e: c["compile.backend"] == "inductor")
 SHAPES_VARY = Rule("the workload varies sequence length", lambda c, e: e.shapes_vary)
 AMP_ON = Rule("amp.dtype is not none", lambda c, e: c["amp.dtype"] != "none")
@@ -126,8 +140,12 @@ def _modes(config: Flat, env: Env) -> tuple[str, ...]:
     return env.modes
 
 
+def _scopes(config: Flat, env: Env) -> tuple[str, ...]:
+    return ("none", "module", "regional", "train_step") if env.has_blocks else ("none", "module", "train_step")
+
+
 def _granularities(config: Flat, env: Env) -> tuple[str, ...]:
-    return ("block", "sublayer", "nested") if env.nested_regions else ("block", "sublayer")
+    return ("block", *(("sublayer",) if env.splits_blocks else ()), *(("nested",) if env.nested_regions else ()))
 
 
 def _amp_dtypes(config: Flat, env: Env) -> tuple[str, ...]:
@@ -170,13 +188,19 @@ class CompileKnobs:
     """Where and how ``torch.compile`` is applied."""
 
     scope: str = knob(
-        "module", values=("none", "module", "regional", "train_step"),
-        doc="What is compiled: nothing (eager), the model, each repeated block, or the whole train step.",
+        "module", values=_scopes,
+        doc="What is compiled: nothing (eager), the model, each repeated block (regional), or the train step "
+            "function (forward, loss and optimizer in one torch.compile; the backward runs outside its graphs).",
         question="Compile the module, its blocks, or the whole train step?")
     granularity: str = knob(
         "block", values=_granularities, when=REGIONAL,
         doc="Regional unit: each block, each sublayer in a block, or blocks as nested regions of one compile.",
         question="Regional compile: per block, per sublayer, or nested regions?")
+    rest: str = knob(
+        "compiled", values=("compiled", "eager"), when=REGIONAL & HAS_REST,
+        doc="Regional: the rest of the model (embeddings, final norm, head) compiled unit by unit as "
+            "Accelerate's compile_regions does, or left eager.",
+        question="Regional compile: compile the rest of the model too, or leave it eager?")
     backend: str = knob(
         "inductor", values=("inductor", "aot_eager", "eager"), search=("inductor",), when=COMPILED,
         doc="torch.compile backend; aot_eager/eager are for tests and debugging.")
@@ -189,7 +213,7 @@ class CompileKnobs:
         doc="Dynamic shapes: None = automatic after a recompile, True = from the start, False = never.",
         question="dynamic=None, True or False?")
     fullgraph: bool = knob(
-        False, values=BOOL, when=COMPILED,
+        False, values=BOOL, when=COMPILED & NOT_TRAIN_STEP,
         doc="Fail on any graph break instead of splitting the graph.", question="Does fullgraph=True pay?")
     optimizer: bool = knob(
         False, values=BOOL, when=MODEL_COMPILED,
@@ -241,7 +265,7 @@ class AcKnobs:
     """Activation checkpointing."""
 
     policy: str = knob(
-        "none", values=("none", "block"), when=NOT_NESTED,
+        "none", values=("none", "block"), when=NOT_NESTED & HAS_BLOCKS,
         doc="Recompute each repeated block's activations in backward (torch.utils.checkpoint).",
         question="Activation checkpointing per block?")
 

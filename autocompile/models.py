@@ -90,26 +90,6 @@ def build(target: str, kwargs: dict[str, Any]) -> nn.Module:
     return model
 
 
-def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """The repeated blocks: the ``ModuleList`` with the most parameters whose children share one class."""
-    candidates = [
-        (sum(p.numel() for p in m.parameters()), name, m)
-        for name, m in model.named_modules()
-        if isinstance(m, nn.ModuleList) and len(m) > 0 and len({type(c) for c in m}) == 1
-    ]
-    if not candidates:
-        raise ValueError(
-            f"{type(model).__name__} has no nn.ModuleList of same-class blocks; "
-            "regional compile and per-block checkpointing need one (use compile.scope=module)")
-    _, name, blocks = max(candidates, key=lambda c: c[0])
-    return name, blocks
-
-
-def sublayers(block: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The parts of a block worth compiling on their own: children that contain modules (attention, MLP)."""
-    return [(n, c) for n, c in block.named_children() if any(True for _ in c.children())]
-
-
 def flops_per_token(model: nn.Module, seq_len: float) -> float:
     """Training FLOPs per token: 6 N for the weights plus the attention scores (PaLM appendix B).
 

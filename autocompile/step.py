@@ -22,8 +22,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from autocompile import units
 from autocompile.knobs import CompileKnobs, TrialConfig
-from autocompile.models import find_blocks, sublayers
+from autocompile.programs import CompileLog, Recorder
 
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 
@@ -46,6 +47,14 @@ class TrainStep:
     """What the forward pass runs through (DDP and/or compiled wrappers included)."""
     compiled: list[str] = field(default_factory=list)
     """What was handed to ``torch.compile`` (module paths, ``train_step``, ``optimizer.step``...)."""
+    units: list[tuple[str, nn.Module]] = field(default_factory=list)
+    """The compiled units that hold the model's weights: each must run inside a compiled graph."""
+    roles: set[str] = field(default_factory=set)
+    """Other compiled parts (``optimizer``, ``autograd``) that must each produce a graph."""
+    log: CompileLog = field(default_factory=CompileLog)
+    """Every graph the backends received."""
+    eager_parts: dict[str, Any] = field(default_factory=dict)
+    """What shapes the code that runs outside graphs, for the program's fingerprint."""
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.fn(inputs, targets)
@@ -88,10 +97,10 @@ def apply(
 ) -> TrainStep:
     """Build the training step ``config`` means, in the order it says.
 
-    Mutates ``model`` (in-place compile, checkpoint/autocast wrappers on block forwards),
-    ``optimizer`` (a compiled ``step``) and ``torch._dynamo.config.optimize_ddp``. The optimizer's
-    parameters must be the model's: ``.to(device)`` keeps parameter identity. ``distributed``
-    defaults to "a process group of more than one rank is initialised".
+    Mutates ``model`` (compiled, checkpointed or autocast ``forward`` of its units), ``optimizer``
+    (a compiled ``step``) and ``torch._dynamo.config.optimize_ddp``. The optimizer's parameters must
+    be the model's: ``.to(device)`` keeps parameter identity. ``distributed`` defaults to "a process
+    group of more than one rank is initialised".
     """
     device = torch.device(device)
     if distributed is None:
@@ -99,30 +108,46 @@ def apply(
     knobs = config.compile
     scope = knobs.scope
     kwargs = compile_kwargs(knobs)
+    log = CompileLog()
+
+    def compiler(role: str, **overrides: Any) -> Callable[[Any], Any]:
+        """``torch.compile`` with this role's recorder: one backend object per role, so same-class
+        units share their graph (a new backend object per unit would recompile each one)."""
+        merged = {**kwargs, **overrides}
+        backend = Recorder(log, role, merged["backend"], merged.get("mode"), merged.get("options"), merged["dynamic"])
+        return functools.partial(torch.compile, backend=backend, fullgraph=merged["fullgraph"],
+                                 dynamic=merged["dynamic"])
+
     dtype = AMP_DTYPES[config.amp.dtype]
     inside = dtype is not None and scope != "none" and config.amp.placement == "inside"
     compiled: list[str] = []
 
     if config.ac.policy == "block":
-        for block in find_blocks(model)[1]:
-            _wrap_forward(block, _checkpointed)
+        for _, block in units.blocks(model):
+            if any(True for _ in block.children()):  # a leaf (a head) has no activations worth recomputing
+                _wrap_forward(block, _checkpointed)
 
-    units = _compile_units(model, knobs) if scope in ("module", "regional") else []
+    targets = _compile_units(model, knobs) if scope in ("module", "regional") else []
     if inside and scope != "train_step":
-        for _, unit in units:
+        for _, unit in targets:
             _wrap_forward(unit, lambda fwd: _autocast(fwd, device.type, dtype))
 
     if distributed:
         # DDP reads the mode in __init__ (python reducer) and dynamo when it compiles DDP graphs.
         torch._dynamo.config.optimize_ddp = OPTIMIZE_DDP[config.ddp.optimize]
     compile_of_ddp = distributed and scope == "module" and config.ddp.wrap_order == "compile_of_ddp"
+    compile_model = compiler("model")
 
     def compile_units() -> None:
-        for name, unit in units:
-            unit.compile(**kwargs)
+        # Through ``forward``, not ``module.compile()``: that compiles ``_call_impl``, and when the
+        # forward is defined inside torch (nn.Sequential, nn.TransformerEncoderLayer, nn.Linear)
+        # dynamo finds no frame of its own to trace and the unit silently runs eager. An instance
+        # attribute keeps the state dict free of ``_orig_mod.``.
+        for name, unit in targets:
+            _compile_forward(unit, compile_model, functools.partial(log.counted, name))
             compiled.append(name)
 
-    if units and not compile_of_ddp and config.placement.order == "compile_then_to":
+    if targets and not compile_of_ddp and config.placement.order == "compile_then_to":
         compile_units()
         model.to(device)
     else:
@@ -130,15 +155,19 @@ def apply(
         if not compile_of_ddp:
             compile_units()
     runner: nn.Module = model
+    checked = list(targets)
     if distributed:
         runner = nn.parallel.DistributedDataParallel(model, **(ddp_kwargs or {}))
         if compile_of_ddp:
-            runner.compile(**kwargs)
+            runner = compile_model(runner)
             compiled.append("DistributedDataParallel(model)")
+            checked = [("DistributedDataParallel(model)", model)]
 
     scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
     if knobs.optimizer and scope in ("module", "regional"):
-        optimizer.step = torch.compile(optimizer.step, backend=knobs.backend)  # type: ignore[method-assign]
+        # The compiled-optimizer recipe: the backend alone, no mode or fullgraph (it breaks by design).
+        optimizer.step = compiler(  # type: ignore[method-assign]
+            "optimizer", mode=None, options=None, fullgraph=False, dynamic=None)(optimizer.step)
         compiled.append("optimizer.step")
     # Regional "inside" keeps an outer autocast for the uncompiled rest (embeddings, head), so
     # both placements compute in the same precision and differ only in where the context sits.
@@ -146,9 +175,8 @@ def apply(
         inside and scope != "regional") else nullcontext
     compiled_autograd: Callable[[], AbstractContextManager[Any]] = nullcontext
     if knobs.compiled_autograd and scope in ("module", "regional"):
-        backward_kwargs = {k: v for k, v in kwargs.items() if k != "fullgraph"}
-        compiled_autograd = functools.partial(
-            torch._dynamo.compiled_autograd._enable, torch.compile(**backward_kwargs))
+        backward = compiler("autograd", fullgraph=False)
+        compiled_autograd = functools.partial(torch._dynamo.compiled_autograd._enable, backward())
         compiled.append("compiled_autograd")
 
     def optimizer_step(loss: torch.Tensor) -> None:
@@ -173,8 +201,9 @@ def apply(
             optimizer_step(loss)
             return loss.detach()
 
-        compiled_step = torch.compile(whole_step, **kwargs)
+        compiled_step = compiler("train_step")(whole_step)
         compiled.append("train_step")
+        checked = [("train_step", model)]
 
         def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             mark_step()
@@ -190,24 +219,45 @@ def apply(
                 optimizer_step(loss)
             return loss.detach()
 
-    return TrainStep(fn=step, model=runner, compiled=compiled)
+    roles = {"optimizer"} if "optimizer.step" in compiled else set()
+    roles |= {"autograd"} if "compiled_autograd" in compiled else set()
+    return TrainStep(fn=step, model=runner, compiled=compiled, units=checked, roles=roles, log=log,
+                     eager_parts={"amp.dtype": config.amp.dtype, "ac.policy": config.ac.policy,
+                                  "distributed": distributed})
 
 
 def _compile_units(model: nn.Module, knobs: CompileKnobs) -> list[tuple[str, nn.Module]]:
-    """The modules handed to ``compile()`` in place (no ``_orig_mod.`` in the state dict)."""
+    """The modules whose ``forward`` is compiled in place."""
     if knobs.scope == "module":
         return [("model", model)]
-    name, blocks = find_blocks(model)
-    if knobs.granularity == "sublayer":
-        return [(f"{name}.{i}.{sub}", m) for i, block in enumerate(blocks) for sub, m in sublayers(block)]
     if knobs.granularity == "nested":
         # One marked function bound to every block, as the decorator on the class would be (one
         # region traced once, reused by each block), without changing the class for other users.
-        region = torch.compiler.nested_compile_region(type(blocks[0]).forward)
-        for block in blocks:
+        for _, block in units.blocks(model):
+            region = torch.compiler.nested_compile_region(type(block).forward)
             block.forward = types.MethodType(region, block)  # type: ignore[method-assign]
         return [("model", model)]
-    return [(f"{name}.{i}", block) for i, block in enumerate(blocks)]
+    found = units.blocks(model)
+    if knobs.granularity == "sublayer":
+        # A block without parts of its own (a Linear head in a ModuleList) is its own unit.
+        found = [(f"{name}.{sub}", m) if sub else (name, m) for name, block in found
+                 for sub, m in (units.sublayers(block) or [("", block)])]
+    # Accelerate's compile_regions: the rest of the model (embeddings, final norm, head) compiled too.
+    return found + (units.rest(model) if knobs.rest == "compiled" else [])
+
+
+def _compile_forward(unit: nn.Module, compile_fn: Callable[[Any], Any],
+                     count: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Compile the function behind ``unit.forward`` and bind it back. Not the bound method itself:
+    torch wraps every bound method in one shared helper frame, so units of different classes would
+    recompile that one frame until the recompile limit. The class's function is one code object per
+    class, shared by its instances (one graph for all blocks); a wrapper of ours is compiled as is."""
+    own = unit.__dict__.get("forward")
+    if own is not None and not isinstance(own, types.MethodType):
+        unit.forward = count(compile_fn(own))  # type: ignore[method-assign]
+    else:
+        function = own.__func__ if own is not None else type(unit).forward
+        unit.forward = count(types.MethodType(compile_fn(function), unit))  # type: ignore[method-assign]
 
 
 def _wrap_forward(module: nn.Module, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:

@@ -33,6 +33,7 @@ import torch.distributed as dist  # noqa: E402
 from autocompile.data import SyntheticTokens  # noqa: E402
 from autocompile.knobs import Env, TrialConfig  # noqa: E402
 from autocompile.models import build, flops_per_token  # noqa: E402
+from autocompile.programs import NothingCompiled, PartiallyCompiled, verify  # noqa: E402
 from autocompile.spec import TrialSpec, write_json_atomic  # noqa: E402
 from autocompile.step import apply, lm_loss  # noqa: E402
 
@@ -51,8 +52,12 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
-class NothingCompiled(RuntimeError):
-    pass
+class CompileInTimedPart(RuntimeError):
+    """Dynamo kept compiling after a second warm-up: no steady state to time."""
+
+
+class CudaGraphsSkipped(RuntimeError):
+    """A CUDA-graph mode whose graphs inductor declined: it ran as another program."""
 
 
 class RanksDiverged(RuntimeError):
@@ -100,6 +105,16 @@ def classify(exc: BaseException) -> dict[str, str]:
         kind = "nan_loss"
     elif isinstance(exc, NothingCompiled):
         kind = "nothing_compiled"
+    elif isinstance(exc, PartiallyCompiled):
+        kind = "partially_compiled"
+    elif isinstance(exc, CompileInTimedPart):
+        kind = "compile_in_timed_part"
+    elif isinstance(exc, CudaGraphsSkipped) or ("cudagraph" in reason.lower() and "skip" in reason.lower()):
+        kind = "cudagraphs_skipped"
+    elif "found no compiled frames" in reason:
+        kind = "fullgraph_no_frames"  # torch >= 2.13; 2.11 ran such a step eager without a word
+    elif "exceeded maximum reuse entries" in reason:
+        kind = "region_reuse_limit"  # torch >= 2.13 nested compile regions
     elif isinstance(exc, RanksDiverged):
         kind = "ranks_diverged"
     elif type(exc).__name__ in ("FailOnRecompileLimitHit", "RecompileLimitExceeded"):
@@ -159,6 +174,11 @@ class Trial:
 
         from torch._dynamo.utils import counters
 
+        if self.device.type == "cuda" and config.compile.scope != "none" and hasattr(
+                torch._inductor.config.triton, "cudagraph_or_error"):
+            # A CUDA-graph mode whose graphs inductor declines would run as another program.
+            torch._inductor.config.triton.cudagraph_or_error = True
+
         # Warm-up: every shape twice, so first compiles and the automatic-dynamic recompile land here.
         warmup = max(spec.measure.warmup_steps, 2 * len(workload.seq_len))
         self.progress("warmup_start", steps=warmup)
@@ -173,30 +193,43 @@ class Trial:
             check_finite(losses[-1:], i)
             self.progress("warmup_step", step=i, seconds=warm_s[-1])
         self.timeline["warmup_done"] = time.time()
-        if step.compiled and not counters["stats"]["unique_graphs"]:
-            # Dynamo skipped every frame: the trial would time eager code under a compiled name.
-            raise NothingCompiled(f"{', '.join(step.compiled)} handed to torch.compile, but no graph was compiled "
-                                  "(dynamo skipped every frame)")
-        frames_before = counters["frames"]["total"]
+        program = verify(step, model, config.compile.scope)
+        self.progress("compiled", **program)
 
         # Every window runs each sequence length equally often: windows then differ by noise only.
         shapes = len(workload.seq_len)
         window_steps = -(-spec.measure.window_steps // shapes) * shapes
-        window_s, window_tokens = [], []
         s = warmup
-        for w in range(spec.measure.windows):
-            self.sync()
-            t0 = time.perf_counter()
-            for _ in range(window_steps):
-                losses.append(step(*data.batch(s)))
-                s += 1
-            self.sync()
-            window_s.append(time.perf_counter() - t0)
-            window_tokens.append(sum(data.tokens(j) for j in range(s - window_steps, s)))
-            check_finite(losses[-window_steps:], s)
-            self.progress("window", window=w, seconds=window_s[-1], step_s=window_s[-1] / window_steps)
+        rewarm_s, rewarm_steps = 0.0, 0
+        for attempt in range(2):
+            frames_before = counters["frames"]["total"]
+            window_s, window_tokens = [], []
+            for w in range(spec.measure.windows):
+                self.sync()
+                t0 = time.perf_counter()
+                for _ in range(window_steps):
+                    losses.append(step(*data.batch(s)))
+                    s += 1
+                self.sync()
+                window_s.append(time.perf_counter() - t0)
+                window_tokens.append(sum(data.tokens(j) for j in range(s - window_steps, s)))
+                check_finite(losses[-window_steps:], s)
+                self.progress("window", window=w, seconds=window_s[-1], step_s=window_s[-1] / window_steps)
+            recompiles_timed = counters["frames"]["total"] - frames_before
+            if not recompiles_timed:
+                break
+            if attempt == 1:
+                raise CompileInTimedPart(f"{recompiles_timed} frame(s) compiled again while timing, after a second "
+                                         "warm-up: the step never reaches a steady state (see graph breaks/guards)")
+            # Compile work in the timed part: those windows become warm-up, their time counts as compile.
+            log.warning("%d frame(s) compiled during the timed part: timing again", recompiles_timed)
+            rewarm_s += sum(window_s)
+            rewarm_steps += len(window_s) * window_steps
+            self.progress("rewarm", frames=recompiles_timed)
         self.timeline["timed_done"] = time.time()
-        recompiles_timed = counters["frames"]["total"] - frames_before
+        if self.device.type == "cuda" and counters["inductor"]["cudagraph_skips"]:
+            raise CudaGraphsSkipped(f"inductor skipped CUDA graphs {counters['inductor']['cudagraph_skips']} time(s) "
+                                    "(see stderr.log for the reason)")
 
         # The slowest rank sets the pace of a synchronous job.
         window_s = self.reduce_max(window_s)
@@ -207,7 +240,7 @@ class Trial:
             raise RanksDiverged(f"parameters differ across ranks after {s} steps (checksums {checksums})")
         median_step = statistics.median(step_s)
         tokens_per_s = [n * self.world_size / t for n, t in zip(window_tokens, window_s, strict=True)]
-        compile_s = max(0.0, sum(warm_s) - warmup * median_step)
+        compile_s = max(0.0, sum(warm_s) + rewarm_s - (warmup + rewarm_steps) * median_step)
         mean_seq = statistics.fmean(workload.seq_len)
         tps = statistics.median(tokens_per_s)
         return {
@@ -227,8 +260,11 @@ class Trial:
             "graph_breaks": sum(counters["graph_break"].values()),
             "graph_break_reasons": {short_reason(k): v for k, v in counters["graph_break"].items()},
             "recompiles_timed": recompiles_timed,
+            "rewarm_steps": rewarm_steps,
+            "compiled_coverage": program["coverage"],
+            "fingerprint": program["fingerprint"],
             "losses": [float(x) for x in torch.stack(losses).float().cpu().tolist()],
-            "warmup_steps": warmup,
+            "warmup_steps": warmup + rewarm_steps,
             "window_steps": window_steps,
             "mfu": mfu(model, mean_seq, tps, self.device, self.world_size, spec.measure.peak_tflops),
             "flops_per_token": flops_per_token(model, mean_seq),

@@ -43,6 +43,8 @@ def assert_ok(result: dict[str, Any]) -> None:
     assert result["compile_s"] >= 0
     assert len(result["step_s_windows"]) >= 1
     assert all(loss == loss for loss in result["losses"])  # finite, recorded per step
+    # What ran: the share of weights inside compiled graphs, and the program's fingerprint.
+    assert 0.0 <= result["compiled_coverage"] <= 1.0 and result["fingerprint"]
 
 
 @pytest.fixture

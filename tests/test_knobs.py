@@ -101,5 +101,5 @@ def test_search_space_size_counts_distinct_configurations(cpu_env: Env) -> None:
     assert SearchSpace(cpu_env, {"compile.scope": "none"}).size() == 4
     eager_regional = SearchSpace(cpu_env, {"compile.scope": "regional", "compile.backend": "eager"})
     # fullgraph 2 x optimizer 2 x compiled autograd 2 x (amp: none, bf16 x 2 placements) 3 x placement.order 2
-    # x (granularity block or sublayer x ac 2, or nested without ac) 5
-    assert eager_regional.size() == 2 * 2 * 2 * 3 * 2 * (2 * 2 + 1)
+    # x (granularity block or sublayer x rest compiled/eager 2 x ac 2, or nested without ac or rest) 9
+    assert eager_regional.size() == 2 * 2 * 2 * 3 * 2 * (2 * 2 * 2 + 1)

@@ -7,9 +7,11 @@ from typing import Any
 import pytest
 import torch
 
+from autocompile import units
 from autocompile.data import SyntheticTokens
 from autocompile.knobs import Env, TrialConfig
-from autocompile.models import find_blocks, flops_per_token, gpt2
+from autocompile.models import flops_per_token, gpt2
+from autocompile.programs import verify
 from autocompile.step import apply, lm_loss
 from tests.models import tiny_lm
 
@@ -41,21 +43,35 @@ def test_scope_none_and_module_agree_on_losses() -> None:
 def test_module_scope_compiles_in_place_without_orig_mod_prefix() -> None:
     step, model, _ = run({"compile.scope": "module"})
     assert step.compiled == ["model"]
-    assert model._compiled_call_impl is not None
+    assert "forward" in model.__dict__  # the compiled forward sits on the instance
     assert not any(k.startswith("_orig_mod") for k in model.state_dict())
+    assert verify(step, model, "module")["coverage"] == 1.0
 
 
-def test_regional_compiles_each_block_and_only_blocks() -> None:
+REST = ["transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head"]
+
+
+def test_regional_compiles_each_block_and_the_rest_like_accelerate() -> None:
     step, model, _ = run({"compile.scope": "regional"})
+    assert step.compiled == ["transformer.h.0", "transformer.h.1", *REST]
+    assert "forward" not in model.__dict__  # the model's own forward (the glue) stays eager
+    assert verify(step, model, "regional")["coverage"] == 1.0
+
+
+def test_regional_rest_eager_compiles_only_blocks() -> None:
+    step, model, _ = run({"compile.scope": "regional", "compile.rest": "eager"})
     assert step.compiled == ["transformer.h.0", "transformer.h.1"]
-    assert all(b._compiled_call_impl is not None for b in model.transformer.h)
-    assert model._compiled_call_impl is None
+    assert "forward" not in model.lm_head.__dict__
+    blocks = sum(p.numel() for p in model.transformer.h.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    assert verify(step, model, "regional")["coverage"] == pytest.approx(blocks / total)
 
 
-def test_regional_sublayer_compiles_attention_and_mlp() -> None:
-    step, model, _ = run({"compile.scope": "regional", "compile.granularity": "sublayer"})
-    assert step.compiled == [f"transformer.h.{i}.{s}" for i in range(2) for s in ("attn", "mlp")]
-    assert model.transformer.h[0].ln_1._compiled_call_impl is None
+def test_regional_sublayer_compiles_every_part_with_weights() -> None:
+    step, model, _ = run({"compile.scope": "regional", "compile.granularity": "sublayer", "compile.rest": "eager"})
+    assert step.compiled == [f"transformer.h.{i}.{s}" for i in range(2) for s in ("ln_1", "attn", "ln_2", "mlp")]
+    assert verify(step, model, "regional")["coverage"] == pytest.approx(
+        sum(p.numel() for p in model.transformer.h.parameters()) / sum(p.numel() for p in model.parameters()))
 
 
 def test_train_step_scope_and_compiled_optimizer() -> None:
@@ -123,9 +139,9 @@ def test_dynamic_shapes_compile_once_per_schedule() -> None:
 
 
 def test_blocks_are_found_generically_on_a_user_model() -> None:
-    name, blocks = find_blocks(tiny_lm())
-    assert name == "blocks" and len(blocks) == 2
-    step, _, _ = run({"compile.scope": "regional"}, model_factory=tiny_lm)
+    found = units.blocks(tiny_lm())
+    assert [name for name, _ in found] == ["blocks.0", "blocks.1"]
+    step, _, _ = run({"compile.scope": "regional", "compile.rest": "eager"}, model_factory=tiny_lm)
     assert step.compiled == ["blocks.0", "blocks.1"]
 
 

@@ -1,0 +1,239 @@
+"""What was actually compiled: every graph a backend received, which weights it covers, and a
+fingerprint of the program.
+
+``torch.compile`` gets a :class:`Recorder` as its backend: it notes each captured graph (its role,
+the parameters it takes) and hands it on unchanged to the real backend (inductor through torch's
+own wrapper, so mode and options apply exactly as ``torch.compile(mode=...)`` would), so the timed
+program is the configured one. One recorder per role is shared by every unit of that role: blocks
+of one class then reuse one graph, as they do under plain ``torch.compile``.
+
+The fingerprint is the set of graphs the backend compiled at the level where code is generated:
+inductor's FX-graph cache keys (they hash the post-autograd aten graph, its inputs and every
+inductor setting), the aten graphs under ``aot_eager``, the dynamo graphs under ``eager``. Two
+configurations with one fingerprint ran the same program: ``.to()`` before or after compile, or
+autocast inside or outside, can be shown to change nothing on the user's own model.
+
+Torch only: the worker runs this where nothing else is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+MODEL_ROLES = ("model", "train_step")
+"""Roles whose graphs run the model's forward: they count towards its compiled coverage."""
+
+
+@dataclass
+class Graph:
+    role: str
+    param_ids: frozenset[int]
+    digest: str
+    """The dynamo graph's code and input shapes."""
+
+
+@dataclass
+class CompileLog:
+    """Every graph compiled in this process, and inductor's cache keys (hits and misses)."""
+
+    graphs: list[Graph] = field(default_factory=list)
+    aten: list[str] = field(default_factory=list)
+    """Digests of post-autograd graphs, where the backend exposes them (``aot_eager``)."""
+    inductor_keys: list[str] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=dict)
+    """Calls into each unit's compiled forward, by unit name (units whose entry is counted)."""
+
+    def __post_init__(self) -> None:
+        _LISTENER.keys = self.inductor_keys  # the newest log listens (one step is built per process)
+
+    def record(self, role: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+        ids = {id(t) for t in example_inputs if isinstance(t, nn.Parameter)}
+        ids |= {id(p) for p in gm.parameters()}  # graphs that keep weights as attributes
+        self.graphs.append(Graph(role, frozenset(ids), _digest(gm)))
+
+    def counted(self, name: str, compiled: Callable[..., Any]) -> Callable[..., Any]:
+        """``compiled`` with its calls counted: a unit whose compiled forward is never entered (a
+        wrapper bypassed it) ran eager even if a sibling's identical graph exists."""
+        self.calls[name] = 0
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return compiled(*args, **kwargs)
+
+        return forward
+
+    def roles(self) -> set[str]:
+        return {g.role for g in self.graphs}
+
+    def fingerprint(self, extra: dict[str, Any]) -> str:
+        """One hash of what was compiled, plus ``extra``: what shapes the eager rest of the step."""
+        bypassed = _counter("inductor", "fxgraph_cache_bypass")
+        parts = {
+            "inductor": sorted(set(self.inductor_keys)),
+            "aten": sorted(set(self.aten)),
+            # Graphs inductor compiled without a key, or any graph of a backend without a lower level.
+            "dynamo": sorted({g.digest for g in self.graphs}) if (bypassed or not (self.inductor_keys or self.aten))
+            else [],
+            "extra": extra,
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class _KeyListener(logging.Handler):
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.keys = keys
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("fx graph cache") and record.args:
+            self.keys.append(str(record.args[0]))  # type: ignore[index]
+
+
+def _listen() -> _KeyListener:
+    # Inductor names each graph's cache key in one INFO line: listening costs nothing at run time
+    # and works with a warm cache (hits are named too), unlike listing the cache directory.
+    listener = _KeyListener([])
+    codecache = logging.getLogger("torch._inductor.codecache")
+    codecache.addHandler(listener)
+    if codecache.getEffectiveLevel() > logging.INFO:
+        codecache.setLevel(logging.INFO)
+        codecache.propagate = False  # keep its other INFO lines out of the trial's log
+    return listener
+
+
+_LISTENER = _listen()
+
+
+def _counter(group: str, name: str) -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters[group][name])
+
+
+def _digest(gm: torch.fx.GraphModule) -> str:
+    shapes = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val", node.meta.get("example_value"))
+            shapes.append(repr((tuple(val.shape), val.dtype, val.stride())) if isinstance(val, torch.Tensor) else "")
+    return hashlib.sha256((gm.code + "|".join(shapes)).encode()).hexdigest()[:16]
+
+
+class Recorder:
+    """A ``torch.compile`` backend that records each graph and hands it to the real backend."""
+
+    def __init__(self, log: CompileLog, role: str, backend: str, mode: str | None = None,
+                 options: dict[str, Any] | None = None, dynamic: bool | None = None) -> None:
+        self.log, self.role = log, role
+        self.compiler_name = backend  # what dynamo's repro tooling names the backend
+        self.inner: Callable[..., Any]
+        if backend == "inductor":
+            self.inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        elif backend == "aot_eager":
+            self.inner = _recording_aot_eager(log)
+        else:
+            from torch._dynamo.backends.registry import lookup_backend
+
+            self.inner = lookup_backend(backend)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+        self.log.record(self.role, gm, example_inputs)
+        return self.inner(gm, example_inputs, **kwargs)
+
+    # Inductor's wrapper answers these (its config for dynamo, CUDA-graph trees to reset).
+    def get_compiler_config(self) -> Any:
+        getter = getattr(self.inner, "get_compiler_config", None)
+        return getter() if getter else None
+
+    def reset(self) -> None:
+        if hasattr(self.inner, "reset"):
+            self.inner.reset()
+
+
+def _recording_aot_eager(log: CompileLog) -> Callable[..., Any]:
+    """``aot_eager`` exactly as torch defines it, with compilers that note each aten graph."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    def compiler(kind: str) -> Callable[..., Any]:
+        def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            log.aten.append(f"{kind}:{_digest(gm)}")
+            return boxed_nop(gm, example_inputs)
+
+        return compile_graph
+
+    return aot_autograd(fw_compiler=compiler("fw"), bw_compiler=compiler("bw"),
+                        partition_fn=min_cut_rematerialization_partition, keep_inference_input_mutations=True)
+
+
+def _signature(unit: nn.Module) -> tuple:
+    """Units that dynamo serves from one cached graph: same class, same parameter shapes."""
+    return type(unit), tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in unit.named_parameters())
+
+
+@dataclass
+class Coverage:
+    fraction: float
+    """Share of the model's parameters (by count of weights) inside graphs that ran compiled."""
+    missing: list[str]
+    """Units handed to ``torch.compile`` whose weights are in no graph: they ran eager."""
+
+
+def coverage(log: CompileLog, model: nn.Module, units: list[tuple[str, nn.Module]]) -> Coverage:
+    """Which weights ran inside compiled graphs.
+
+    A block that reuses the graph another block of its class compiled is not handed to the backend
+    again: it counts as compiled when its compiled forward was entered and an equivalent unit's
+    weights are in a graph (a guard that failed for it would have compiled, and recorded, a graph
+    of its own)."""
+    seen = frozenset().union(*(g.param_ids for g in log.graphs if g.role in MODEL_ROLES))
+    direct = {_signature(u) for _, u in units if any(id(p) in seen for p in u.parameters())}
+    covered = set(seen)
+    missing = []
+    for name, unit in units:
+        params = list(unit.parameters())
+        if not params:
+            continue
+        entered = log.calls.get(name, 1) > 0
+        if entered and (any(id(p) in seen for p in params) or _signature(unit) in direct):
+            covered |= {id(p) for p in params}
+        else:
+            missing.append(name)
+    total = sum(p.numel() for p in model.parameters())
+    inside = sum(p.numel() for p in model.parameters() if id(p) in covered)
+    return Coverage(inside / total if total else 0.0, missing)
+
+
+class NothingCompiled(RuntimeError):
+    """Everything handed to ``torch.compile`` ran eager: the trial would time eager code under a compiled name."""
+
+
+class PartiallyCompiled(RuntimeError):
+    """Some units handed to ``torch.compile`` ran eager: the trial would time another program."""
+
+
+def verify(step: Any, model: nn.Module, scope: str) -> dict[str, Any]:
+    """After warm-up: every unit handed to ``torch.compile`` ran inside a graph and every other compiled
+    part (optimizer, compiled autograd) produced one, or raise naming what did not. Returns the share
+    of weights compiled and the program's fingerprint. ``step`` is a ``step.TrainStep``."""
+    if not step.compiled:
+        return {"coverage": 0.0,
+                "fingerprint": "eager:" + "|".join(f"{k}={v}" for k, v in sorted(step.eager_parts.items()))}
+    cover = coverage(step.log, model, step.units)
+    missing = cover.missing + sorted(step.roles - step.log.roles())
+    if not step.log.graphs or len(missing) == len(step.units) + len(step.roles):
+        raise NothingCompiled(f"{', '.join(step.compiled)} handed to torch.compile, but no graph was compiled "
+                              "(dynamo skipped every frame)")
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise PartiallyCompiled(f"{shown} handed to torch.compile but ran eager (no graph took its weights)")
+    return {"coverage": cover.fraction, "fingerprint": step.log.fingerprint({**step.eager_parts, "scope": scope})}

@@ -1,0 +1,104 @@
+"""What a regional compile hands to ``torch.compile``: the model's repeated stacks and the rest.
+
+Follows Accelerate's ``compile_regions`` (the "regional compilation" its users know): every
+``nn.ModuleList`` whose children share one class is a repeated stack and each child is a block;
+a module holding a stack somewhere below it is descended into; any other subtree is "the rest"
+(embeddings, final norm, head), compiled whole by Accelerate and left eager by ``rest=eager``.
+Every stack is found, so encoder and decoder (T5, BART) and both towers (CLIP) are covered, and a
+``ModuleList`` of output heads is a stack of its own rather than a rival to the blocks.
+
+Torch only: the worker runs this where nothing else is installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from torch import nn
+
+
+def is_stack(module: nn.Module) -> bool:
+    """A ``ModuleList`` of same-class children (Accelerate's ``is_repeated_blocks``)."""
+    return isinstance(module, nn.ModuleList) and len(module) > 0 and len({type(c) for c in module}) == 1
+
+
+def _holds_stack(module: nn.Module) -> bool:
+    return any(is_stack(m) for m in module.modules())
+
+
+def _has_params(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def _walk(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Module, bool]]:
+    """(path, module, is_stack) for every stack and every subtree of the rest, Accelerate's recursion."""
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if is_stack(child):
+            yield path, child, True
+        elif _holds_stack(child):
+            yield from _walk(child, f"{path}.")
+        else:
+            yield path, child, False
+
+
+def stacks(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
+    """Every repeated stack, outermost only (a stack inside a block belongs to that block)."""
+    if is_stack(model):
+        return [("", model)]  # type: ignore[list-item]
+    return [(path, m) for path, m, stack in _walk(model, "") if stack]  # type: ignore[misc]
+
+
+def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Each block of each stack, by path; raises when there is none (regional needs one)."""
+    found = [(f"{path}.{i}" if path else str(i), block) for path, stack in stacks(model)
+             for i, block in enumerate(stack)]
+    if not found:
+        raise ValueError(
+            f"{type(model).__name__} has no nn.ModuleList of same-class blocks; regional compile and "
+            "per-block checkpointing need one (use compile.scope=module)")
+    return found
+
+
+def rest(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Subtrees outside every stack that hold parameters: what ``rest=compiled`` compiles.
+
+    Parameter-free leaves (dropout, activations) between them are left to the model's own forward:
+    alone they are no graph worth a compile, and nothing could show that they ran compiled."""
+    if is_stack(model):
+        return []
+    return [(path, m) for path, m, stack in _walk(model, "") if not stack and _has_params(m)]
+
+
+def sublayers(block: nn.Module) -> list[tuple[str, nn.Module]]:
+    """A block's parts compiled on their own: each child that holds parameters (attention, MLP, and
+    loose layers such as OPT's ``fc1``/``fc2`` or a bare LayerNorm), so no weight of the block is
+    left eager. A group of loose layers cannot be one unit: they are not one callable, and compiling
+    the block around them would inline the sublayers."""
+    return [(name, child) for name, child in block.named_children() if _has_params(child)]
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What the model's shape allows; decided once per study, read by the knob conditions."""
+
+    has_blocks: bool = True
+    """The model has a repeated stack (regional compile and per-block checkpointing apply)."""
+    splits_blocks: bool = True
+    """Its blocks have more than one part holding parameters (sublayer granularity differs from block)."""
+    has_rest: bool = True
+    """Parameters live outside the stacks (``compile.rest`` can matter)."""
+
+    @classmethod
+    def of(cls, model: nn.Module) -> Structure:
+        found = [b for _, b in stacks_blocks(model)]
+        return cls(has_blocks=bool(found), splits_blocks=any(len(sublayers(b)) > 1 for b in found),
+                   has_rest=bool(rest(model)))
+
+
+def stacks_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    try:
+        return blocks(model)
+    except ValueError:
+        return []
