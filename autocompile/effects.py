@@ -3,8 +3,10 @@
 Two trials form a matched pair for a knob when their active configurations differ in that knob
 only, so the difference is the knob's and nothing else's. The effect is the median relative change
 in step time over the pairs; its uncertainty combines each pair's window-to-window noise with the
-spread between pairs. An effect within twice its uncertainty is "no measurable effect". Without a
-matched pair, group medians are compared and the verdict says it is confounded.
+spread between pairs. An effect within twice its uncertainty is "no measurable effect". When every
+matched pair compiled one and the same program (equal fingerprints), the verdict is "identical
+program": measured, and certain. Without a matched pair there is no verdict: a comparison of group
+medians mixes in every other knob that varied.
 """
 
 from __future__ import annotations
@@ -30,13 +32,18 @@ class Effect:
     """Change of compile seconds, value vs reference."""
     pairs: int
     matched: bool
+    identical: bool = False
+    """Every matched pair compiled the same program: the knob cannot matter on this workload."""
 
     @property
     def measurable(self) -> bool:
-        return abs(self.step_change) > 2 * self.uncertainty
+        return not self.identical and abs(self.step_change) > 2 * self.uncertainty
 
     @property
     def verdict(self) -> str:
+        if self.identical:
+            return (f"{self.value} vs {self.reference}: identical program (the same compiled graphs in "
+                    f"{self.pairs} matched pair{'s' * (self.pairs != 1)}): cannot matter here")
         compile_part = f"compile {self.compile_change_s:+.1f} s"
         if not self.measurable:
             step_part = f"no measurable effect on step time ({self.step_change:+.1%} ± {self.uncertainty:.1%})"
@@ -51,22 +58,35 @@ class Effect:
         return {"knob": self.knob, "question": self.question, "reference": self.reference, "value": self.value,
                 "step_change": self.step_change, "uncertainty": self.uncertainty,
                 "compile_change_s": self.compile_change_s, "pairs": self.pairs, "matched": self.matched,
-                "measurable": self.measurable, "verdict": self.verdict}
+                "measurable": self.measurable, "identical": self.identical, "verdict": self.verdict}
 
 
-def knob_effects(measured: list[dict[str, Any]]) -> list[Effect]:
-    """``measured``: one dict per complete trial with ``config`` (active knobs) and ``result``."""
+def knob_effects(measured: list[dict[str, Any]], programs: list[dict[str, Any]] | None = None) -> list[Effect]:
+    """``measured``: one dict per complete trial with ``config`` (active knobs) and ``result``;
+    ``programs``: ``config`` and ``fingerprint`` of every configuration that compiled (those stopped as
+    the same program as another included)."""
     effects = []
+    programs = programs or []
     for key, (spec, default) in KNOBS.items():
-        values = {m["config"][key] for m in measured if key in m["config"]}
+        values = {m["config"][key] for m in [*measured, *programs] if key in m["config"]}
         if len(values) < 2:
             continue
         reference = default if default in values else sorted(values, key=repr)[0]
         for value in sorted(values - {reference}, key=repr):
-            effect = matched_effect(measured, key, reference, value) or group_effect(measured, key, reference, value)
-            if effect is not None:
+            same = identical_program(programs, key, reference, value)
+            if same:
+                effects.append(Effect(key, spec.question, reference, value, 0.0, 0.0, 0.0, same, True, True))
+            elif (effect := matched_effect(measured, key, reference, value)) is not None:
                 effects.append(Effect(key, spec.question, reference, value, *effect))
     return effects
+
+
+def identical_program(programs: list[dict[str, Any]], key: str, reference: Any, value: Any) -> int:
+    """Matched pairs (differing in ``key`` only) that compiled one program; 0 unless every pair did."""
+    refs = {_rest(p["config"], key): p["fingerprint"] for p in programs if p["config"].get(key) == reference}
+    pairs = [(p["fingerprint"], refs[_rest(p["config"], key)]) for p in programs
+             if p["config"].get(key) == value and _rest(p["config"], key) in refs]
+    return len(pairs) if pairs and all(a == b for a, b in pairs) else 0
 
 
 def _rest(config: dict[str, Any], key: str) -> tuple:
@@ -90,18 +110,3 @@ def matched_effect(measured: list[dict[str, Any]], key: str, reference: Any, val
     spread = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0
     noise = statistics.median(noises) / math.sqrt(len(noises))
     return (statistics.median(ratios), max(noise, spread), statistics.median(compile_deltas), len(ratios), True)
-
-
-def group_effect(measured: list[dict[str, Any]], key: str, reference: Any, value: Any) -> tuple | None:
-    a = [m["result"] for m in measured if m["config"].get(key) == reference]
-    b = [m["result"] for m in measured if m["config"].get(key) == value]
-    if not a or not b:
-        return None
-    step_a = statistics.median(r["step_s"] for r in a)
-    step_b = statistics.median(r["step_s"] for r in b)
-    # Confounded comparison: its spread is the spread of everything else that varied.
-    pooled = [r["step_s"] / step_a - 1 for r in a] + [r["step_s"] / step_b - 1 for r in b]
-    uncertainty = statistics.pstdev(pooled) if len(pooled) > 1 else 0.0
-    cv = statistics.median(r.get("step_s_cv", 0) for r in a + b)
-    return (step_b / step_a - 1, max(uncertainty, cv), statistics.median(r["compile_s"] for r in b)
-            - statistics.median(r["compile_s"] for r in a), 0, False)

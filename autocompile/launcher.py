@@ -34,8 +34,9 @@ from autocompile.spec import TrialSpec, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-StopRule = Callable[[list[dict[str, Any]], float], "str | None"]
-"""Called while a trial runs with its progress events and seconds since launch; a string stops it."""
+StopRule = Callable[[list[dict[str, Any]], float], "str | tuple[str, str] | None"]
+"""Called while a trial runs with its progress events and seconds since launch; a reason stops it
+as pruned, a ``(status, reason)`` pair with that status (``same_program``)."""
 
 INTERRUPT = threading.Event()
 """Set when the tuner stops (Ctrl-C): every launch in this process kills its trial and raises Interrupted.
@@ -199,7 +200,7 @@ def launch(
                     stopped = ("timeout",
                                f"exceeded measure.timeout_s={spec.measure.timeout_s:g}s; process tree killed")
                 elif should_stop is not None and (why := should_stop(read_progress(trial_dir), elapsed)):
-                    stopped = ("pruned", why)
+                    stopped = why if isinstance(why, tuple) else ("pruned", why)
                 if stopped:
                     break
                 interrupt.wait(poll_s)  # a sleep that ends as soon as the tuner stops
@@ -235,8 +236,10 @@ def collect(trial_dir: Path, returncode: int | None, stopped: tuple[str, str] | 
     """The trial's outcome from what it left behind; a rank's own error beats a torn-down rank 0."""
     if stopped is not None:
         kind, why = stopped
-        if kind in ("pruned", "interrupted"):
-            return {"status": kind, "reason": why}
+        if kind in ("pruned", "interrupted", "same_program"):
+            # What it compiled before it was stopped, if it got that far.
+            compiled = next((e for e in read_progress(trial_dir) if e["event"] == "compiled"), {})
+            return {"status": kind, "reason": why, **{k: compiled[k] for k in ("fingerprint",) if k in compiled}}
         return {"status": "failed", "failure": "timeout", "reason": why}
     path = trial_dir / "result.json"
     result = json.loads(path.read_text()) if path.exists() else None

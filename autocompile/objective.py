@@ -51,11 +51,14 @@ class Objective:
         return -result["tokens_per_s"] if self.kind == "throughput" else self.time_to_train(result)
 
     def constraints(self, result: dict[str, Any], reference_losses: list[float] | None) -> dict[str, float]:
-        """Optuna constraints (feasible when <= 0): peak memory over the limit, loss drift over tolerance."""
+        """Optuna constraints (feasible when <= 0): peak memory over the limit, loss drift over tolerance.
+
+        Without reference losses the numerics are unchecked, which is never feasible: a trial that
+        could not be compared with eager cannot win."""
         limit = self.settings.memory_limit_gb
         memory = result.get("peak_memory_bytes", 0) / 2**30 - limit if limit > 0 else -1.0
         drift = loss_drift(result.get("losses", []), reference_losses)
-        numerics = drift - self.settings.loss_rtol if drift is not None else -1.0
+        numerics = drift - self.settings.loss_rtol if drift is not None else 1.0
         return {"memory_gb_over_limit": memory, "loss_drift_over_rtol": numerics}
 
     def stop_rule(self, best: dict[str, Any] | None) -> StopRule | None:

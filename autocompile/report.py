@@ -79,6 +79,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         "pruned": sum(t.state == TrialState.PRUNED for t in measured),
         "failed": sum(t.state == TrialState.FAIL for t in measured),
         "duplicates_skipped": sum("duplicate_of" in t.user_attrs for t in trials),
+        "same_program": sum("same_program_as" in t.user_attrs for t in trials),
         "interrupted": sum(interrupted(t) for t in trials),
     }
     best = min(complete, key=lambda e: objective.score(e["result"]), default=None)
@@ -88,13 +89,23 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         study_name=study.study_name, model=settings.model.name, objective=objective.kind,
         horizon_steps=settings.objective.horizon_steps, stop_reason=stop_reason, wall_s=wall_s, counts=counts,
         best=best, baselines=baselines, speedups=speedups, pareto=pareto_front(complete),
-        effects=knob_effects(complete), run_dir=str(run_dir), commands=look_commands(settings, run_dir),
+        effects=knob_effects(complete, compiled_programs(trials)), run_dir=str(run_dir),
+        commands=look_commands(settings, run_dir),
     )
     if best is not None:
         threads = (best["result"].get("environment") or {}).get("threads")
         report.measure_command = measure_command(settings, best["config"], threads)
         report.snippet = snippet(settings, best, space, report.measure_command)
     return report
+
+
+def compiled_programs(trials: list[optuna.trial.FrozenTrial]) -> list[dict[str, Any]]:
+    """Configuration and fingerprint of every trial that compiled something and got its values,
+    those stopped as the same program as an earlier trial included."""
+    return [{"config": t.user_attrs["config"], "fingerprint": t.user_attrs["result"]["fingerprint"]}
+            for t in trials if t.state == TrialState.COMPLETE and "config" in t.user_attrs
+            and (t.user_attrs.get("result") or {}).get("fingerprint")
+            and ("duplicate_of" not in t.user_attrs or "same_program_as" in t.user_attrs)]
 
 
 def look_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
@@ -347,7 +358,8 @@ def print_report(report: Report, console: Console | None = None) -> None:
     console.rule(f"[bold]autocompile: {report.study_name}")
     console.print(f"{c['trials']} trials in {report.wall_s:.0f} s ({report.stop_reason}): {c['complete']} complete, "
                   f"{c['pruned']} pruned, {c['failed']} failed, {c['infeasible']} infeasible; "
-                  f"{c['duplicates_skipped']} duplicates not measured again, {c['interrupted']} interrupted")
+                  f"{c['duplicates_skipped']} duplicates not measured again ({c['same_program']} of them compiled "
+                  f"a program already measured), {c['interrupted']} interrupted")
     best = report.best
     if best is None:
         console.print("[red]No trial completed: nothing to recommend. Failure reasons are in the trial table.")

@@ -8,7 +8,13 @@ a knob given a value is fixed.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import inspect
+import json
+import logging
 import os
+import platform
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +24,11 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from autocompile.knobs import KNOBS, Env, KnobError, TrialConfig
 from autocompile.launcher import Resources
-from autocompile.models import factory_kwargs
+from autocompile.models import factory_kwargs, resolve
 from autocompile.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
+from autocompile.units import Structure
+
+log = logging.getLogger(__name__)
 
 TASKS = ("tune", "measure")
 OBJECTIVES = ("time_to_train", "throughput", "pareto")
@@ -231,16 +240,18 @@ class Settings:
 
     @property
     def env(self) -> Env:
-        return Env.detect(self.device, self.workload.world_size, self.workload.shapes_vary)
+        """What may be sampled here: device, world size, torch, and the model's structure."""
+        return Env.detect(self.device, self.workload.world_size, self.workload.shapes_vary,
+                          model_structure(self.model))
 
     def measured_on(self) -> dict[str, Any]:
-        """What every measurement of a study shares: a resumed study must match it, or old results
-        would stand for another workload (dedupe reuses them)."""
-        import torch
-
+        """What every measurement of a study shares: a resumed study (or a second tuner on a shared
+        storage) must match it, or results from another workload or machine would stand for this
+        one (dedupe reuses them)."""
         measure = {k: v for k, v in asdict(self.measure).items() if k not in ("timeout_s", "peak_tflops")}
-        return {"model": asdict(self.model), "workload": {**asdict(self.workload), "device": self.device},
-                "measure": measure, "torch": torch.__version__}
+        return {"model": asdict(self.model), "model_code": model_code(self.model.target),
+                "workload": {**asdict(self.workload), "device": self.device, "threads": self.threads},
+                "measure": measure, "device_name": device_name(self.device), "versions": versions()}
 
     def trial_spec(self, config: TrialConfig, threads: int | None = None) -> TrialSpec:
         return TrialSpec(knobs=config.flat(), model=self.model, workload=self.workload, measure=self.measure,
@@ -281,6 +292,67 @@ class Settings:
         if not resources.cpus or self.workload.threads:
             return self.threads
         return max(1, len(resources.cpus) // self.workload.nproc_per_node)
+
+
+_STRUCTURES: dict[str, Structure | None] = {}
+
+
+def model_structure(model: ModelSpec) -> Structure | None:
+    """The model's repeated stacks, built once per model (on the meta device: no memory, no init);
+    None when it cannot be built here, and then every structural knob value is offered."""
+    key = json.dumps([model.target, model.kwargs], sort_keys=True, default=str)
+    if key not in _STRUCTURES:
+        import torch
+
+        from autocompile.models import build
+
+        try:
+            with torch.device("meta"):
+                _STRUCTURES[key] = Structure.of(build(model.target, model.kwargs))
+        except Exception as meta_exc:  # noqa: BLE001 (user code) a factory that loads weights: build it for real
+            try:
+                _STRUCTURES[key] = Structure.of(build(model.target, model.kwargs))
+            except Exception as exc:  # noqa: BLE001 (user code; the worker will report it per trial)
+                log.warning("model %s could not be built to read its structure (%r; on meta: %r): every "
+                            "regional and checkpointing value is offered", model.name, exc, meta_exc)
+                _STRUCTURES[key] = None
+    return _STRUCTURES[key]
+
+
+def model_code(target: str) -> str:
+    """Identity of the model's code: a hash of the factory's source file (a changed model is another study)."""
+    try:
+        source = inspect.getsourcefile(resolve(target))
+        return hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16] if source else ""
+    except (ImportError, OSError, TypeError):
+        return ""
+
+
+def device_name(device: str) -> str:
+    """The accelerator's or the CPU's model name: studies on a shared storage never mix machines."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata
+
+    import torch
+
+    found = {"torch": torch.__version__}
+    for package in ("transformers", "triton"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[package] = importlib.metadata.version(package)
+    return found
 
 
 def partition(cores: list[int], n: int) -> list[tuple[int, ...]]:

@@ -31,7 +31,8 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 # Numbers kept on each trial for ranking, reporting and tracking (result.json has everything).
 RESULT_KEYS = ("status", "failure", "reason", "tokens_per_s", "step_s", "step_s_cv", "compile_s", "first_step_s",
                "peak_memory_bytes", "graph_count", "graph_breaks", "recompiles_timed", "mfu", "compiled", "wall_s",
-               "losses", "tokens_per_s_windows", "environment")
+               "losses", "tokens_per_s_windows", "environment", "fingerprint", "compiled_coverage",
+               "step_s_windows", "rewarm_steps")
 
 
 RDB_SCHEMES = ("postgresql", "mysql", "sqlite", "oracle", "mssql")
@@ -263,3 +264,12 @@ def feasible(trial: FrozenTrial) -> bool:
 
 def compact(result: dict[str, Any]) -> dict[str, Any]:
     return {k: result[k] for k in RESULT_KEYS if k in result}
+
+
+def same_program(study: optuna.Study, fingerprint: str, exclude: int) -> FrozenTrial | None:
+    """A complete, measured trial that compiled exactly this program (another configuration)."""
+    for trial in measured_trials(study):
+        if (trial.number != exclude and trial.state == TrialState.COMPLETE
+                and trial.user_attrs["result"].get("fingerprint") == fingerprint):
+            return trial
+    return None

@@ -18,9 +18,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autocompile.knobs import describe
+from autocompile.knobs import KnobError, describe
 from autocompile.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
 from autocompile.objective import Objective
+from autocompile.reference import ensure_reference, reference
 from autocompile.report import build_report, print_report, write_artifacts
 from autocompile.settings import Settings
 from autocompile.space import BASELINES, SearchSpace, identity
@@ -37,6 +38,7 @@ from autocompile.study import (
     recover_interrupted,
     requeue,
     running_twin,
+    same_program,
     storage_for,
     wait_finished,
 )
@@ -64,6 +66,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     study = open_study(settings.study.name, storage, objective.directions, settings.study.seed)
     check_measured_on(study, settings.measured_on())
     recover_interrupted(study)
+    ensure_reference(study, settings, run_dir)
     if settings.study.baselines:
         queue_baselines(study, space)
     (run_dir / "config.yaml").write_text(config_yaml)
@@ -210,7 +213,12 @@ def queue_baselines(study: optuna.Study, space: SearchSpace) -> None:
         if clash:
             log.info("baseline %s skipped: it contradicts the fixed knobs %s", name, clash)
             continue
-        study.enqueue_trial(space.baseline_params(name), user_attrs={"baseline": name}, skip_if_exists=True)
+        try:
+            params = space.baseline_params(name)
+        except KnobError as exc:  # e.g. regional on a model without repeated blocks
+            log.info("baseline %s skipped: %s", name, exc)
+            continue
+        study.enqueue_trial(params, user_attrs={"baseline": name}, skip_if_exists=True)
 
 
 def failing(trials: list[optuna.trial.FrozenTrial], max_rate: float) -> bool:
@@ -253,8 +261,13 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
     baseline = trial.user_attrs.get("baseline")
     prune = objective.stop_rule(best) if settings.study.prune and baseline is None else None
 
-    def rule(events: list[dict[str, Any]], elapsed: float) -> str | None:
+    def rule(events: list[dict[str, Any]], elapsed: float) -> str | tuple[str, str] | None:
         beat()
+        compiled = next((e for e in events if e["event"] == "compiled"), None) if baseline is None else None
+        if compiled and (twin := same_program(study, compiled["fingerprint"], trial.number)) is not None:
+            # Compiled, and it is a program already measured: its steps would time the same code.
+            return ("same_program", f"compiled the same program as trial {twin.number} "
+                                    f"({twin.user_attrs.get('name', '')}), fingerprint {compiled['fingerprint']}")
         return prune(events, elapsed) if prune else None
 
     trial_dir = run_dir / "trials" / f"{trial.number:04d}"
@@ -263,9 +276,22 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
     spec = settings.trial_spec(config, settings.slot_threads(resources))
     result = launch(trial_dir, spec, cache_dir=settings.cache_dir, should_stop=rule, resources=resources,
                     agents=agents)
+    if result["status"] == "same_program":
+        twin = same_program(study, result["fingerprint"], trial.number)
+        if twin is not None:
+            # The configuration is measured by its twin's steps; its own compile ran, and is noted.
+            trial.set_user_attr("same_program_as", twin.number)
+            trial.set_user_attr("duplicate_of", twin.number)
+            trial.set_user_attr("reason", result["reason"])
+            trial.set_user_attr("result", twin.user_attrs["result"])
+            tell(study, trial, twin.state, twin.values, twin.user_attrs.get("constraints"))
+            log.info("trial %d: %s", trial.number, result["reason"])
+            return
     trial.set_user_attr("result", compact(result))
     if result["status"] == "ok":
-        constraints = objective.constraints(result, reference_losses(study))
+        ref = reference(study)
+        trial.set_user_attr("numerics", "checked" if ref else "unchecked: no eager reference")
+        constraints = objective.constraints(result, ref["losses"] if ref else None)
         for k, v in constraints.items():
             trial.set_constraint(k, v)
         trial.set_user_attr("constraints", constraints)
@@ -295,10 +321,3 @@ def best_result(study: optuna.Study, objective: Objective) -> dict[str, Any] | N
         for t in measured_trials(study) if t.state == TrialState.COMPLETE and feasible(t)
     ]
     return min(scored, key=objective.score, default=None)
-
-
-def reference_losses(study: optuna.Study) -> list[float] | None:
-    for t in measured_trials(study):
-        if t.user_attrs.get("baseline") == "eager" and t.state == TrialState.COMPLETE:
-            return t.user_attrs["result"]["losses"]
-    return None

@@ -49,7 +49,10 @@ class TinyLM(nn.Module):
                 self.head.bias.add_(1e-3)
         for block in self.blocks:
             x = block(x)
-        return self.head(x)
+        out = self.head(x)
+        if self.behaviour == "frozen_when_compiled" and torch.compiler.is_compiling():
+            out = out.detach() + 0 * out  # compiled, no gradient reaches a weight: the step does not train
+        return out
 
 
 def tiny_lm(vocab_size: int = 64, behaviour: str = "ok", block_sleep_s: float = 0.0) -> nn.Module:

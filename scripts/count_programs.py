@@ -1,0 +1,99 @@
+"""How many configurations a study's space holds, and how many distinct programs they compile to.
+
+Every configuration of the space (inductor's mode aside) is applied in this process with the
+``aot_eager`` backend and run for two steps, and its program fingerprint taken: the post-autograd
+aten graphs, which is what inductor's cache key hashes, plus what shapes the eager rest of the step.
+Inductor's mode changes every cache key (its settings are part of it), so each compiled program
+counts once per mode offered here. Programs are what a study can tell apart; the rest of the space
+is the same program under another name.
+
+    python scripts/count_programs.py --model gpt2-tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autocompile.data import SyntheticTokens
+from autocompile.knobs import KNOBS, Env, TrialConfig
+from autocompile.models import build
+from autocompile.programs import verify
+from autocompile.space import SearchSpace
+from autocompile.step import apply, lm_loss
+from autocompile.units import Structure
+
+
+def configurations(space: SearchSpace) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = [{}]
+    for key in KNOBS:
+        found = [{**values, key: choice} for values in found for choice in space.options(key, values)]
+    return found
+
+
+def fingerprint(target: str, kwargs: dict[str, Any], vocab: int, knobs: dict[str, Any], env: Env) -> str:
+    torch._dynamo.reset()
+    config = TrialConfig.from_flat(knobs, env)
+    torch.manual_seed(0)
+    model = build(target, kwargs)
+    step = apply(model, torch.optim.AdamW(model.parameters()), lm_loss, config)
+    data = SyntheticTokens(vocab, 2, [16], seed=0)
+    for i in range(2):
+        step(*data.batch(i))
+    return verify(step, model, config.compile.scope)["fingerprint"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gpt2-tiny", help="a conf/model/NAME.yaml")
+    args = parser.parse_args()
+    conf = Path(__file__).resolve().parent.parent / "conf" / "model" / f"{args.model}.yaml"
+    node = yaml.safe_load(conf.read_text())
+    target, vocab = node.pop("_target_"), node["vocab_size"]
+    node.pop("name", None)
+    with torch.device("meta"):
+        structure = Structure.of(build(target, node))
+    env = Env.detect("cpu", 1, False, structure)
+    total = SearchSpace(env, {}).size()
+    modes = len(env.modes)
+    aot = configurations(SearchSpace(env, {"compile.backend": "aot_eager"}))
+    started = time.time()
+    programs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    failed = 0
+    for i, knobs in enumerate(aot):
+        try:
+            programs[fingerprint(target, node, vocab, knobs, env)].append(knobs)
+        except Exception as exc:  # noqa: BLE001 (a configuration that fails is a program of its own)
+            failed += 1
+            programs[f"failed:{type(exc).__name__}:{i}"].append(knobs)
+        print(f"\r{i + 1}/{len(aot)} configurations, {len(programs)} programs", end="", file=sys.stderr)
+    print(file=sys.stderr)
+    eager = {fp for fp, group in programs.items() if all(k["compile.scope"] == "none" for k in group)}
+    compiled = len(programs) - len(eager)
+    print(f"model {args.model}, CPU, world size 1, torch {torch.__version__}; structure {structure}")
+    print(f"configurations in the study's space (inductor, {modes} modes {env.modes}): {total}")
+    print(f"  without the mode: {len(aot)} ({sum(k['compile.scope'] == 'none' for k in aot)} eager)")
+    print(f"distinct programs: {len(eager)} eager + {compiled} compiled x {modes} modes = "
+          f"{len(eager) + compiled * modes} (failed configurations: {failed}); fingerprinted in "
+          f"{time.time() - started:.0f} s")
+    same = collections.Counter()
+    for group in programs.values():
+        if len(group) > 1:
+            for key in KNOBS:
+                if len({repr(k.get(key)) for k in group}) > 1:
+                    same[key] += 1
+    print("knobs that vary inside a group of identical programs (groups):",
+          ", ".join(f"{k} ({n})" for k, n in same.most_common()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Studies on what a trial ran: one program measured once with the verdict "identical program", and
+a numerics check that stays on whatever the study fixes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+from tests.test_tuner import tune_cli
+
+# Everything fixed but what a test searches: the enqueued trials are the study's whole space.
+FIXED = ["compile.backend=aot_eager", "compile.fullgraph=false", "compile.optimizer=false",
+         "compile.compiled_autograd=false", "ac.policy=none"]
+
+
+def study_with(tmp_path: Path, *params: dict[str, Any]) -> optuna.Study:
+    """The study the command below opens (study.name=t), with ``params`` queued first."""
+    (tmp_path / "t").mkdir(parents=True)
+    storage = JournalStorage(JournalFileBackend(str(tmp_path / "t" / "optuna.journal")))
+    study = optuna.create_study(study_name="t", storage=storage, directions=["minimize"])
+    for p in params:
+        study.enqueue_trial(p)
+    return study
+
+
+def reload(tmp_path: Path) -> optuna.Study:
+    storage = JournalStorage(JournalFileBackend(str(tmp_path / "t" / "optuna.journal")))
+    return optuna.load_study(study_name="t", storage=storage)
+
+
+@pytest.mark.parametrize(("knob", "values", "fixed"), [
+    ("placement.order", ["to_then_compile", "compile_then_to"], ["amp.dtype=none"]),
+    ("amp.placement", ["outside", "inside"], ["amp.dtype=bfloat16", "placement.order=to_then_compile"]),
+])
+def test_one_program_is_measured_once_and_its_knob_gets_the_verdict_identical(
+        tmp_path: Path, knob: str, values: list[str], fixed: list[str]) -> None:
+    study_with(tmp_path, *({knob: v} for v in values))
+    done = tune_cli(tmp_path, "study.name=t", "study.n_trials=2", "study.baselines=false", "compile.scope=module",
+                    *FIXED, *fixed)
+    assert done.returncode == 0, done.stderr[-2000:]
+    trials = reload(tmp_path).trials
+    first, second = trials
+    assert first.state == second.state == TrialState.COMPLETE
+    assert second.user_attrs["same_program_as"] == first.number  # stopped once compiled: not timed again
+    result = json.loads(Path(second.user_attrs["trial_dir"], "result.json").read_text())
+    assert result["status"] == "same_program"  # (this model's timed part is shorter than the launcher's poll)
+    assert result["fingerprint"] == first.user_attrs["result"]["fingerprint"]
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    (effect,) = [e for e in summary["effects"] if e["knob"] == knob]
+    assert effect["identical"] and "identical program" in effect["verdict"]
+    assert summary["counts"]["same_program"] == 1
+
+
+@pytest.mark.parametrize("setup", ["fixed_scope", "no_baselines"])
+def test_numerics_are_checked_with_a_fixed_scope_and_without_baselines(tmp_path: Path, setup: str) -> None:
+    # Compiled, this model computes a step that does not train; eager, it learns (lr 0.05).
+    model = ["model._target_=tests.models.tiny_lm", "+model.behaviour=frozen_when_compiled", "workload.lr=0.05",
+             "measure.windows=3", "measure.window_steps=3"]
+    if setup == "fixed_scope":
+        study_with(tmp_path)
+        args = ["compile.scope=module", "study.n_trials=1"]
+    else:
+        study_with(tmp_path, {"compile.scope": "module"})
+        args = ["study.baselines=false", "study.n_trials=1"]
+    done = tune_cli(tmp_path, "study.name=t", *model, *FIXED, "amp.dtype=none", "placement.order=to_then_compile",
+                    *args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    study = reload(tmp_path)
+    assert study.user_attrs["reference"]["status"] == "ok"  # the eager reference ran although no trial is eager
+    (trial,) = [t for t in study.trials if t.user_attrs.get("config", {}).get("compile.scope") == "module"]
+    assert trial.user_attrs["numerics"] == "checked"
+    assert trial.user_attrs["constraints"]["loss_drift_over_rtol"] > 0  # caught: infeasible
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert summary["best"] is None and summary["counts"]["infeasible"] == 1
