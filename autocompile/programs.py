@@ -89,7 +89,7 @@ class CompileLog:
 
 class _KeyListener(logging.Handler):
     def __init__(self, keys: list[str]) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.DEBUG)
         self.keys = keys
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -98,14 +98,15 @@ class _KeyListener(logging.Handler):
 
 
 def _listen() -> _KeyListener:
-    # Inductor names each graph's cache key in one INFO line: listening costs nothing at run time
-    # and works with a warm cache (hits are named too), unlike listing the cache directory.
+    # Inductor names each graph's cache key in one log line (INFO in recent torch, DEBUG in older):
+    # listening costs nothing at run time and works with a warm cache (hits are named too), unlike
+    # listing the cache directory.
     listener = _KeyListener([])
     codecache = logging.getLogger("torch._inductor.codecache")
     codecache.addHandler(listener)
-    if codecache.getEffectiveLevel() > logging.INFO:
-        codecache.setLevel(logging.INFO)
-        codecache.propagate = False  # keep its other INFO lines out of the trial's log
+    if codecache.getEffectiveLevel() > logging.DEBUG:
+        codecache.setLevel(logging.DEBUG)
+        codecache.propagate = False  # keep its other lines out of the trial's log
     return listener
 
 

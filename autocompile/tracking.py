@@ -54,7 +54,7 @@ PARENT_ATTR = "mlflow_parent_run_id"
 TRIAL_FILES = ("trial.json", "result.json", "cmd.txt", "stdout.log", "stderr.log", "progress.jsonl")
 RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.FAIL: "FAILED", TrialState.PRUNED: "KILLED"}
 METRICS = ("tokens_per_s", "step_s", "step_s_cv", "compile_s", "first_step_s", "mfu", "graph_count",
-           "graph_breaks", "recompiles_timed", "wall_s")
+           "graph_breaks", "recompiles_timed", "wall_s", "compiled_coverage")
 INACTIVE = "n/a"
 """Param value of a knob that does not apply to the trial (e.g. compile.mode of an eager trial)."""
 PARENT_FILES = ("summary.json", "best_config.yaml", "best_config.py")
@@ -374,7 +374,9 @@ class MlflowTracker:
                 "optuna.state": trial.state.name, "status": status, "torch": env.get("torch", ""),
                 "device_name": env.get("device_name", ""),
                 "world_size": env.get("world_size", self.settings.workload.world_size)}
-        for key in ("baseline", "duplicate_of", "retry_of"):
+        if result.get("fingerprint"):
+            tags["autocompile.fingerprint"] = result["fingerprint"]  # equal tags: the same compiled program
+        for key in ("baseline", "duplicate_of", "retry_of", "same_program_as", "numerics"):
             if key in attrs:
                 tags[f"autocompile.{key}"] = attrs[key]
         reason = attrs.get("reason") or result.get("reason") or ""

@@ -42,8 +42,13 @@ def measurement_table(result: dict[str, Any], name: str) -> Table:
         table.add_row("compile time", f"{result['compile_s']:.2f} s  (first step {result['first_step_s']:.2f} s"
                       + (f", dynamo's own total {dynamo:.2f} s" if dynamo is not None else "") + ")")
         table.add_row("compiled", ", ".join(result["compiled"]) or "nothing (eager)")
+        if result.get("compiled"):
+            table.add_row("weights inside compiled graphs", f"{result.get('compiled_coverage', 0.0):.1%}")
+        table.add_row("program fingerprint", str(result.get("fingerprint", "-")))
         table.add_row("graphs / breaks / recompiles in timed part",
-                      f"{result['graph_count']} / {result['graph_breaks']} / {result['recompiles_timed']}")
+                      f"{result['graph_count']} / {result['graph_breaks']} / {result['recompiles_timed']}"
+                      + (f" (timed again after {result['rewarm_steps']} steps of late compiles)"
+                         if result.get("rewarm_steps") else ""))
         for reason, count in result.get("graph_break_reasons", {}).items():
             table.add_row(f"  graph break x{count}", reason)
         table.add_row("peak memory", fmt_bytes(result.get("peak_memory_bytes")))

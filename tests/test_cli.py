@@ -47,7 +47,10 @@ def test_measure_one_configuration_prints_the_table(tmp_path: Path) -> None:
         assert row in result.stdout
     (path,) = tmp_path.glob("*/measure/*/result.json")
     measured = json.loads(path.read_text())
-    assert measured["status"] == "ok" and measured["compiled"] == ["transformer.h.0", "transformer.h.1"]
+    # Regional is Accelerate's compile_regions: the blocks, then the rest of the model unit by unit.
+    assert measured["status"] == "ok" and measured["compiled"] == [
+        "transformer.h.0", "transformer.h.1", "transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head"]
+    assert measured["compiled_coverage"] == 1.0
     assert path.parent.parent.parent.name == "gpt2-tiny-bs2-seq16-ws1-cpu"
 
 
