@@ -20,14 +20,14 @@ def tiny_lm(behaviour: str = "ok") -> ModelSpec:
 
 
 def make_spec(knobs: dict[str, Any], *, model: ModelSpec = TINY_GPT2, nproc: int = 1, seq_len: list[int] | None = None,
-              timeout_s: float = 180.0, windows: int = 2, window_steps: int = 2) -> TrialSpec:
-    workload = Workload(batch_size=2, seq_len=seq_len or [16], nproc_per_node=nproc, device="cpu", threads=1)
-    env = Env.detect("cpu", nproc, workload.shapes_vary)
+              timeout_s: float = 180.0, windows: int = 2, window_steps: int = 2, device: str = "cpu") -> TrialSpec:
+    workload = Workload(batch_size=2, seq_len=seq_len or [16], nproc_per_node=nproc, device=device, threads=1)
+    env = Env.detect(device, nproc, workload.shapes_vary)
     config = TrialConfig.from_flat(knobs, env)  # a test must only launch valid configurations
     return TrialSpec(knobs=config.flat(), model=model, workload=workload,
                      measure=MeasureSettings(warmup_steps=2, windows=windows, window_steps=window_steps,
                                              timeout_s=timeout_s),
-                     device="cpu", threads=1)
+                     device=device, threads=1)
 
 
 def run_trials(root: Path, specs: list[TrialSpec], parallel: int = 2) -> list[dict[str, Any]]:

@@ -1,0 +1,130 @@
+"""The GPU-only paths: CUDA-graph modes in every scope, checkpointing under CUDA graphs, fp16 with
+its GradScaler, and what the worker measures on a GPU (allocator peak memory, MFU).
+
+Skipped without CUDA; ``pytest -m cuda`` runs only these (``scripts/gpu_check.py`` does, on the GPU
+box). Tiny models, so each test compiles in seconds; max-autotune takes longer (it benchmarks
+kernel choices even for tiny matmuls).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from autocompile.data import SyntheticTokens
+from autocompile.knobs import Env, TrialConfig
+from autocompile.models import gpt2
+from autocompile.step import TrainStep, apply, lm_loss
+from autocompile.worker import peak_flops
+from tests.conftest import TINY_GPT2, assert_ok, make_spec, run_trials
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+STEPS = 8
+# fp32 eager vs inductor on the GPU: fused kernels reorder reductions, Adam amplifies that a little.
+# A step that does not train drifts ~6% by step 8 on this data, so 0.2% still catches it.
+FP32_RTOL = 2e-3
+FP16_RTOL = 1e-2
+
+
+def train(knobs: dict[str, Any], steps: int = STEPS) -> tuple[TrainStep, list[float]]:
+    """``steps`` steps of a 2-layer GPT-2 on the GPU; losses kept as tensors and read at the end, as the
+    worker does: a loss living in CUDA-graph memory that a later replay overwrote raises right there."""
+    torch._dynamo.reset()  # also resets the CUDA-graph trees of earlier tests
+    config = TrialConfig.from_flat({"compile.scope": "none", **knobs}, Env.detect("cuda", 1, False))
+    torch.manual_seed(0)
+    model = gpt2(**TINY_GPT2.kwargs)
+    step = apply(model, torch.optim.AdamW(model.parameters(), lr=1e-3), lm_loss, config, device="cuda")
+    data = SyntheticTokens(TINY_GPT2.vocab_size, 4, [32], seed=0, device="cuda")
+    losses = [step(*data.batch(i)) for i in range(steps)]
+    return step, torch.stack(losses).float().cpu().tolist()
+
+
+@pytest.fixture
+def cuda_graph_recordings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many graphs the CUDA-graph trees recorded: a cudagraph mode must really use CUDA graphs
+    (inductor silently falls back to plain kernels when it declines, counting a cudagraph_skip)."""
+    from torch._inductor import cudagraph_trees
+
+    recorded: list[int] = []
+    original = cudagraph_trees.CUDAGraphTreeManager.record_function
+
+    def record_function(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorded.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cudagraph_trees.CUDAGraphTreeManager, "record_function", record_function)
+    return recorded
+
+
+@pytest.fixture(scope="module")
+def eager_fp32() -> list[float]:
+    return train({"compile.scope": "none"})[1]
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+@pytest.mark.parametrize("scope", ["module", "regional", "train_step"])
+def test_cuda_graph_modes_in_every_scope_match_eager(scope: str, mode: str, eager_fp32: list[float],
+                                                     cuda_graph_recordings: list[int]) -> None:
+    step, losses = train({"compile.scope": scope, "compile.mode": mode})
+    assert step.compiled
+    assert cuda_graph_recordings, f"{scope}/{mode}: no CUDA graph was recorded"
+    assert losses == pytest.approx(eager_fp32, rel=FP32_RTOL)
+    assert eager_fp32[-1] < eager_fp32[0] * 0.97  # the reference really trained: the tolerance means something
+
+
+@pytest.mark.parametrize("scope", ["module", "regional"])
+def test_activation_checkpointing_under_cuda_graphs_matches_eager(scope: str, eager_fp32: list[float],
+                                                                  cuda_graph_recordings: list[int]) -> None:
+    _, losses = train({"compile.scope": scope, "compile.mode": "reduce-overhead", "ac.policy": "block"})
+    assert cuda_graph_recordings
+    assert losses == pytest.approx(eager_fp32, rel=FP32_RTOL)
+
+
+def test_fp16_steps_through_a_grad_scaler_and_matches_eager_fp16(monkeypatch: pytest.MonkeyPatch) -> None:
+    scalers: list[torch.amp.GradScaler] = []
+
+    class RecordingScaler(torch.amp.GradScaler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            scalers.append(self)
+
+    monkeypatch.setattr(torch.amp, "GradScaler", RecordingScaler)
+    _, eager = train({"compile.scope": "none", "amp.dtype": "float16"})
+    step, compiled = train({"compile.scope": "module", "amp.dtype": "float16"})
+    assert step.compiled == ["model"]
+    assert len(scalers) == 2 and all(s.is_enabled() for s in scalers)
+    scale = scalers[-1].get_scale()
+    assert 0 < scale < float("inf")  # it scaled and updated (a NaN/inf gradient halves it, never zeroes it)
+    assert compiled == pytest.approx(eager, rel=FP16_RTOL)
+    assert compiled[-1] < compiled[0]
+
+
+def test_worker_measures_allocator_peak_memory_and_mfu_on_the_gpu(tmp_path: Path) -> None:
+    specs = [make_spec({"compile.scope": "module"}, device="cuda", windows=3),
+             # The worker's own loop: losses stacked after the timed part, out of CUDA-graph memory.
+             make_spec({"compile.scope": "train_step", "compile.mode": "reduce-overhead"}, device="cuda", windows=3)]
+    name = torch.cuda.get_device_name(0)
+    for result in run_trials(tmp_path, specs):
+        assert_ok(result)
+        assert result["environment"]["device"] == "cuda" and result["environment"]["device_name"] == name
+        # torch.cuda.max_memory_allocated: a few MiB for this model; a CUDA process's RSS is over 1 GiB.
+        assert 0 < result["peak_memory_bytes"] < 256 * 2**20
+        peak = peak_flops(name)
+        if peak:
+            assert result["mfu"] == pytest.approx(result["flops_per_token"] * result["tokens_per_s"] / peak)
+            assert 0 < result["mfu"] < 1
+        else:
+            assert result["mfu"] is None  # an unknown GPU gets no made-up MFU (measure.peak_tflops sets one)
+
+
+def test_hopper_gpus_get_their_bf16_peak() -> None:
+    name = torch.cuda.get_device_name(0)
+    if "H100" in name.upper() or "H200" in name.upper():
+        assert peak_flops(name) in (989e12, 756e12)  # SXM/NVL and H200: 989 TFLOP/s dense; PCIe: 756
