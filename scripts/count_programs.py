@@ -1,19 +1,24 @@
 """How many configurations a study's space holds, and how many distinct programs they compile to.
 
 Every configuration of the space (inductor's mode aside) is applied in this process with the
-``aot_eager`` backend and run for two steps, and its program fingerprint taken: the post-autograd
+``aot_eager`` backend and run for one step, and its program fingerprint taken: the post-autograd
 aten graphs, which is what inductor's cache key hashes, plus what shapes the eager rest of the step.
 Inductor's mode changes every cache key (its settings are part of it), so each compiled program
 counts once per mode offered here. Programs are what a study can tell apart; the rest of the space
 is the same program under another name.
 
     python scripts/count_programs.py --model gpt2-tiny
+
+Configurations are taken in a seeded random order, and Ctrl-C (or SIGTERM) prints the summary of
+those done so far: a partial run is a uniform sample of the space.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,14 +52,14 @@ def fingerprint(target: str, kwargs: dict[str, Any], vocab: int, knobs: dict[str
     model = build(target, kwargs)
     step = apply(model, torch.optim.AdamW(model.parameters()), lm_loss, config)
     data = SyntheticTokens(vocab, 2, [16], seed=0)
-    for i in range(2):
-        step(*data.batch(i))
+    step(*data.batch(0))  # one step compiles forward, backward, optimizer and compiled autograd
     return verify(step, model, config.compile.scope)["fingerprint"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt2-tiny", help="a conf/model/NAME.yaml")
+    parser.add_argument("--seed", type=int, default=0, help="order in which configurations are fingerprinted")
     args = parser.parse_args()
     conf = Path(__file__).resolve().parent.parent / "conf" / "model" / f"{args.model}.yaml"
     node = yaml.safe_load(conf.read_text())
@@ -66,22 +71,29 @@ def main() -> None:
     total = SearchSpace(env, {}).size()
     modes = len(env.modes)
     aot = configurations(SearchSpace(env, {"compile.backend": "aot_eager"}))
+    random.Random(args.seed).shuffle(aot)
     started = time.time()
     programs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
-    failed = 0
-    for i, knobs in enumerate(aot):
-        try:
-            programs[fingerprint(target, node, vocab, knobs, env)].append(knobs)
-        except Exception as exc:  # noqa: BLE001 (a configuration that fails is a program of its own)
-            failed += 1
-            programs[f"failed:{type(exc).__name__}:{i}"].append(knobs)
-        print(f"\r{i + 1}/{len(aot)} configurations, {len(programs)} programs", end="", file=sys.stderr)
+    failed = done = 0
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        for i, knobs in enumerate(aot):
+            try:
+                programs[fingerprint(target, node, vocab, knobs, env)].append(knobs)
+            except Exception as exc:  # noqa: BLE001 (a configuration that fails is a program of its own)
+                failed += 1
+                programs[f"failed:{type(exc).__name__}:{i}"].append(knobs)
+            done = i + 1
+            print(f"\r{done}/{len(aot)} configurations, {len(programs)} programs", end="", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"\nstopped after {done} of {len(aot)} configurations (a uniform sample)", file=sys.stderr)
     print(file=sys.stderr)
     eager = {fp for fp, group in programs.items() if all(k["compile.scope"] == "none" for k in group)}
     compiled = len(programs) - len(eager)
     print(f"model {args.model}, CPU, world size 1, torch {torch.__version__}; structure {structure}")
     print(f"configurations in the study's space (inductor, {modes} modes {env.modes}): {total}")
-    print(f"  without the mode: {len(aot)} ({sum(k['compile.scope'] == 'none' for k in aot)} eager)")
+    print(f"  without the mode: {len(aot)} ({sum(k['compile.scope'] == 'none' for k in aot)} eager); "
+          f"fingerprinted: {done}{' (all)' if done == len(aot) else ' (a uniform random sample)'}")
     print(f"distinct programs: {len(eager)} eager + {compiled} compiled x {modes} modes = "
           f"{len(eager) + compiled * modes} (failed configurations: {failed}); fingerprinted in "
           f"{time.time() - started:.0f} s")
