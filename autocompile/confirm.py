@@ -219,7 +219,8 @@ def measure_repeat(study: optuna.Study, trial: optuna.Trial, space: SearchSpace,
     warm_from = Path(attrs["cache_from"]) / "inductor_cache" if attrs.get("cache_from") else None
     if cache is None and settings.study.repeat_cache == "warm" and warm_from is not None and warm_from.is_dir():
         cache = warm_from
-    trial.set_user_attr("compile_cache", "shared warm" if settings.cache_dir else "warm" if cache else "cold")
+    trial.set_user_attr("compile_cache", "none (eager)" if config.compile.scope == "none" else "shared warm"
+                        if settings.cache_dir else "warm" if cache else "cold")
     same_as = attrs.get("same_as")
 
     def rule(events: list[dict[str, Any]], elapsed: float) -> tuple[str, str] | None:
