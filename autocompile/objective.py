@@ -3,7 +3,9 @@
 Also the two pruning rules, as stop rules the launcher polls while a trial runs: a trial whose
 warm-up (compile) alone already exceeds the best time-to-train, and a trial whose first timed
 window is clearly slower than the best. "Clearly" is measured: the margin is at least 10% and at
-least three times the best trial's own window-to-window spread.
+least three times the study's run-to-run noise (the relative sd of one configuration's step time
+across fresh processes, ``racing.study_noise``); until the study has measured that, the best
+trial's own window-to-window spread stands in (it understates the noise between processes).
 """
 
 from __future__ import annotations
@@ -61,11 +63,13 @@ class Objective:
         numerics = drift - self.settings.loss_rtol if drift is not None else 1.0
         return {"memory_gb_over_limit": memory, "loss_drift_over_rtol": numerics}
 
-    def stop_rule(self, best: dict[str, Any] | None) -> StopRule | None:
-        """Prune against the best complete trial so far; Pareto studies keep every trial."""
+    def stop_rule(self, best: dict[str, Any] | None, noise: float | None = None) -> StopRule | None:
+        """Prune against the best complete trial so far; Pareto studies keep every trial.
+
+        ``noise``: the study's run-to-run relative sd of step time (None: not measured yet)."""
         if best is None or self.kind == "pareto":
             return None
-        margin = 1.0 + max(0.10, 3.0 * best.get("step_s_cv", 0.0))
+        margin = 1.0 + max(0.10, 3.0 * (noise if noise is not None else best.get("step_s_cv", 0.0)))
         best_score = self.score(best)
         horizon = self.settings.horizon_steps
 

@@ -21,6 +21,7 @@ from autocompile.app import available_models, config_dir
 from autocompile.effects import Effect, knob_effects
 from autocompile.knobs import KNOBS
 from autocompile.objective import Objective
+from autocompile.racing import confirmed, phase, phase_trials, study_noise, verdicts
 from autocompile.settings import LaunchSettings, Settings, _BaseConfig
 from autocompile.space import SearchSpace
 from autocompile.spec import MeasureSettings, ModelSpec, Workload
@@ -46,6 +47,15 @@ class Report:
     measure_command: str = ""
     commands: dict[str, str] = field(default_factory=dict)
     snippet: str = ""
+    noise: dict[str, Any] | None = None
+    """Run-to-run noise of step time (relative sd across fresh processes), what every ± uses."""
+    confirmed: dict[str, Any] | None = None
+    """The confirmation phase: winner, candidates, paired intervals vs the baselines (None: not run)."""
+    verdicts: list[Effect] = field(default_factory=list)
+    """The verdict phase's verdicts (empty: not run; ``effects`` then holds the search's fallback)."""
+    recommended: dict[str, Any] | None = None
+    """What best_config.* applies: the confirmed winner, else the search's best."""
+    phases_wall_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -54,6 +64,8 @@ class Report:
             "horizon_steps": self.horizon_steps, "stop_reason": self.stop_reason, "wall_s": self.wall_s,
             "counts": self.counts, "best": self.best, "baselines": self.baselines, "speedups": self.speedups,
             "pareto": self.pareto, "effects": [e.as_dict() for e in self.effects],
+            "noise": self.noise, "confirmed": self.confirmed, "verdicts": [e.as_dict() for e in self.verdicts],
+            "recommended": self.recommended, "phases_wall_s": self.phases_wall_s,
             "run_dir": self.run_dir, "measure_command": self.measure_command, "commands": self.commands,
         }
 
@@ -84,19 +96,40 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     }
     best = min(complete, key=lambda e: objective.score(e["result"]), default=None)
     baselines = {e["baseline"]: e for e in complete if e["baseline"]}
-    speedups = {name: speedup(best, base) for name, base in baselines.items()} if best else {}
+    noise = study_noise(study, space.env)
+    rel_sd = noise.rel_sd if noise else 0.0
+    speedups = {name: speedup(best, base, rel_sd) for name, base in baselines.items()} if best else {}
+    verdict_effects = verdicts(study)
+    outcome = confirmed(study, objective)
+    recommended = best
+    if outcome and outcome.get("winner"):
+        recommended = entry(study.trials[outcome["winner"]["trial"]], objective)
+    counts |= {"confirm_repeats": len(phase_trials(study, "confirm")),
+               "verdict_repeats": len(phase_trials(study, "verdict"))}
     report = Report(
         study_name=study.study_name, model=settings.model.name, objective=objective.kind,
         horizon_steps=settings.objective.horizon_steps, stop_reason=stop_reason, wall_s=wall_s, counts=counts,
         best=best, baselines=baselines, speedups=speedups, pareto=pareto_front(complete),
-        effects=knob_effects(complete, compiled_programs(trials)), run_dir=str(run_dir),
-        commands=look_commands(settings, run_dir),
+        effects=verdict_effects or knob_effects(complete, compiled_programs(trials), rel_sd), run_dir=str(run_dir),
+        commands=look_commands(settings, run_dir), noise=noise.as_dict() if noise else None, confirmed=outcome,
+        verdicts=verdict_effects, recommended=recommended, phases_wall_s=phases_wall(trials),
     )
-    if best is not None:
-        threads = (best["result"].get("environment") or {}).get("threads")
-        report.measure_command = measure_command(settings, best["config"], threads)
-        report.snippet = snippet(settings, best, space, report.measure_command)
+    if recommended is not None:
+        threads = (recommended["result"].get("environment") or {}).get("threads")
+        report.measure_command = measure_command(settings, recommended["config"], threads)
+        report.snippet = snippet(settings, recommended, space, report.measure_command)
     return report
+
+
+def phases_wall(trials: list[optuna.trial.FrozenTrial]) -> dict[str, float]:
+    """Seconds from the first trial's start to the last one's end, per phase (search, confirm, verdict)."""
+    spans: dict[str, list[float]] = {}
+    for t in trials:
+        if t.datetime_start and t.datetime_complete:
+            span = spans.setdefault(phase(t), [math.inf, -math.inf])
+            span[0] = min(span[0], t.datetime_start.timestamp())
+            span[1] = max(span[1], t.datetime_complete.timestamp())
+    return {name: end - start for name, (start, end) in spans.items()}
 
 
 def compiled_programs(trials: list[optuna.trial.FrozenTrial]) -> list[dict[str, Any]]:
@@ -116,11 +149,14 @@ def look_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
     return commands
 
 
-def speedup(best: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
-    """Best over a baseline: steady-state speedup with its noise, and time-to-train speedup."""
+def speedup(best: dict[str, Any], base: dict[str, Any], noise: float = 0.0) -> dict[str, float]:
+    """Best over a baseline in the search (one fresh process each): steady-state speedup with its
+    noise, and time-to-train speedup. ``noise`` is the study's run-to-run relative sd; each side has
+    it, so the ratio's is sqrt(2) x it (the windows' spread inside each process when not measured)."""
     b, r = best["result"], base["result"]
     ratio = r["step_s"] / b["step_s"]
-    return {"step_speedup": ratio, "noise": ratio * math.hypot(b.get("step_s_cv", 0), r.get("step_s_cv", 0)),
+    within = math.hypot(b.get("step_s_cv", 0), r.get("step_s_cv", 0))
+    return {"step_speedup": ratio, "noise": ratio * max(within, math.sqrt(2) * noise),
             "time_to_train_speedup": base["time_to_train_s"] / best["time_to_train_s"]}
 
 
@@ -344,10 +380,14 @@ def docstring_safe(text: str) -> str:
 
 def write_artifacts(report: Report, run_dir: Path) -> None:
     (run_dir / "summary.json").write_text(json.dumps(report.summary, indent=2, default=str))
-    if report.best is None:
+    chosen = report.recommended
+    if chosen is None:
         return
+    outcome = report.confirmed or {}
     (run_dir / "best_config.yaml").write_text(yaml.safe_dump(
-        {"study": report.study_name, "trial": report.best["number"], "knobs": report.best["config"],
+        {"study": report.study_name, "trial": chosen["number"], "knobs": chosen["config"],
+         "decided_by": "confirmation repeats" if outcome.get("winner") else "search (one measurement each)",
+         **({"conclusion": outcome["conclusion"]} if outcome.get("winner") else {}),
          "measure_command": report.measure_command}, sort_keys=False))
     (run_dir / "best_config.py").write_text(report.snippet)
 
@@ -371,16 +411,57 @@ def print_report(report: Report, console: Console | None = None) -> None:
                   f"{best['time_to_train_s']:.1f} s")
     for name, s in report.speedups.items():
         console.print(f"  vs {name:<8}: steps {s['step_speedup']:.2f}x ± {s['noise']:.2f}, "
-                      f"time to train {s['time_to_train_speedup']:.2f}x")
+                      f"time to train {s['time_to_train_speedup']:.2f}x (search: one fresh process each)")
+    console.print(noise_line(report.noise))
+    print_confirmed(console, report.confirmed)
     console.print(pareto_table(report.pareto))
     if report.effects:
         console.print(effects_table(report.effects))
     else:
         console.print("Verdict per knob: no knob took two values among the complete trials.")
+    if report.phases_wall_s:
+        console.print("Wall time per phase: " + ", ".join(f"{k} {v:.0f} s" for k, v in report.phases_wall_s.items()))
     console.print(f"\nApply it: {report.run_dir}/best_config.py (code) and best_config.yaml")
     console.print(f"Measure it again: {report.measure_command}")
     for what, command in report.commands.items():
         console.print(f"{what}: {command}")
+
+
+def noise_line(noise: dict[str, Any] | None) -> str:
+    if not noise:
+        return ("Run-to-run noise: not measured (no configuration ran in two fresh processes); each ± below is "
+                "the windows' spread inside one process and understates it.")
+    return (f"Run-to-run noise of step time: {noise['rel_sd']:.1%} (relative sd across fresh processes, "
+            f"{noise['df']} degrees of freedom: {noise['source']}); the search's ± use it.")
+
+
+def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
+    """The confirmation phase: winner, its paired intervals against the baselines, and the race table."""
+    if not outcome:
+        console.print("Not confirmed: the search's best was measured once (study.confirm_top=0, or fewer than "
+                      "two candidates).")
+        return
+    if not outcome.get("winner"):
+        console.print(f"[red]Confirmation failed: {outcome.get('reason')}")
+        return
+    w = outcome["winner"]
+    console.print(f"\n[bold green]Confirmed[/] over {outcome['rounds']} interleaved rounds: {outcome['conclusion']}.")
+    console.print(f"  Recommended (trial {w['trial']}): {w['name'] or 'defaults'}; steps "
+                  f"{w['step_s_geomean'] * 1e3:.2f} ms (geometric mean of its repeats), compile "
+                  f"{w['compile_s_cold']:.1f} s (cold, search)")
+    for name, gain in outcome["gains"].items():
+        console.print(f"  step time vs {name}: {gain['text']} (paired by round; negative = faster)")
+    table = Table(title="Confirmation race (step time per candidate, paired by round)", title_justify="left")
+    for col in ("candidate", "configuration", "rounds", "ms/step", "vs leader (score)"):
+        table.add_column(col)
+    for c in outcome["candidates"]:
+        vs = c.get("vs_leader")
+        table.add_row(c["label"] + (f" ({c['baseline']})" if c.get("baseline") else ""), c["name"] or "defaults",
+                      str(c["rounds"]), f"{c['step_s_geomean'] * 1e3:.2f}",
+                      "leader" if c["label"] == outcome["leader"] else (
+                          f"{vs['change']:+.1%} [{vs['low'] * 100:+.1f}, {vs['high'] * 100:+.1f}]"
+                          if vs and vs["low"] is not None else "-"))
+    console.print(table)
 
 
 def pareto_table(front: list[dict[str, Any]]) -> Table:
@@ -394,7 +475,11 @@ def pareto_table(front: list[dict[str, Any]]) -> Table:
 
 
 def effects_table(effects: list[Effect]) -> Table:
-    table = Table(title="Verdict per knob (step time and compile time, value vs reference)", title_justify="left")
+    phase_run = any(e.basis == "verdict" for e in effects)
+    title = ("Verdict per question: the winner's one-knob neighbours, repeated in rounds with it (95% intervals)"
+             if phase_run else "Verdict per knob from the search's matched pairs (single-process measurements; "
+             "no verdict phase)")
+    table = Table(title=title, title_justify="left")
     table.add_column("question")
     table.add_column("knob")
     table.add_column("verdict")

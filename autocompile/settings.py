@@ -61,10 +61,47 @@ class StudySettings:
     """Stop the study when more than this fraction of its trials failed (after 5 trials)."""
     heartbeat_s: int = 30
     """RDB storages: a tuner's heartbeat period; a trial silent for 3 periods is failed and re-queued."""
+    confirm_top: int = 3
+    """After the search, race this many of its best distinct programs against eager and default
+    torch.compile(model), ``repeats`` rounds in fresh processes, interleaved; the winner is decided
+    on those repeats. 0 = no confirmation (the search's single measurements decide)."""
+    repeats: int = 3
+    """Rounds of the confirmation and verdict phases (each round runs every candidate once). Not
+    counted in n_trials. Two rounds give an interval, a wide one: t(0.975, 1) = 12.7."""
+    verdicts: Any = "all"
+    """Questions answered by measuring the winner's one-knob neighbours in rounds with it: ``all``
+    (every searched knob with a question), ``none``, or a list of knob keys ([amp.placement,compile.mode])."""
+    repeat_cache: str = "warm"
+    """``warm``: a repeat reuses its configuration's own inductor cache (from its first, cold run), so
+    its steps are timed in a fresh process after a cheap compile; compile time is the cold run's.
+    ``cold``: every repeat compiles cold."""
 
     def __post_init__(self) -> None:
         if self.n_trials < 1:
             raise ValueError(f"study.n_trials={self.n_trials} must be >= 1")
+        if self.confirm_top < 0:
+            raise ValueError(f"study.confirm_top={self.confirm_top} must be >= 0 (0 = no confirmation phase)")
+        if self.repeats < 1:
+            raise ValueError(f"study.repeats={self.repeats} must be >= 1 (2 or more give intervals)")
+        if self.repeat_cache not in ("warm", "cold"):
+            raise ValueError(f"study.repeat_cache={self.repeat_cache!r}: choose warm or cold")
+        self.verdicts = self.verdict_keys_checked(self.verdicts)
+
+    @staticmethod
+    def verdict_keys_checked(value: Any) -> Any:
+        if value in ("all", "none"):
+            return value
+        keys = [value] if isinstance(value, str) else list(value)
+        unknown = [k for k in keys if k not in KNOBS or not KNOBS[k][0].question]
+        if unknown:
+            asked = ", ".join(k for k, (spec, _) in KNOBS.items() if spec.question)
+            raise ValueError(f"study.verdicts: {unknown[0]!r} is no knob with a question; use all, none or a "
+                             f"list of: {asked}")
+        return keys
+
+    def verdict_knobs(self) -> list[str] | None:
+        """Knob keys whose verdicts are measured: None = all, [] = none."""
+        return None if self.verdicts == "all" else [] if self.verdicts == "none" else list(self.verdicts)
         if not 0 < self.max_failure_rate <= 1:
             raise ValueError(f"study.max_failure_rate={self.max_failure_rate} must be in (0, 1]")
 

@@ -47,7 +47,10 @@ class SearchSpace:
 
     def baseline_params(self, name: str) -> dict[str, Any]:
         """The Optuna params that make ``sample`` return the baseline (defaults elsewhere)."""
-        flat = TrialConfig.from_flat({**self.fixed, **BASELINES[name]}, self.env, strict=False).flat()
+        return self.params(TrialConfig.from_flat({**self.fixed, **BASELINES[name]}, self.env, strict=False).flat())
+
+    def params(self, flat: dict[str, Any]) -> dict[str, Any]:
+        """The Optuna params that make ``sample`` return the configuration ``flat`` (every knob's value)."""
         values: dict[str, Any] = {}
         params = {}
         for key in KNOBS:

@@ -106,6 +106,13 @@ class MeasureSettings:
     """``cold``: a fresh inductor cache per trial (what a new job pays); ``warm``: one shared cache."""
     peak_tflops: float = 0.0
     """Device peak for MFU; 0 = look it up for known GPUs (CPU MFU is not reported)."""
+    precision: float = 0.02
+    """After ``windows`` windows, keep timing windows until the 95% interval of the mean window step
+    time is within this fraction of it (0.02 = +-2%), or ``max_timed_s`` is spent; 0 = exactly
+    ``windows`` windows. The precision reached is ``timed_precision`` in result.json. It bounds the
+    noise *inside* one process only: process-to-process noise is measured by the study's repeats."""
+    max_timed_s: float = 10.0
+    """Cap on the timed part (seconds of timed windows) while ``precision`` is not reached."""
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 1 or self.windows < 1 or self.window_steps < 1:
@@ -114,6 +121,11 @@ class MeasureSettings:
             raise ValueError(f"measure.timeout_s={self.timeout_s} must be > 0")
         if self.cache not in CACHE_MODES:
             raise ValueError(f"measure.cache={self.cache!r}: choose cold or warm")
+        if not 0 <= self.precision < 1:
+            raise ValueError(f"measure.precision={self.precision} must be in [0, 1), e.g. 0.02 for +-2% "
+                             "(0 = a fixed number of windows)")
+        if self.max_timed_s <= 0:
+            raise ValueError(f"measure.max_timed_s={self.max_timed_s} must be > 0 (seconds of timed steps)")
 
 
 @dataclass

@@ -32,8 +32,17 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 RESULT_KEYS = ("status", "failure", "reason", "tokens_per_s", "step_s", "step_s_cv", "compile_s", "first_step_s",
                "peak_memory_bytes", "graph_count", "graph_breaks", "recompiles_timed", "mfu", "compiled", "wall_s",
                "losses", "tokens_per_s_windows", "environment", "fingerprint", "compiled_coverage",
-               "step_s_windows", "rewarm_steps")
+               "step_s_windows", "rewarm_steps", "timed_precision", "timed_s", "windows")
 
+
+REPEAT_ATTRS = ("phase", "round", "label", "candidate", "name", "config", "compile_s_cold", "cache_from",
+                "same_as", "same_as_trial", "knob", "value", "reference")
+"""What a repeat of the confirmation or verdict phase is, kept when it is queued again after a kill."""
+
+
+def is_search(trial: FrozenTrial) -> bool:
+    """A trial of the search (user attribute ``phase``; trials of older studies have none)."""
+    return trial.user_attrs.get("phase", "search") == "search"
 
 RDB_SCHEMES = ("postgresql", "mysql", "sqlite", "oracle", "mssql")
 
@@ -152,8 +161,9 @@ def requeue(study: optuna.Study, trial: FrozenTrial, why: str) -> bool:
     except optuna.exceptions.UpdateFinishedTrialError:
         return False  # finished meanwhile, by its tuner or by another one recovering it
     if trial.params:
-        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, **(
-            {"baseline": trial.user_attrs["baseline"]} if "baseline" in trial.user_attrs else {})})
+        # A repeat of the confirmation or verdict phase stays that repeat (its phase, round, label...).
+        kept = {k: v for k, v in trial.user_attrs.items() if k in ("baseline", *REPEAT_ATTRS)}
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, **kept})
     log.warning("trial %d was interrupted (%s): marked failed, configuration queued again", trial.number, why)
     return True
 
@@ -234,8 +244,9 @@ def interrupted(trial: FrozenTrial) -> bool:
 
 
 def counted(trial: FrozenTrial) -> bool:
-    """Finished trials count towards n_trials, except those a dead tuner interrupted (re-measured)."""
-    return trial.state in FINISHED and not interrupted(trial)
+    """Finished search trials count towards n_trials, except those a dead tuner interrupted (re-measured).
+    Repeats of the confirmation and verdict phases have budgets of their own (study.repeats...)."""
+    return trial.state in FINISHED and not interrupted(trial) and is_search(trial)
 
 
 # Failures that may not happen again (a neighbour's load, the OOM killer): measured once more
@@ -252,9 +263,22 @@ def find_measured(study: optuna.Study, identity: str, exclude: int) -> FrozenTri
 
 
 def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Finished trials that carry a measurement of their own (duplicates and interruptions left out)."""
+    """Finished search trials that carry a measurement of their own (duplicates, interruptions and
+    the repeats of later phases left out: those are analysed as repeats, in ``racing``)."""
     return [t for t in study.get_trials(deepcopy=False, states=FINISHED)
-            if "result" in t.user_attrs and "duplicate_of" not in t.user_attrs and not interrupted(t)]
+            if "result" in t.user_attrs and "duplicate_of" not in t.user_attrs and not interrupted(t)
+            and is_search(t)]
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, state: TrialState, values: list[float] | None,
+         constraints: dict[str, float] | None) -> None:
+    if state == TrialState.COMPLETE:
+        if constraints and "constraints" not in trial.user_attrs:
+            for k, v in constraints.items():
+                trial.set_constraint(k, v)
+        study.tell(trial, values)
+    else:
+        study.tell(trial, state=state)
 
 
 def feasible(trial: FrozenTrial) -> bool:

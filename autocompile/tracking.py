@@ -349,6 +349,8 @@ class MlflowTracker:
         what = f"{attrs['baseline']} baseline" if attrs.get("baseline") else ", ".join(changed) or "defaults"
         if "duplicate_of" in attrs:
             what += f" (= #{attrs['duplicate_of']})"
+        if attrs.get("phase", "search") != "search":  # a repeat: which phase, round and candidate
+            what = f"{attrs['phase']} r{attrs.get('round')} {attrs.get('label')}: {what}"
         return f"#{trial.number} {what}"[:250]
 
     def environment(self, result: dict[str, Any]) -> dict[str, Any]:
@@ -376,7 +378,9 @@ class MlflowTracker:
                 "world_size": env.get("world_size", self.settings.workload.world_size)}
         if result.get("fingerprint"):
             tags["autocompile.fingerprint"] = result["fingerprint"]  # equal tags: the same compiled program
-        for key in ("baseline", "duplicate_of", "retry_of", "same_program_as", "numerics"):
+        tags["autocompile.phase"] = attrs.get("phase", "search")
+        for key in ("baseline", "duplicate_of", "retry_of", "round", "label", "compile_cache", "same_program_as",
+                    "numerics"):
             if key in attrs:
                 tags[f"autocompile.{key}"] = attrs[key]
         reason = attrs.get("reason") or result.get("reason") or ""
@@ -490,6 +494,19 @@ class MlflowTracker:
             metrics += [(f"best_speedup_vs_{name}", s["step_speedup"], step) for name, s in report.speedups.items()]
             tags.update(best_trial=best["number"], best_config=best["name"][:5000],
                         best_run_id=self.children.get(best["number"], ("",))[0])
+        outcome = getattr(report, "confirmed", None) or {}
+        if outcome.get("winner"):
+            w = outcome["winner"]
+            tags.update(confirmed_trial=w["trial"], confirmed_config=(w["name"] or "defaults")[:5000],
+                        confirmed_conclusion=outcome["conclusion"][:5000])
+            metrics.append(("confirmed_step_s", w["step_s_geomean"], step))
+            for name, gain in outcome["gains"].items():
+                if gain["step"]:
+                    metrics += [(f"confirmed_step_change_vs_{name}{suffix}", gain["step"][key], step)
+                                for key, suffix in (("change", ""), ("low", "_low"), ("high", "_high"))
+                                if gain["step"][key] is not None]
+        if getattr(report, "noise", None):
+            metrics.append(("noise_rel_sd", report.noise["rel_sd"], step))
         self._batch(self.parent_id, metrics, tags=tags)
         self.client.set_terminated(self.parent_id, status="FINISHED")
 

@@ -2,7 +2,9 @@
 
 Reads like the script it is: open (or resume) the study, queue the baselines, then until enough
 trials finished: sample, skip what was already measured, launch with the pruning rule, record,
-tell. Failures are told as failures with their reason; a study that only fails is stopped.
+tell. Failures are told as failures with their reason; a study that only fails is stopped. Then the
+phases of :mod:`autocompile.confirm` (the best programs and the baselines again, in rounds; the
+winner's one-knob neighbours), then the report.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autocompile.confirm import measure_repeat, run_phases
 from autocompile.knobs import KnobError, describe
 from autocompile.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
 from autocompile.objective import Objective
+from autocompile.racing import REPEAT_PHASES, study_noise
 from autocompile.reference import ensure_reference, reference
 from autocompile.report import build_report, print_report, write_artifacts
 from autocompile.settings import Settings
@@ -40,6 +44,7 @@ from autocompile.study import (
     running_twin,
     same_program,
     storage_for,
+    tell,
     wait_finished,
 )
 from autocompile.view import StudyView
@@ -121,6 +126,24 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
         if interrupted:
             budget.release("the tuner was interrupted")  # e.g. asked but not yet launched when Ctrl-C came
         view.refresh(study.get_trials(deepcopy=False))
+
+    if not interrupted and budget.stop_reason != "failure guard":
+        # After the search: the best programs and the baselines again, in rounds; then the verdicts.
+        def measure(trial: optuna.Trial) -> None:
+            try:
+                run_trial(study, trial, space, objective, settings, run_dir, NO_VIEW, slots[0], agents)
+            except BaseException as exc:
+                stopping = isinstance(exc, (KeyboardInterrupt, Interrupted))
+                budget.release("the tuner was interrupted" if stopping else f"the tuner failed: {exc!r}",
+                               trial.number)
+                raise
+            tracker.log_trial(study.trials[trial.number])
+
+        try:
+            run_phases(study, space, objective, settings, measure)
+        except (KeyboardInterrupt, Interrupted):
+            budget.interrupt()
+            interrupted = True
 
     try:
         report = build_report(study, settings, objective, space, budget.stop_reason, time.time() - budget.started,
@@ -227,8 +250,23 @@ def failing(trials: list[optuna.trial.FrozenTrial], max_rate: float) -> bool:
     return len(finished) >= FAILURE_GUARD_MIN_TRIALS and failed / len(finished) > max_rate
 
 
+class _NoView:
+    """The phases after the search log each repeat instead of drawing the search's live table."""
+
+    def running(self, number: int, name: str) -> None:
+        pass
+
+
+NO_VIEW: Any = _NoView()
+
+
 def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, objective: Objective,
               settings: Settings, run_dir: Path, view: StudyView, resources: Resources, agents: Agents) -> None:
+    if trial.user_attrs.get("phase") in REPEAT_PHASES:
+        # A repeat (also one a resumed search asks: a killed phase queued it again): measured again.
+        measure_repeat(study, trial, space, objective, settings, run_dir, resources, agents)
+        return
+    trial.set_user_attr("phase", "search")
     config = space.sample(trial)
     key = identity(config, space.env)
     name = describe(config, space.env)
@@ -259,7 +297,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
 
     best = best_result(study, objective)
     baseline = trial.user_attrs.get("baseline")
-    prune = objective.stop_rule(best) if settings.study.prune and baseline is None else None
+    noise = study_noise(study, space.env)
+    prune = objective.stop_rule(best, noise.rel_sd if noise else None) if settings.study.prune and baseline is None \
+        else None
 
     def rule(events: list[dict[str, Any]], elapsed: float) -> str | tuple[str, str] | None:
         beat()
@@ -301,17 +341,6 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
         state = TrialState.PRUNED if result["status"] == "pruned" else TrialState.FAIL
         tell(study, trial, state, None, None)
         log.info("trial %d %s: %s", trial.number, result["status"], result.get("reason"))
-
-
-def tell(study: optuna.Study, trial: optuna.Trial, state: TrialState, values: list[float] | None,
-         constraints: dict[str, float] | None) -> None:
-    if state == TrialState.COMPLETE:
-        if constraints and "constraints" not in trial.user_attrs:
-            for k, v in constraints.items():
-                trial.set_constraint(k, v)
-        study.tell(trial, values)
-    else:
-        study.tell(trial, state=state)
 
 
 def best_result(study: optuna.Study, objective: Objective) -> dict[str, Any] | None:

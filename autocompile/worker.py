@@ -35,6 +35,7 @@ from autocompile.knobs import Env, TrialConfig  # noqa: E402
 from autocompile.models import build, flops_per_token  # noqa: E402
 from autocompile.programs import NothingCompiled, PartiallyCompiled, verify  # noqa: E402
 from autocompile.spec import TrialSpec, write_json_atomic  # noqa: E402
+from autocompile.stats import relative_half_width  # noqa: E402
 from autocompile.step import apply, lm_loss  # noqa: E402
 
 IMPORTS_DONE = time.time()
@@ -204,7 +205,8 @@ class Trial:
         for attempt in range(2):
             frames_before = counters["frames"]["total"]
             window_s, window_tokens = [], []
-            for w in range(spec.measure.windows):
+            w = 0
+            while self.more_windows(window_s):
                 self.sync()
                 t0 = time.perf_counter()
                 for _ in range(window_steps):
@@ -215,6 +217,7 @@ class Trial:
                 window_tokens.append(sum(data.tokens(j) for j in range(s - window_steps, s)))
                 check_finite(losses[-window_steps:], s)
                 self.progress("window", window=w, seconds=window_s[-1], step_s=window_s[-1] / window_steps)
+                w += 1
             recompiles_timed = counters["frames"]["total"] - frames_before
             if not recompiles_timed:
                 break
@@ -253,6 +256,10 @@ class Trial:
             "step_s": median_step,
             "step_s_windows": step_s,
             "step_s_cv": statistics.pstdev(step_s) / statistics.fmean(step_s),
+            # Half-width of the 95% interval of the mean window step time, relative (inside this process).
+            "timed_precision": relative_half_width(step_s) if len(step_s) > 1 else None,
+            "timed_s": sum(window_s),
+            "windows": len(window_s),
             "tokens_per_s": tps,
             "tokens_per_s_windows": tokens_per_s,
             "peak_memory_bytes": int(self.reduce_max([float(peak_memory(self.device))])[0]),
@@ -272,6 +279,23 @@ class Trial:
             "timeline": self.timeline,
             "environment": environment(self.device, self.rank, spec.threads),
         }
+
+    def more_windows(self, window_s: list[float]) -> bool:
+        """Another timed window? ``measure.windows`` at least; then until the mean window step time is
+        known to ``measure.precision`` (95% interval) or ``measure.max_timed_s`` is spent.
+
+        Every rank must decide alike (DDP steps are collective): rank 0's windows decide for all."""
+        m = self.spec.measure
+        if len(window_s) < m.windows:
+            return True
+        if not m.precision:
+            return False
+        more = sum(window_s) < m.max_timed_s and relative_half_width(window_s) > m.precision
+        if self.world_size == 1:
+            return more
+        flag = torch.tensor([float(more)], device=self.device if self.device.type == "cuda" else "cpu")
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
 
     def reduce_max(self, values: list[float]) -> list[float]:
         if self.world_size == 1:

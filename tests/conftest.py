@@ -25,7 +25,7 @@ def make_spec(knobs: dict[str, Any], *, model: ModelSpec = TINY_GPT2, nproc: int
     env = Env.detect(device, nproc, workload.shapes_vary)
     config = TrialConfig.from_flat(knobs, env)  # a test must only launch valid configurations
     return TrialSpec(knobs=config.flat(), model=model, workload=workload,
-                     measure=MeasureSettings(warmup_steps=2, windows=windows, window_steps=window_steps,
+                     measure=MeasureSettings(warmup_steps=2, windows=windows, window_steps=window_steps, precision=0.0,
                                              timeout_s=timeout_s),
                      device=device, threads=1)
 

@@ -1,0 +1,200 @@
+"""What the repeats say: the study's noise floor, the confirmed winner, and a verdict per question.
+
+Pure functions of the study's trials, so a resumed study, the report and MLflow read the same
+answer. Every repeat is a trial with user attributes ``phase`` (``confirm`` / ``verdict``),
+``round`` and ``label`` (the candidate or neighbour it measures). Within a round the candidates
+ran back to back, so a round's ratio of step times cancels the machine's drift; a difference is
+"measurable" only when the 95% interval of the mean log-ratio over rounds excludes zero.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from autocompile.effects import Effect
+from autocompile.knobs import KNOBS, Env, TrialConfig
+from autocompile.objective import Objective
+from autocompile.reference import REFERENCE_KNOBS, reference
+from autocompile.space import identity
+from autocompile.stats import Noise, Ratio, paired_ratio, pooled_noise
+from autocompile.study import feasible, interrupted, measured_trials
+
+REPEAT_PHASES = ("confirm", "verdict")
+
+
+def phase(trial: FrozenTrial) -> str:
+    return trial.user_attrs.get("phase", "search")
+
+
+def phase_trials(study: Study, name: str) -> list[FrozenTrial]:
+    """Finished repeats of one phase that were not interrupted (an interrupted one is measured again)."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                                 TrialState.FAIL))
+            if phase(t) == name and not interrupted(t)]
+
+
+def step_time(trial: FrozenTrial) -> float | None:
+    """A repeat's step time when it measured one and passed the numerics and memory checks."""
+    result = trial.user_attrs.get("result") or {}
+    if trial.state != TrialState.COMPLETE or result.get("status") != "ok" or not feasible(trial):
+        return None
+    return result["step_s"]
+
+
+def simplicity(config: dict[str, Any]) -> tuple[int, int]:
+    """Eager first (nothing to apply), then the fewest knobs changed from torch.compile's defaults."""
+    changed = sum(1 for k, v in config.items() if k in KNOBS and v != KNOBS[k][1])
+    return (0 if config.get("compile.scope") == "none" else 1, changed)
+
+
+def study_noise(study: Study, env: Env) -> Noise | None:
+    """Run-to-run noise of step time, from every configuration measured in more than one fresh process:
+    the eager numerics reference with the eager baseline, search retries, and every repeat."""
+    groups: dict[str, list[float]] = {}
+    for t in [*measured_trials(study), *phase_trials(study, "confirm"), *phase_trials(study, "verdict")]:
+        step = step_time(t)
+        if step is not None and "same_program_as" not in t.user_attrs:
+            groups.setdefault(t.user_attrs["identity"], []).append(step)
+    ref = reference(study)
+    if ref and ref.get("step_s"):
+        key = identity(TrialConfig.from_flat(REFERENCE_KNOBS, env, strict=False), env)
+        groups.setdefault(key, []).append(ref["step_s"])
+    repeated = [v for v in groups.values() if len(v) > 1]
+    return pooled_noise(repeated, f"{len(repeated)} configuration(s) measured in several fresh processes, "
+                                  f"{sum(map(len, repeated))} measurements")
+
+
+@dataclass
+class Candidate:
+    """A configuration raced in the confirmation phase (a search trial's program)."""
+
+    label: str
+    number: int
+    name: str
+    config: dict[str, Any]
+    baseline: str | None
+    compile_s: float
+    """Cold compile seconds, from its search trial (repeats may reuse its warm cache)."""
+    steps: dict[int, float] = field(default_factory=dict)
+    """Round -> step seconds of its repeats."""
+
+    def scores(self, objective: Objective) -> dict[int, float]:
+        """Per round, lower is better: step time (throughput) or time to train with the cold compile time
+        (time_to_train, and pareto, which has no single score)."""
+        if objective.kind == "throughput":
+            return dict(self.steps)
+        return {r: objective.time_to_train({"step_s": s, "compile_s": self.compile_s}) for r, s in self.steps.items()}
+
+    def summary(self) -> dict[str, Any]:
+        steps = list(self.steps.values())
+        return {"label": self.label, "trial": self.number, "name": self.name, "config": self.config,
+                "baseline": self.baseline, "compile_s_cold": self.compile_s, "rounds": len(steps),
+                "step_s_geomean": math.exp(statistics.fmean(map(math.log, steps))) if steps else None,
+                "step_s_rounds": {str(r): s for r, s in sorted(self.steps.items())}}
+
+
+def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
+    """The confirmation phase's answer; None when it did not run.
+
+    The leader has the best mean score over rounds; every candidate whose paired interval against
+    the leader includes zero ties with it, and the simplest of the tied is the winner. Gains over
+    eager and default compile are paired intervals of step time (winner / baseline - 1; negative =
+    the winner is faster) and of the objective's score (cold compile + horizon steps).
+    """
+    trials = phase_trials(study, "confirm")
+    if not trials:
+        return None
+    candidates: dict[str, Candidate] = {}
+    for t in trials:
+        a = t.user_attrs
+        c = candidates.setdefault(a["label"], Candidate(a["label"], a["candidate"], a.get("name", ""), a["config"],
+                                                        a.get("baseline"), a["compile_s_cold"]))
+        if (step := step_time(t)) is not None:
+            c.steps[a["round"]] = step
+    measured = [c for c in candidates.values() if c.steps]
+    if not measured:
+        return {"winner": None, "reason": "no repeat of any candidate completed",
+                "candidates": [c.summary() for c in candidates.values()]}
+
+    def mean_score(c: Candidate) -> float:
+        return statistics.fmean(math.log(s) for s in c.scores(objective).values())
+
+    leader = min(measured, key=mean_score)
+    versus_leader: dict[str, Ratio | None] = {
+        c.label: paired_ratio(c.scores(objective), leader.scores(objective)) for c in measured}
+    ties = [c for c in measured if c is leader or not (r := versus_leader[c.label]) or not r.measurable
+            or r.change < 0]
+    winner = min(ties, key=lambda c: (simplicity(c.config), mean_score(c)))
+    gains = {}
+    for c in measured:
+        if c.baseline in ("eager", "compile") and c is not winner:
+            step = paired_ratio(winner.steps, c.steps)
+            score = paired_ratio(winner.scores(objective), c.scores(objective))
+            gains[c.baseline] = {"step": step.as_dict() if step else None, "score": score.as_dict() if score else None,
+                                 "text": step.text() if step else "no shared round"}
+    compile_base = next((c for c in measured if c.baseline == "compile"), None)
+    beats_compile = compile_base is not None and compile_base is not winner and (
+        (g := gains.get("compile")) is not None and g["score"] is not None and g["score"]["measurable"]
+        and g["score"]["change"] < 0)
+    return {
+        "winner": winner.summary(), "leader": leader.label,
+        "tied_with_leader": [c.label for c in ties],
+        "candidates": [{**c.summary(), "vs_leader": (r.as_dict() if (r := versus_leader[c.label]) else None)}
+                       for c in measured],
+        "gains": gains, "beats_default_compile": beats_compile,
+        "rounds": max(len(c.steps) for c in measured),
+        "conclusion": conclusion(winner, leader, ties, compile_base, beats_compile),
+    }
+
+
+def conclusion(winner: Candidate, leader: Candidate, ties: list[Candidate], compile_base: Candidate | None,
+               beats_compile: bool) -> str:
+    if compile_base is None:
+        lead = f"{winner.name or winner.label} leads (default compile was not raced)"
+    elif beats_compile:
+        lead = f"{winner.name} beats default torch.compile(model) beyond the noise"
+    else:
+        lead = "nothing beats default torch.compile(model) beyond the noise"
+    tie = (f"; {len(ties)} candidates tie within the noise, the simplest is recommended" if len(ties) > 1 else "")
+    return lead + tie + (f" (fastest on average: {leader.name or leader.label})" if leader is not winner else "")
+
+
+def verdicts(study: Study) -> list[Effect]:
+    """One verdict per neighbour of the winner that the verdict phase measured (one knob changed)."""
+    trials = phase_trials(study, "verdict")
+    winner = {t.user_attrs["round"]: s for t in trials if t.user_attrs["label"] == "winner"
+              and (s := step_time(t)) is not None}
+    cold = next((t.user_attrs["compile_s_cold"] for t in trials if t.user_attrs["label"] == "winner"), 0.0)
+    by_label: dict[str, list[FrozenTrial]] = {}
+    for t in trials:
+        if t.user_attrs["label"] != "winner":
+            by_label.setdefault(t.user_attrs["label"], []).append(t)
+    effects = []
+    for runs in by_label.values():
+        a = runs[0].user_attrs
+        key, value, ref = a["knob"], a["value"], a["reference"]
+        question = KNOBS[key][0].question
+        first = min(runs, key=lambda t: t.user_attrs["round"])
+        if "same_program_as" in first.user_attrs:
+            effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 1, True, True, basis="verdict"))
+            continue
+        result = first.user_attrs.get("result") or {}
+        if result.get("status") != "ok":
+            why = result.get("failure") or result.get("status", "failed")
+            effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 0, True, basis="verdict",
+                                  failure=f"{why}: {(result.get('reason') or '')[:160]}"))
+            continue
+        steps = {t.user_attrs["round"]: s for t in runs if (s := step_time(t)) is not None}
+        ratio = paired_ratio(steps, winner)
+        if ratio is None:
+            continue
+        half = (ratio.high - ratio.low) / 2 if ratio.low is not None and ratio.high is not None else math.inf
+        effects.append(Effect(key, question, ref, value, ratio.change, half, result["compile_s"] - cold,
+                              ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high))
+    return sorted(effects, key=lambda e: list(KNOBS).index(e.knob))

@@ -1,0 +1,66 @@
+"""The phases after the search, end to end on the sleeping test model (bfloat16 autocast makes every
+block sleep 20x longer: certainly slower), and the worker's timed part run to a stated precision."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from optuna.trial import TrialState
+
+from autocompile.launcher import launch
+from autocompile.study import counted
+from tests.conftest import make_spec, tiny_lm
+from tests.test_identity import FIXED, reload, study_with
+from tests.test_tuner import tune_cli
+
+
+def test_confirmed_winner_avoids_the_certainly_slower_value_and_its_verdict_excludes_zero(tmp_path: Path) -> None:
+    # Eager, one searched knob: amp.dtype. bfloat16 is queued first and not pruned, so the search
+    # completes both values and the confirmation phase races them (with the eager baseline = none).
+    study_with(tmp_path, {"amp.dtype": "bfloat16"})
+    done = tune_cli(tmp_path, "study.name=t", "+model.block_sleep_s=0.002", "compile.scope=none", *FIXED,
+                    "study.n_trials=2", "study.prune=false", "study.confirm_top=3", "study.repeats=2",
+                    "study.verdicts=all")
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = reload(tmp_path)
+    by_phase: dict[str, list] = {}
+    for t in study.trials:
+        by_phase.setdefault(t.user_attrs.get("phase"), []).append(t)
+    assert len(by_phase["search"]) == 2 and sum(counted(t) for t in study.trials) == 2  # repeats not counted
+    confirm, verdict = by_phase["confirm"], by_phase["verdict"]
+    assert sorted((t.user_attrs["round"], t.user_attrs["label"]) for t in confirm) == [
+        (0, "#0"), (0, "#1"), (1, "#0"), (1, "#1")]
+    # Every repeat was measured in a process of its own (never deduped to the search's result).
+    assert all(t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs for t in confirm + verdict)
+    assert len({t.user_attrs["trial_dir"] for t in study.trials}) == len(study.trials)
+    # Round-robin with a rotating start: round 1 begins with the candidate round 0 ran second.
+    order = [t.user_attrs["label"] for t in sorted(confirm, key=lambda t: t.number)]
+    assert order[:2] == list(reversed(order[2:]))
+
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    winner = summary["confirmed"]["winner"]
+    assert winner["config"]["amp.dtype"] == "none"
+    (amp,) = [v for v in summary["verdicts"] if v["knob"] == "amp.dtype"]
+    assert amp["basis"] == "verdict" and amp["measurable"] and amp["low"] > 0  # the interval excludes zero
+    assert "measurably slower" in amp["verdict"] and "[95% CI" in amp["verdict"]
+    assert summary["effects"] == summary["verdicts"]  # the verdict phase's answers are the ones reported
+    assert summary["noise"]["df"] >= 2 and summary["noise"]["rel_sd"] > 0
+    assert set(summary["phases_wall_s"]) == {"search", "confirm", "verdict"}
+    assert "amp.dtype: none" in (tmp_path / "t" / "best_config.yaml").read_text()
+    assert "confirmation repeats" in (tmp_path / "t" / "best_config.yaml").read_text()
+    assert "Confirmed over 2 interleaved rounds" in done.stdout
+    assert "confirmation phase: 2 configurations x up to 2 rounds = 4 runs" in done.stdout + done.stderr
+
+
+def test_the_timed_part_runs_until_the_stated_precision_or_its_cap(tmp_path: Path) -> None:
+    model = tiny_lm()
+    loose = make_spec({"compile.scope": "none"}, model=model, windows=2, window_steps=2)
+    loose.measure.precision, loose.measure.max_timed_s = 0.5, 30.0
+    tight = make_spec({"compile.scope": "none"}, model=model, windows=2, window_steps=2)
+    tight.measure.precision, tight.measure.max_timed_s = 1e-9, 0.3
+    a, b = launch(tmp_path / "loose", loose), launch(tmp_path / "tight", tight)
+    assert a["status"] == b["status"] == "ok", (a.get("reason"), b.get("reason"))
+    assert a["timed_precision"] <= 0.5 and a["windows"] >= 2
+    assert b["timed_precision"] > 1e-9 and b["timed_s"] >= 0.3  # stopped by the cap, precision reported
+    assert b["windows"] == len(b["step_s_windows"]) > 2

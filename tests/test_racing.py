@@ -1,0 +1,136 @@
+"""The statistics of the confirmation and verdict phases, in-process: intervals, pairing by round,
+the noise floor, the confirmed winner and the verdicts read from a study's repeats."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from scipy.stats import t as student_t
+
+from autocompile.objective import Objective
+from autocompile.racing import confirmed, verdicts
+from autocompile.settings import ObjectiveSettings, StudySettings
+from autocompile.spec import MeasureSettings
+from autocompile.stats import paired_ratio, pooled_noise, relative_half_width, t975
+
+
+def test_tabulated_t_quantiles_agree_with_scipy() -> None:
+    for df in (1, 2, 3, 5, 10, 29, 30, 31, 50, 200):
+        assert t975(df) == pytest.approx(student_t.ppf(0.975, df), abs=2e-3)
+    assert relative_half_width([1.0]) == math.inf
+    assert relative_half_width([1.0, 1.0, 1.0]) == 0.0
+
+
+def simulated_rounds(ratio: float, rounds: int, seed: int, drift: float = 0.5, noise: float = 0.05) -> tuple[
+        dict[int, float], dict[int, float]]:
+    """A machine whose speed drifts by up to ``drift`` between rounds (shared by both candidates in a
+    round) with independent ``noise`` per run; B costs ``ratio`` x A."""
+    rng = random.Random(seed)
+    a, b = {}, {}
+    for r in range(rounds):
+        machine = math.exp(rng.uniform(-drift, drift))
+        a[r] = 0.010 * machine * math.exp(rng.gauss(0, noise))
+        b[r] = 0.010 * ratio * machine * math.exp(rng.gauss(0, noise))
+    return a, b
+
+
+def test_equal_cost_is_no_measurable_difference_even_under_drift() -> None:
+    # Drift of +-50% between rounds would swamp an unpaired comparison; paired by round it cancels.
+    a, b = simulated_rounds(1.0, rounds=5, seed=1)
+    ratio = paired_ratio(b, a)
+    assert not ratio.measurable and ratio.low < 0 < ratio.high
+    assert ratio.high - ratio.low < 0.3  # the drift did not widen it: only the 5% per-run noise did
+    assert "[95% CI" in ratio.text()
+
+
+def test_a_certain_difference_is_measurable_and_its_interval_holds_the_truth() -> None:
+    a, b = simulated_rounds(1.5, rounds=3, seed=2)
+    ratio = paired_ratio(b, a)
+    assert ratio.measurable and ratio.low > 0 and ratio.low < 0.5 < ratio.high
+    assert paired_ratio(b, {}) is None
+    one = paired_ratio({0: 2.0}, {0: 1.0})
+    assert one.change == pytest.approx(1.0) and one.low is None and not one.measurable
+
+
+def test_pooled_noise_is_the_relative_sd_across_processes() -> None:
+    noise = pooled_noise([[1.0, 1.1, 0.9], [2.0, 2.0], [5.0]], "test")
+    assert noise.df == 3  # 2 + 1; a configuration measured once adds nothing
+    assert noise.rel_sd == pytest.approx(math.sqrt(sum((math.log(x) - m) ** 2 for x, m in zip(
+        [1.0, 1.1, 0.9], [sum(map(math.log, [1.0, 1.1, 0.9])) / 3] * 3, strict=True)) / 3), rel=1e-9)
+    assert pooled_noise([[1.0]], "test") is None
+
+
+def test_settings_are_validated_with_the_fix_in_the_message() -> None:
+    with pytest.raises(ValueError, match=r"measure\.precision"):
+        MeasureSettings(precision=1.5)
+    with pytest.raises(ValueError, match=r"measure\.max_timed_s"):
+        MeasureSettings(max_timed_s=0)
+    with pytest.raises(ValueError, match=r"compile\.backend"):
+        StudySettings(verdicts=["compile.backend"])  # no question: not a verdict
+    with pytest.raises(ValueError, match=r"study\.repeats"):
+        StudySettings(repeats=0)
+    assert StudySettings(verdicts=["amp.placement"]).verdict_knobs() == ["amp.placement"]
+    assert StudySettings(verdicts="none").verdict_knobs() == []
+    assert StudySettings().verdict_knobs() is None
+
+
+def repeat(study: optuna.Study, phase: str, rnd: int, label: str, step_s: float | None, **attrs: Any) -> None:
+    result = {"status": "ok", "step_s": step_s, "compile_s": 1.0} if step_s else {"status": "same_program"}
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.COMPLETE if step_s else TrialState.PRUNED, values=[1.0] if step_s else None,
+        user_attrs={"phase": phase, "round": rnd, "label": label, "result": result, "identity": label,
+                    "constraints": {}, **attrs}))
+
+
+def race_study(steps: dict[str, list[float]]) -> optuna.Study:
+    study = optuna.create_study(directions=["minimize"])
+    configs = {"eager": {"compile.scope": "none"}, "compile": {"compile.scope": "module"},
+               "fancy": {"compile.scope": "regional", "compile.mode": "max-autotune-no-cudagraphs"}}
+    for number, (label, values) in enumerate(steps.items()):
+        for r, s in enumerate(values):
+            repeat(study, "confirm", r, f"#{number}", s, candidate=number, config=configs[label], name=label,
+                   baseline=label if label != "fancy" else None, compile_s_cold=0.0)
+    return study
+
+
+def test_the_confirmed_winner_is_the_simplest_of_those_that_tie() -> None:
+    throughput = Objective(ObjectiveSettings(kind="throughput"))
+    # fancy is 1% faster on average, within the noise: nothing beats default compile; eager is slower.
+    study = race_study({"eager": [0.030, 0.031, 0.029], "compile": [0.0200, 0.0210, 0.0195],
+                                  "fancy": [0.0195, 0.0212, 0.0190]})
+    outcome = confirmed(study, throughput)
+    assert outcome["leader"] == "#2" and set(outcome["tied_with_leader"]) == {"#1", "#2"}
+    assert outcome["winner"]["name"] == "compile"  # the simplest of the tied
+    assert not outcome["beats_default_compile"]
+    assert "nothing beats default torch.compile(model) beyond the noise" in outcome["conclusion"]
+    assert outcome["gains"]["eager"]["step"]["measurable"] and outcome["gains"]["eager"]["step"]["high"] < 0
+
+    clear = race_study({"eager": [0.030, 0.031, 0.029], "compile": [0.0200, 0.0210, 0.0195],
+                                        "fancy": [0.0150, 0.0158, 0.0147]})
+    outcome = confirmed(clear, throughput)
+    assert outcome["winner"]["name"] == "fancy" and outcome["beats_default_compile"]
+
+
+def test_verdicts_come_from_the_rounds_of_the_winner_and_its_neighbours() -> None:
+    study = optuna.create_study(directions=["minimize"])
+    for r, (w, same_cost, slower) in enumerate([(0.020, 0.0202, 0.030), (0.024, 0.0238, 0.036),
+                                                (0.021, 0.0211, 0.031)]):
+        repeat(study, "verdict", r, "winner", w, compile_s_cold=1.0)
+        repeat(study, "verdict", r, "amp.placement=inside", same_cost, knob="amp.placement", value="inside",
+               reference="outside")
+        repeat(study, "verdict", r, "amp.dtype=bfloat16", slower, knob="amp.dtype", value="bfloat16",
+               reference="none")
+    repeat(study, "verdict", 0, "placement.order=compile_then_to", None, knob="placement.order",
+           value="compile_then_to", reference="to_then_compile", same_program_as=0)
+    by_knob = {e.knob: e for e in verdicts(study)}
+    assert not by_knob["amp.placement"].measurable
+    assert "no measurable effect" in by_knob["amp.placement"].verdict
+    assert "[95% CI" in by_knob["amp.placement"].verdict
+    assert by_knob["amp.dtype"].measurable and by_knob["amp.dtype"].low > 0
+    assert "measurably slower" in by_knob["amp.dtype"].verdict
+    assert by_knob["placement.order"].identical and "identical program" in by_knob["placement.order"].verdict
