@@ -44,7 +44,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.knobs import KNOBS
 from autocompile.settings import ConfigError, Settings
-from autocompile.study import is_orphaned, owner, pid_namespace
+from autocompile.study import is_orphaned, journal_file, owner, pid_namespace
 
 log = logging.getLogger(__name__)
 
@@ -254,9 +254,10 @@ class MlflowTracker:
             log.info("MLflow: the study's parent run %s is not in %s; starting a new one", parent, self.uri)
         experiment_id = self._experiment()
         s, w = self.settings, self.settings.workload
+        journal = journal_file(s.study.storage, run_dir)
         run = self.client.create_run(experiment_id, run_name=self.study.study_name, tags={
             STUDY_TAG: self.study.study_name, "autocompile.run_dir": str(run_dir.resolve()),
-            "autocompile.storage": public_url(s.study.storage) or str(run_dir.resolve() / "optuna.journal"),
+            "autocompile.storage": str(journal) if journal is not None else public_url(s.study.storage),
             "mlflow.note.content": f"autocompile study `{self.study.study_name}`: {s.model.name}, objective "
                                   f"{s.objective.kind}. Its trials are the child runs; the summary, tables and "
                                   "plots are this run's artifacts.",
