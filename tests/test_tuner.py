@@ -18,6 +18,7 @@ import optuna
 import psutil
 import pytest
 import torch
+import yaml
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
@@ -113,22 +114,28 @@ def test_failure_guard_stops_a_study_that_only_fails(tmp_path: Path) -> None:
 
 
 def test_snippet_applies_the_winner(tmp_path: Path) -> None:
+    # Two regional configurations that cost the same: which one wins is up to machine load, so
+    # nothing below assumes the winner; the snippet must apply whichever it was.
     run = tune_cli(tmp_path, "compile.scope=regional", "compile.backend=eager", "amp.dtype=none",
                    "ac.policy=none", "study.n_trials=2")
     assert run.returncode == 0, run.stderr[-3000:]
     run_dir = next(tmp_path.glob("*/summary.json")).parent
-    summary = json.loads((run_dir / "summary.json").read_text())
-    winner = summary["best"]["result"]["compiled"]
-    assert winner == ["blocks.0", "blocks.1"]
+    best = json.loads((run_dir / "summary.json").read_text())["best"]
+    winner = best["result"]["compiled"]
+    assert winner  # regional compile at any granularity compiles something
     spec = importlib.util.spec_from_file_location("best_config", run_dir / "best_config.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     model = tiny_lm()
     step = module.build_step(model, torch.optim.AdamW(model.parameters()))
     assert step.compiled == winner
-    assert all(b._compiled_call_impl is not None for b in model.blocks)
+    units = [n for n in winner if n not in ("optimizer.step", "compiled_autograd")]
+    assert units and all((model if n == "model" else model.get_submodule(n))._compiled_call_impl is not None
+                         for n in units)
     assert float(step(torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long))) > 0
-    assert "compile.scope=regional" in (run_dir / "best_config.yaml").read_text().replace(": ", "=")
+    written = yaml.safe_load((run_dir / "best_config.yaml").read_text())
+    assert written["trial"] == best["number"] and written["knobs"] == best["config"]
+    assert written["knobs"]["compile.scope"] == "regional"
 
 
 def test_kill_9_mid_trial_then_rerun_resumes_without_loss_or_double_counting(tmp_path: Path) -> None:
