@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import hydra
@@ -96,10 +99,43 @@ def one_line(exc: BaseException) -> str:
     return "; ".join(lines) or type(exc).__name__
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, SLURM, ``kill``) stops the tuner as Ctrl-C does: being a KeyboardInterrupt,
+    it takes the same path through the tuner and the launcher (trials killed, marked interrupted,
+    queued again). Only the exit code differs."""
+
+
+_signals: list[int] = []  # the signal that is stopping this process, once one is
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if _signals:  # already stopping: let the trials be killed and queued again (SIGKILL still ends it)
+        log.warning("SIGTERM again: still stopping the study")
+        return
+    _signals.append(signum)
+    raise Terminated("SIGTERM")
+
+
+def stop_on_sigterm() -> None:
+    """Python runs signal handlers in the main thread only, where the tuner's Ctrl-C handling lives."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def interrupted_exit(exc: BaseException) -> None:
+    """One line, then the shell's convention: 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
+    signum = _signals[0] if _signals else signal.SIGINT
+    why = f" by {signal.Signals(signum).name}" if signum != signal.SIGINT else ""
+    detail = str(exc) if str(exc) and not isinstance(exc, Terminated) else ""
+    print(f"autocompile: interrupted{why}{f': {detail}' if detail else ''}", file=sys.stderr)
+    sys.exit(128 + signum)
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> Any:
     from autocompile.tuner import StudyFailing, StudyInterrupted
 
+    stop_on_sigterm()  # again here: launchers such as submitit call this function without main()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         settings = settings_from(cfg, available_models())
@@ -114,8 +150,7 @@ def hydra_main(cfg: DictConfig) -> Any:
         print(f"autocompile: error: {exc}", file=sys.stderr)
         sys.exit(2 if isinstance(exc, ConfigError) else 3)
     except (StudyInterrupted, KeyboardInterrupt) as exc:
-        print(f"autocompile: interrupted{f': {exc}' if str(exc) else ''}", file=sys.stderr)
-        sys.exit(130)  # 128 + SIGINT, what a shell reports for Ctrl-C
+        interrupted_exit(exc)
 
 
 class MultirunSummary(Callback):
@@ -129,12 +164,16 @@ class MultirunSummary(Callback):
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    register()
-    if not any(a in ("--help", "-h", "--hydra-help", "--info", "--version", "--cfg", "-c") for a in argv):
-        try:
-            check_command_line(argv)
-        except ConfigError as exc:
-            print(f"autocompile: error: {exc}", file=sys.stderr)
-            sys.exit(2)
-    sys.argv = [sys.argv[0], *argv]
-    hydra_main()
+    stop_on_sigterm()
+    try:
+        register()
+        if not any(a in ("--help", "-h", "--hydra-help", "--info", "--version", "--cfg", "-c") for a in argv):
+            try:
+                check_command_line(argv)
+            except ConfigError as exc:
+                print(f"autocompile: error: {exc}", file=sys.stderr)
+                sys.exit(2)
+        sys.argv = [sys.argv[0], *argv]
+        hydra_main()
+    except KeyboardInterrupt as exc:  # before or between studies: nothing runs that needs stopping
+        interrupted_exit(exc)

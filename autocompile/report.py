@@ -25,7 +25,7 @@ from autocompile.racing import confirmed, phase, phase_trials, study_noise, verd
 from autocompile.settings import LaunchSettings, Settings, _BaseConfig
 from autocompile.space import SearchSpace
 from autocompile.spec import MeasureSettings, ModelSpec, Workload
-from autocompile.study import feasible, interrupted, measured_trials
+from autocompile.study import feasible, interrupted, journal_file, measured_trials
 from autocompile.view import console as make_console
 
 
@@ -142,7 +142,8 @@ def compiled_programs(trials: list[optuna.trial.FrozenTrial]) -> list[dict[str, 
 
 
 def look_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
-    storage = settings.study.storage or str(run_dir / "optuna.journal")
+    journal = journal_file(settings.study.storage, run_dir)  # optuna-dashboard takes a journal file's path
+    storage = str(journal) if journal is not None else settings.study.storage
     commands = {"optuna-dashboard (pip install optuna-dashboard)": f"optuna-dashboard {shlex.quote(storage)}"}
     if settings.tracking.enabled:
         commands["MLflow UI"] = f"mlflow ui --backend-store-uri {shlex.quote(settings.tracking_uri)} --port 5000"

@@ -44,7 +44,8 @@ class StudySettings:
     model and workload, then what the study fixes (``+compile.mode=max-autotune``, a non-default
     objective), so each job of a sweep over those is a study of its own."""
     storage: str = ""
-    """Optuna storage URL; empty = a journal file in the run directory."""
+    """Optuna storage URL (``postgresql://...``), or the path of a journal file (no URL scheme); empty =
+    a journal file in the run directory."""
     n_trials: int = 20
     """Trials to finish (complete, pruned or failed), counting those of a resumed study."""
     timeout_s: float = 0.0

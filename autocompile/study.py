@@ -45,18 +45,29 @@ def is_search(trial: FrozenTrial) -> bool:
     return trial.user_attrs.get("phase", "search") == "search"
 
 RDB_SCHEMES = ("postgresql", "mysql", "sqlite", "oracle", "mssql")
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def journal_file(url: str, run_dir: Path) -> Path | None:
+    """The journal file a ``study.storage`` names, absolute: the run directory's when empty, or a plain
+    path (no URL scheme), as optuna-dashboard and Optuna's docs name one; None for a URL."""
+    if not url:
+        return (run_dir / "optuna.journal").resolve()
+    return None if "://" in url else Path(url).expanduser().resolve()
 
 
 def storage_for(url: str, run_dir: Path, heartbeat_s: int = 30) -> optuna.storages.BaseStorage:
-    """The study's storage: a journal file in the run directory unless a URL is given.
+    """The study's storage: a journal file (in the run directory unless a path is given) or a URL.
 
     Database URLs get Optuna heartbeats: a trial whose tuner stops beating (killed, node lost) is
     failed by whichever tuner notices, and its configuration queued again.
     """
+    journal = journal_file(url, run_dir)
     try:
-        if not url:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFileBackend(str(run_dir / "optuna.journal")))
+        if journal is not None:
+            if not url:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            return JournalStorage(JournalFileBackend(str(check_journal(journal))))
         if url.split(":", 1)[0].split("+", 1)[0] in RDB_SCHEMES:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -64,9 +75,19 @@ def storage_for(url: str, run_dir: Path, heartbeat_s: int = 30) -> optuna.storag
                                                   grace_period=3 * heartbeat_s)
         return optuna.storages.get_storage(url)
     except Exception as exc:
-        raise ConfigError(f"study.storage={url or run_dir / 'optuna.journal'!s} cannot be opened "
+        raise ConfigError(f"study.storage={url or journal!s} cannot be opened "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                          "fix the URL or leave it empty for a journal file in the run directory") from exc
+                          "fix the path or URL, or leave it empty for a journal file in the run directory") from exc
+
+
+def check_journal(path: Path) -> Path:
+    """Not a SQLite database: appending journal records would corrupt it (optuna-dashboard refuses
+    such a path the same way)."""
+    if path.is_file():
+        with open(path, "rb") as f:
+            if f.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
+                raise ValueError(f"{path} is a SQLite database: name it sqlite:///{path}")
+    return path
 
 
 def open_study(name: str, storage: optuna.storages.BaseStorage, directions: list[str], seed: int) -> optuna.Study:
@@ -102,8 +123,12 @@ def check_resumable(settings: Settings, run_dir: Path, opened: dict[str, optuna.
     """Before anything starts: an existing study of this name must match the workload (read only).
     ``opened`` keeps the storages of earlier jobs of a sweep by URL: each is opened once."""
     url, name = settings.study.storage, settings.study.name
-    if not url and not (run_dir / "optuna.journal").is_file():
-        return
+    journal = journal_file(url, run_dir)
+    if journal is not None and not journal.is_file():
+        if url and not journal.parent.is_dir():  # a mistyped path fails here, before anything starts
+            raise ConfigError(f"study.storage={url} cannot be opened (no directory {journal.parent}): "
+                              "create it or fix the path")
+        return  # nothing to resume, and a check creates nothing
     key = url or str(run_dir)
     if key not in opened:
         opened[key] = storage_for(url, run_dir)

@@ -10,7 +10,8 @@ plot the params and metrics that the selected runs share:
 - one experiment per model (``tracking.experiment`` overrides), so the studies of one model,
   including every job of a Hydra multirun, are side by side; the workload is a param of each run;
 - one parent run per study, named after it; a resumed study continues under the same parent
-  (its id is kept in the Optuna study) and never logs a trial twice;
+  (its id is kept in the Optuna study) and never logs a trial twice; tuners started together make
+  it one at a time (a lock in the run directory; a fresh SQLite store is created under a lock too);
 - one child run per finished trial (``mlflow.parentRunId`` set explicitly), named ``#N`` plus the
   knobs that differ from their defaults (fixed knobs left out: they are the same in every trial).
   Params: every knob under its dotted key (``n/a`` where it does not apply), plus the workload.
@@ -27,6 +28,7 @@ HTTP one call per metric is slow.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import platform
@@ -37,14 +39,17 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.knobs import KNOBS
 from autocompile.settings import ConfigError, Settings
-from autocompile.study import is_orphaned, owner, pid_namespace
+from autocompile.study import is_orphaned, journal_file, owner, pid_namespace
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,8 @@ METRICS = ("tokens_per_s", "step_s", "step_s_cv", "compile_s", "first_step_s", "
 INACTIVE = "n/a"
 """Param value of a knob that does not apply to the trial (e.g. compile.mode of an eager trial)."""
 PARENT_FILES = ("summary.json", "best_config.yaml", "best_config.py")
+PARENT_LOCK = ".mlflow-parent.lock"
+"""In the run directory: the study's tuners on this machine create its parent run one at a time."""
 LOG_GRACE_S = 600
 """A trial another live tuner finished is left to it for this long (it logs its own trials)."""
 # Short causes of an unusable store, found in the (long, nested) exception text.
@@ -94,10 +101,36 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
 
 
-def check_store(uri: str) -> None:
-    """Fail before any trial when the tracking store cannot be reached or written (one-line ConfigError)."""
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive across the processes of this machine (``flock``). The kernel drops it when its holder
+    dies, ``kill -9`` included, so a dead tuner never blocks the others."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def store_lock(uri: str) -> contextlib.AbstractContextManager[None]:
+    """Held while a SQLite store is opened: the first opening creates and migrates its schema, and
+    MLflow's migrations fail when two processes run them at once ("duplicate column name")."""
+    db = sqlite_path(uri)
+    return file_lock(db.with_name(db.name + ".lock")) if db is not None else contextlib.nullcontext()
+
+
+def open_client(uri: str) -> MlflowClient:
+    """An MlflowClient whose store exists (the client opens its store when made, creating a new one)."""
     from mlflow.tracking import MlflowClient
 
+    with store_lock(uri):
+        return MlflowClient(tracking_uri=uri)
+
+
+def check_store(uri: str) -> None:
+    """Fail before any trial when the tracking store cannot be reached or written (one-line ConfigError)."""
     for chatty in ("alembic", "mlflow.store.db.utils"):  # schema creation of a new store, at INFO
         logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
@@ -107,7 +140,7 @@ def check_store(uri: str) -> None:
             if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
                 raise PermissionError("Permission denied")
         with quick_http():
-            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+            open_client(uri).search_experiments(max_results=1)
     except Exception as exc:
         what = "is not reachable" if uri.startswith(("http://", "https://")) else "cannot be opened for writing"
         raise ConfigError(f"tracking.uri={uri} {what} ({_cause(exc)}): start the MLflow server, fix tracking.uri, "
@@ -216,14 +249,15 @@ class NoTracker:
 
 class MlflowTracker:
     def __init__(self, settings: Settings, study: optuna.Study, run_dir: Path) -> None:
-        from mlflow.tracking import MlflowClient
-
         self.settings = settings
         self.study = study
         self.uri = settings.tracking_uri
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = open_client(self.uri)
         self._environment: dict[str, Any] | None = None
-        self.parent_id, self.experiment_id = self._parent_run(run_dir)
+        # Tuners of one study started together would each find no parent and make one: one at a time,
+        # the first makes it and records it in the study, the others find it there.
+        with file_lock(run_dir / PARENT_LOCK):
+            self.parent_id, self.experiment_id = self._parent_run(run_dir)
         self.children = self._children()
         # Trials finished before this tuner started (a resume, or another tuner process) are logged now.
         self.sync()
@@ -231,10 +265,17 @@ class MlflowTracker:
     # -- the study's parent run ---------------------------------------------------------------------
 
     def _experiment(self) -> str:
+        from mlflow.exceptions import MlflowException
+
         name = experiment_name(self.settings)
         experiment = self.client.get_experiment_by_name(name)
         if experiment is None:
-            return self.client.create_experiment(name, artifact_location=artifact_location(self.uri, name))
+            try:
+                return self.client.create_experiment(name, artifact_location=artifact_location(self.uri, name))
+            except MlflowException:  # another study of this model made it meanwhile (a parallel sweep)
+                experiment = self.client.get_experiment_by_name(name)
+                if experiment is None:
+                    raise
         if experiment.lifecycle_stage == "deleted":
             self.client.restore_experiment(experiment.experiment_id)
         return experiment.experiment_id
@@ -254,9 +295,10 @@ class MlflowTracker:
             log.info("MLflow: the study's parent run %s is not in %s; starting a new one", parent, self.uri)
         experiment_id = self._experiment()
         s, w = self.settings, self.settings.workload
+        journal = journal_file(s.study.storage, run_dir)
         run = self.client.create_run(experiment_id, run_name=self.study.study_name, tags={
             STUDY_TAG: self.study.study_name, "autocompile.run_dir": str(run_dir.resolve()),
-            "autocompile.storage": public_url(s.study.storage) or str(run_dir.resolve() / "optuna.journal"),
+            "autocompile.storage": str(journal) if journal is not None else public_url(s.study.storage),
             "mlflow.note.content": f"autocompile study `{self.study.study_name}`: {s.model.name}, objective "
                                   f"{s.objective.kind}. Its trials are the child runs; the summary, tables and "
                                   "plots are this run's artifacts.",
@@ -306,8 +348,9 @@ class MlflowTracker:
                 self.log_trial(trial)
 
     def converge(self) -> None:
-        """Tuners that started a fresh study together each made a parent; the one the study recorded last
-        wins: the others move their children under it and delete their own."""
+        """Tuners on several machines (no shared run directory, so no shared lock) that started a fresh
+        study together may each have made a parent; the one the study recorded last wins: the others
+        move their children under it and delete their own."""
         winner = self.study.user_attrs.get(PARENT_ATTR)
         if not winner or winner == self.parent_id:
             return

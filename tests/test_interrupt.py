@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from autocompile import launcher
 from autocompile.launcher import Interrupted, launch, prepare, read_progress
 from autocompile.spec import ModelSpec
-from autocompile.study import counted
+from autocompile.study import counted, measured_trials
 from tests.conftest import make_spec
 from tests.test_tuner import ROOT, TINY, load
 
@@ -77,6 +77,51 @@ def test_ctrl_c_stops_the_study_kills_its_trials_and_leaves_none_running(tmp_pat
         t.number for t in interrupted)
     (summary,) = tmp_path.glob("*/summary.json")  # the report of what was done is written
     assert json.loads(summary.read_text())["stop_reason"] == "interrupted"
+
+
+@pytest.mark.parametrize("slots", [1, pytest.param(2, marks=pytest.mark.integration)])
+def test_sigterm_stops_the_study_as_ctrl_c_does_and_a_rerun_resumes_it(tmp_path: Path, slots: int) -> None:
+    # What `timeout -s TERM` and SLURM do: SIGTERM to the tuner's whole process group, mid-trial.
+    args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", f"launch.slots={slots}",
+            "+model.block_sleep_s=0.02", "compile.scope=none", "amp.dtype=none", "measure.windows=50",
+            "study.n_trials=3", "study.prune=false"]
+    with open(tmp_path / "tuner.log", "wb") as out:
+        tuner = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.time() + 120
+            while time.time() < deadline and in_windows(tmp_path) < slots and tuner.poll() is None:
+                time.sleep(0.2)
+            assert in_windows(tmp_path) == slots, (tmp_path / "tuner.log").read_text()[-3000:]
+            os.killpg(tuner.pid, signal.SIGTERM)
+            returncode = tuner.wait(timeout=60)
+        finally:
+            if tuner.poll() is None:
+                tuner.kill()
+    log = (tmp_path / "tuner.log").read_text()
+    assert returncode == 128 + signal.SIGTERM, log[-3000:]
+    assert "interrupted by SIGTERM" in log and "rerun the same command to resume" in log
+    time.sleep(1)
+    assert alive(str(tmp_path)) == []  # no torchrun, no worker left behind
+
+    study = load(tmp_path)
+    assert [t for t in study.trials if t.state == TrialState.RUNNING] == []
+    interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
+    assert len(interrupted) == slots
+    assert all(t.state == TrialState.FAIL and t.user_attrs["reason"] == "the tuner was interrupted"
+               for t in interrupted)
+    for t in interrupted:
+        assert json.loads((Path(t.user_attrs["trial_dir"]) / "result.json").read_text())["status"] == "interrupted"
+
+    rerun = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    study = load(tmp_path)
+    assert [t.number for t in study.trials if t.user_attrs.get("interrupted")] == [t.number for t in interrupted]
+    for t in interrupted:  # each interrupted configuration measured again, once
+        (retry,) = [r for r in study.trials if r.user_attrs.get("retry_of") == t.number]
+        assert retry.state == TrialState.COMPLETE and retry.user_attrs["identity"] == t.user_attrs["identity"]
+    assert sum(counted(t) for t in study.trials) == 3  # the interrupted trials are not counted
+    identities = [t.user_attrs["identity"] for t in measured_trials(study)]
+    assert len(identities) == len(set(identities))  # nothing measured twice
 
 
 def test_a_set_interrupt_kills_a_running_trial_and_starts_no_other(tmp_path: Path) -> None:

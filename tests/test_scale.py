@@ -36,6 +36,41 @@ def test_two_tuner_processes_share_one_study_without_measuring_anything_twice(tm
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("n", [2, 3])
+def test_tuners_started_at_once_on_a_fresh_root_share_the_default_stores(tmp_path: Path, n: int) -> None:
+    # The same command in n shells: the MLflow store (sqlite:///<output_root>/mlflow.db), the study
+    # and its parent run are all created by whichever comes first, at the same instant.
+    from mlflow.tracking import MlflowClient
+
+    from autocompile.tracking import PARENT_ATTR, STUDY_TAG
+
+    args = [sys.executable, "-m", "autocompile", "+model=gpt2-tiny", "compile.backend=aot_eager", "study.n_trials=4",
+            "workload.batch_size=2", "workload.seq_len=[16]", "workload.device=cpu", "measure.windows=2",
+            "measure.window_steps=2", "measure.warmup_steps=2", f"output_root={tmp_path}"]
+    tuners = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+              for _ in range(n)]
+    for tuner in tuners:
+        _, err = tuner.communicate(timeout=900)
+        assert tuner.returncode == 0, err[-3000:]
+    study = load(tmp_path)
+    trials = study.get_trials()
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    identities = [t.user_attrs["identity"] for t in measured_trials(study)]
+    assert len(identities) == len(set(identities))  # no configuration measured twice
+    assert 4 <= sum(counted(t) for t in trials) <= 4 + n - 1
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              f"tags.`{STUDY_TAG}` = '{study.study_name}'")
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.run_id == study.user_attrs[PARENT_ATTR] and parent.info.status == "FINISHED"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    logged = sorted(int(r.data.tags["optuna.trial_number"]) for r in children)
+    assert logged == [t.number for t in trials if t.state.is_finished()]  # each trial once
+    assert len(children) == len(runs) - 1  # and nothing under another parent
+
+
+@pytest.mark.integration
 def test_two_slots_run_trials_side_by_side_each_on_its_own_core(tmp_path: Path) -> None:
     run = tune_cli(tmp_path, "compile.backend=eager", "launch.slots=2", "study.baselines=false",
                    "study.n_trials=4", "study.prune=false")

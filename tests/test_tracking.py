@@ -12,9 +12,12 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +253,171 @@ def test_plots_and_tables_cover_studies_where_nothing_completed_or_everything_di
         assert "graph break \\| in forward" in table and "compile alone too slow" in table  # reasons, escaped
     assert "module vs none: steps 20.0% faster" in (tmp_path / "all" / "knob_verdicts.md").read_text()
     assert "Plotly.newPlot" in (tmp_path / "all" / "plots.html").read_text()
+
+
+# -- tuners started together: one store creation, one parent run -------------------------------------
+
+SIMULTANEOUS_CHECK = """
+import sys, time
+from pathlib import Path
+from autocompile.tracking import check_store
+uri, barrier, me, n = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+(barrier / me).touch()
+while len(list(barrier.iterdir())) < n:  # every process imported: start together
+    time.sleep(0.001)
+check_store(uri)
+"""
+
+
+def test_tuners_checking_a_fresh_sqlite_store_at_once_all_succeed(tmp_path: Path) -> None:
+    # Unlocked, their schema migrations collide: "duplicate column name: step", "table ... already exists".
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    checks = [subprocess.Popen([sys.executable, "-c", SIMULTANEOUS_CHECK, uri, str(barrier), str(i), "3"], cwd=ROOT,
+                               stderr=subprocess.PIPE, text=True) for i in range(3)]
+    for check in checks:
+        _, err = check.communicate(timeout=300)
+        assert check.returncode == 0, err[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    assert [e.name for e in MlflowClient(uri).search_experiments()] == ["Default"]
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from autocompile.tracking import store_lock
+uri, marker = sys.argv[1], Path(sys.argv[2])
+with store_lock(uri):
+    marker.write_text("held")
+    while not marker.with_name("release").exists():
+        time.sleep(0.01)
+    marker.write_text("released")
+"""
+
+
+def test_the_store_lock_holds_off_another_process_until_it_lets_go(tmp_path: Path) -> None:
+    from autocompile.tracking import store_lock
+
+    uri, marker = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "marker"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, uri, str(marker)], cwd=ROOT)
+    try:
+        while not marker.exists():
+            assert holder.poll() is None
+            time.sleep(0.01)
+        seen: list[str] = []
+
+        def take() -> None:
+            with store_lock(uri):
+                seen.append(marker.read_text())
+
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive() and not seen  # blocked while the other process holds it
+        (tmp_path / "release").touch()
+        waiter.join(60)
+        assert seen == ["released"]
+    finally:
+        (tmp_path / "release").touch()
+        holder.wait(60)
+
+
+def tracked_settings(tmp_path: Path) -> Any:
+    from hydra import compose, initialize_config_dir
+
+    from autocompile.app import available_models
+    from autocompile.settings import register, settings_from
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return settings_from(compose("config", overrides=[*MODEL, f"output_root={tmp_path}"]), available_models())
+
+
+def parents(client: Any, study_name: str) -> list[Any]:
+    from autocompile.tracking import STUDY_TAG
+
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              f"tags.`{STUDY_TAG}` = '{study_name}'")
+    return [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+
+
+def test_tuners_starting_a_fresh_study_together_make_one_parent_run(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from autocompile.study import open_study, storage_for
+    from autocompile.tracking import MlflowTracker
+
+    settings = tracked_settings(tmp_path)
+    run_dir = tmp_path / "study"
+    open_study("fresh", storage_for("", run_dir), ["minimize"], seed=0)
+    making = MlflowTracker._experiment
+
+    def slow_experiment(self: MlflowTracker) -> str:
+        time.sleep(0.5)  # between reading the study (no parent yet) and recording the new parent
+        return making(self)
+
+    monkeypatch.setattr(MlflowTracker, "_experiment", slow_experiment)
+
+    def start_tuner(_: int) -> MlflowTracker:  # each with its own storage object, as a process has
+        return MlflowTracker(settings, optuna.load_study(study_name="fresh", storage=storage_for("", run_dir)),
+                             run_dir)
+
+    with ThreadPoolExecutor(3) as pool:
+        trackers = list(pool.map(start_tuner, range(3)))
+    assert len({t.parent_id for t in trackers}) == 1
+    assert [r.info.run_id for r in parents(trackers[0].client, "fresh")] == [trackers[0].parent_id]
+
+
+def test_parents_made_on_several_machines_merge_into_the_one_the_study_recorded(tmp_path: Path) -> None:
+    from optuna.trial import create_trial
+
+    from autocompile.study import open_study, storage_for
+    from autocompile.tracking import PARENT_ATTR, MlflowTracker
+
+    settings = tracked_settings(tmp_path)
+    study = open_study("merged", storage_for("", tmp_path / "here"), ["minimize"], seed=0)
+    here = MlflowTracker(settings, study, tmp_path / "here")
+    # Another machine's tuner (another run directory, no shared lock) read the study before `here`
+    # recorded its parent, so it made a parent of its own and recorded it last.
+    study.set_user_attr(PARENT_ATTR, "")
+    there = MlflowTracker(settings, study, tmp_path / "there")
+    assert there.parent_id != here.parent_id
+    study.add_trial(create_trial(value=1.0, user_attrs={"config": {"compile.scope": "none"}}))
+    here.log_trial(study.trials[0])
+    lost = here.parent_id
+
+    here.converge()
+    assert here.parent_id == there.parent_id
+    client = here.client
+    assert client.get_run(lost).info.lifecycle_stage == "deleted"
+    assert [r.info.run_id for r in parents(client, "merged")] == [there.parent_id]
+    (child,) = client.search_runs([here.experiment_id], f"tags.`mlflow.parentRunId` = '{there.parent_id}'")
+    assert child.data.tags["optuna.trial_number"] == "0"
+
+
+def test_studies_of_one_model_started_together_share_its_experiment(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from autocompile.study import open_study, storage_for
+    from autocompile.tracking import MlflowTracker, experiment_name
+
+    settings = tracked_settings(tmp_path)
+    looking = MlflowClient.get_experiment_by_name
+
+    def slow_lookup(self: MlflowClient, name: str) -> Any:
+        found = looking(self, name)
+        time.sleep(0.5)  # both studies find no experiment, then both create it
+        return found
+
+    monkeypatch.setattr(MlflowClient, "get_experiment_by_name", slow_lookup)
+
+    def start_study(name: str) -> MlflowTracker:  # two jobs of a parallel sweep: a run directory each
+        run_dir = tmp_path / name
+        return MlflowTracker(settings, open_study(name, storage_for("", run_dir), ["minimize"], seed=0), run_dir)
+
+    with ThreadPoolExecutor(2) as pool:
+        trackers = list(pool.map(start_study, ["a", "b"]))
+    assert trackers[0].experiment_id == trackers[1].experiment_id
+    assert trackers[0].client.get_experiment(trackers[0].experiment_id).name == experiment_name(settings)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,17 +16,21 @@ from typing import Any
 
 import optuna
 import psutil
+import pytest
 import torch
+import yaml
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from autocompile.objective import Objective
-from autocompile.settings import ObjectiveSettings
+from autocompile.settings import ConfigError, ObjectiveSettings
 from autocompile.study import (
+    SQLITE_HEADER,
     counted,
     heartbeat,
     is_orphaned,
+    journal_file,
     measured_trials,
     open_study,
     owner,
@@ -114,22 +120,28 @@ def test_failure_guard_stops_a_study_that_only_fails(tmp_path: Path) -> None:
 
 
 def test_snippet_applies_the_winner(tmp_path: Path) -> None:
+    # Two regional configurations that cost the same: which one wins is up to machine load, so
+    # nothing below assumes the winner; the snippet must apply whichever it was.
     run = tune_cli(tmp_path, "compile.scope=regional", "compile.backend=eager", "amp.dtype=none",
                    "ac.policy=none", "study.n_trials=2")
     assert run.returncode == 0, run.stderr[-3000:]
     run_dir = next(tmp_path.glob("*/summary.json")).parent
-    summary = json.loads((run_dir / "summary.json").read_text())
-    winner = summary["best"]["result"]["compiled"]
-    assert winner == ["blocks.0", "blocks.1"]
+    best = json.loads((run_dir / "summary.json").read_text())["best"]
+    winner = best["result"]["compiled"]
+    assert winner  # regional compile at any granularity compiles something
     spec = importlib.util.spec_from_file_location("best_config", run_dir / "best_config.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     model = tiny_lm()
     step = module.build_step(model, torch.optim.AdamW(model.parameters()))
     assert step.compiled == winner
-    assert all(b._compiled_call_impl is not None for b in model.blocks)
+    units = [n for n in winner if n not in ("optimizer.step", "compiled_autograd")]
+    assert units and all((model if n == "model" else model.get_submodule(n))._compiled_call_impl is not None
+                         for n in units)
     assert float(step(torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long))) > 0
-    assert "compile.scope=regional" in (run_dir / "best_config.yaml").read_text().replace(": ", "=")
+    written = yaml.safe_load((run_dir / "best_config.yaml").read_text())
+    assert written["trial"] == best["number"] and written["knobs"] == best["config"]
+    assert written["knobs"]["compile.scope"] == "regional"
 
 
 def test_kill_9_mid_trial_then_rerun_resumes_without_loss_or_double_counting(tmp_path: Path) -> None:
@@ -191,13 +203,45 @@ def test_bad_input_leaves_an_existing_study_intact(tmp_path: Path) -> None:
     before = journal.read_bytes()
     # The last two resume the same study name on another workload: its results would stand for it.
     for bad in ("study.n_trials=0", "objective.kind=fastest", "compile.scoop=1", "study.storage=sqlite:////no/dir/x.db",
-                "measure.window_steps=3", "+model.block_sleep_s=0.01"):
+                "study.storage=/no/dir/study.journal", "measure.window_steps=3", "+model.block_sleep_s=0.01"):
         again = tune_cli(tmp_path, "compile.scope=none", "amp.dtype=none", "ac.policy=none", bad)
         assert again.returncode != 0, bad
         assert len(again.stderr.strip().splitlines()) == 1, again.stderr
         assert journal.read_bytes() == before
         if bad.startswith(("measure.", "+model.")):
             assert "was measured on another workload" in again.stderr and bad.split("=")[0][-12:] in again.stderr
+
+
+def test_a_plain_path_as_storage_is_a_journal_file_that_optuna_dashboard_opens(tmp_path: Path) -> None:
+    journal = tmp_path / "journals" / "study.journal"
+    journal.parent.mkdir()
+    small = ("compile.scope=none", "amp.dtype=none", "ac.policy=none")
+    run = tune_cli(tmp_path, *small, "study.n_trials=1", f"study.storage={journal}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert journal.is_file() and not list(tmp_path.glob("*/optuna.journal"))
+    commands = json.loads(next(tmp_path.glob("*/summary.json")).read_text())["commands"]
+    dashboard = next(shlex.split(c) for c in commands.values() if c.startswith("optuna-dashboard "))
+    assert dashboard == ["optuna-dashboard", str(journal)]  # absolute: it works from any directory
+    # What optuna-dashboard does with a path: a file without the SQLite header is a journal.
+    assert not journal.read_bytes().startswith(SQLITE_HEADER)
+    (summary,) = optuna.get_all_study_summaries(JournalStorage(JournalFileBackend(dashboard[1])))
+    assert summary.n_trials == 1
+
+    # The same file by a relative path (from the working directory) resumes the same study.
+    again = tune_cli(tmp_path, *small, "study.n_trials=2", f"study.storage={os.path.relpath(journal, ROOT)}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    (summary,) = optuna.get_all_study_summaries(JournalStorage(JournalFileBackend(str(journal))))
+    assert summary.n_trials == 2
+
+
+def test_a_storage_path_that_names_a_sqlite_database_is_refused_with_its_url(tmp_path: Path) -> None:
+    db = tmp_path / "study.db"
+    storage_for(f"sqlite:///{db}", tmp_path)  # a SQLite file made by Optuna
+    assert journal_file("study.journal", tmp_path) == Path.cwd() / "study.journal"
+    assert journal_file("", tmp_path) == tmp_path.resolve() / "optuna.journal"
+    assert journal_file(f"sqlite:///{db}", tmp_path) is None
+    with pytest.raises(ConfigError, match=re.escape(f"is a SQLite database: name it sqlite:///{db}")):
+        storage_for(str(db), tmp_path)
 
 
 def test_multirun_runs_one_study_per_combination_with_a_combined_summary(tmp_path: Path) -> None:
