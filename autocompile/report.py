@@ -85,6 +85,8 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
                 if t.state == TrialState.COMPLETE and feasible(t)]
     counts = {
         "trials": len([t for t in trials if t.state != TrialState.RUNNING]),
+        "search": len([t for t in trials if t.state != TrialState.RUNNING
+                       and t.user_attrs.get("phase", "search") == "search"]),
         "measured": len(measured),
         "complete": sum(t.state == TrialState.COMPLETE for t in measured),
         "infeasible": sum(t.state == TrialState.COMPLETE for t in measured) - len(complete),
