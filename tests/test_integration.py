@@ -36,6 +36,7 @@ def test_real_inductor_study_of_8_trials_recommends_and_writes_a_working_snippet
     run = subprocess.run(
         [sys.executable, "-m", "autocompile", "+model=gpt2-tiny", "study.n_trials=8", "workload.batch_size=4",
          "workload.seq_len=[64]", "measure.windows=3", "measure.window_steps=3", "tracking.enabled=false",
+         "study.confirm_top=0", "study.verdicts=none", "measure.max_timed_s=2",  # phases: tests/test_confirm.py
          f"output_root={tmp_path}"], cwd=root, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-3000:]
     for words in ("Best", "Pareto front", "Verdict per knob", "best_config.py", "Measure it again"):
