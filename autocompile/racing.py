@@ -118,8 +118,9 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
         if (step := step_time(t)) is not None:
             c.steps[a["round"]] = step
     measured = [c for c in candidates.values() if c.steps]
-    if not measured:
-        return {"winner": None, "reason": "no repeat of any candidate completed",
+    if len(measured) < 2:  # an interrupted phase, or every other candidate failed: nothing was raced
+        return {"winner": None, "reason": f"{len(measured)} candidate(s) with a completed repeat: no race (an "
+                                          "interrupted phase resumes when the same command runs again)",
                 "candidates": [c.summary() for c in candidates.values()]}
 
     def mean_score(c: Candidate) -> float:

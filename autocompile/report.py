@@ -25,7 +25,7 @@ from autocompile.racing import confirmed, phase, phase_trials, study_noise, verd
 from autocompile.settings import LaunchSettings, Settings, _BaseConfig
 from autocompile.space import SearchSpace
 from autocompile.spec import MeasureSettings, ModelSpec, Workload
-from autocompile.study import feasible, interrupted, journal_file, measured_trials
+from autocompile.study import feasible, interrupted, is_search, journal_file, measured_trials
 from autocompile.view import console as make_console
 
 
@@ -84,9 +84,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     complete = [entry(t, objective) for t in measured
                 if t.state == TrialState.COMPLETE and feasible(t)]
     counts = {
-        "trials": len([t for t in trials if t.state != TrialState.RUNNING]),
-        "search": len([t for t in trials if t.state != TrialState.RUNNING
-                       and t.user_attrs.get("phase", "search") == "search"]),
+        "trials": len([t for t in trials if t.state != TrialState.RUNNING and is_search(t)]),
         "measured": len(measured),
         "complete": sum(t.state == TrialState.COMPLETE for t in measured),
         "infeasible": sum(t.state == TrialState.COMPLETE for t in measured) - len(complete),
@@ -402,7 +400,8 @@ def print_report(report: Report, console: Console | None = None) -> None:
     console.print(f"{c['trials']} trials in {report.wall_s:.0f} s ({report.stop_reason}): {c['complete']} complete, "
                   f"{c['pruned']} pruned, {c['failed']} failed, {c['infeasible']} infeasible; "
                   f"{c['duplicates_skipped']} duplicates not measured again ({c['same_program']} of them compiled "
-                  f"a program already measured), {c['interrupted']} interrupted")
+                  f"a program already measured), {c['interrupted']} interrupted; then "
+                  f"{c['confirm_repeats']} confirmation and {c['verdict_repeats']} verdict repeats")
     best = report.best
     if best is None:
         console.print("[red]No trial completed: nothing to recommend. Failure reasons are in the trial table.")
@@ -445,7 +444,7 @@ def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
                       "two candidates).")
         return
     if not outcome.get("winner"):
-        console.print(f"[red]Confirmation failed: {outcome.get('reason')}")
+        console.print(f"[red]Not confirmed: {outcome.get('reason')}")
         return
     w = outcome["winner"]
     console.print(f"\n[bold green]Confirmed[/] over {outcome['rounds']} interleaved rounds: {outcome['conclusion']}.")

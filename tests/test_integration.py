@@ -36,16 +36,14 @@ def test_real_inductor_study_of_8_trials_recommends_and_writes_a_working_snippet
     run = subprocess.run(
         [sys.executable, "-m", "autocompile", "+model=gpt2-tiny", "study.n_trials=8", "workload.batch_size=4",
          "workload.seq_len=[64]", "measure.windows=3", "measure.window_steps=3", "tracking.enabled=false",
-         # The phases after the search, small: two rounds, the two best programs, two questions.
-         "study.confirm_top=2", "study.repeats=2", "study.verdicts=[placement.order,amp.dtype]",
-         f"output_root={tmp_path}"], cwd=root, capture_output=True, text=True, timeout=2400)
+         "study.confirm_top=0", "study.verdicts=none", "measure.max_timed_s=2",  # phases: tests/test_confirm.py
+         f"output_root={tmp_path}"], cwd=root, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-3000:]
     for words in ("Best", "Pareto front", "Verdict per", "best_config.py", "Measure it again"):
         assert words in run.stdout
     run_dir = next(tmp_path.glob("*/summary.json")).parent
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["counts"]["search"] == 8 and summary["best"] is not None
-    assert summary["counts"]["trials"] > 8  # the confirmation and verdict rounds are trials too
+    assert summary["counts"]["trials"] == 8 and summary["best"] is not None
     spec = importlib.util.spec_from_file_location("best_config", run_dir / "best_config.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -134,3 +134,8 @@ def test_verdicts_come_from_the_rounds_of_the_winner_and_its_neighbours() -> Non
     assert by_knob["amp.dtype"].measurable and by_knob["amp.dtype"].low > 0
     assert "measurably slower" in by_knob["amp.dtype"].verdict
     assert by_knob["placement.order"].identical and "identical program" in by_knob["placement.order"].verdict
+
+
+def test_a_race_with_one_measured_candidate_confirms_nothing() -> None:
+    outcome = confirmed(race_study({"compile": [0.02], "fancy": []}), Objective(ObjectiveSettings()))
+    assert outcome["winner"] is None and "no race" in outcome["reason"]

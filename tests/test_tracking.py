@@ -34,7 +34,8 @@ from autocompile.tracking import mlflow_server
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
          "workload.seq_len=[16]", "workload.device=cpu", "workload.threads=1", "measure.windows=2",
-         "measure.window_steps=2", "measure.warmup_steps=2", "compile.backend=aot_eager"]
+         "measure.window_steps=2", "measure.warmup_steps=2", "compile.backend=aot_eager", "measure.max_timed_s=0.5",
+         "study.confirm_top=0", "study.verdicts=none"]
 STUDY = [*MODEL, "+model.behaviour=graph_break", "compile.fullgraph=true", "objective.horizon_steps=10",
          "study.seed=0"]
 N_TRIALS = 6
