@@ -22,6 +22,7 @@ def test_inductor_module_regional_and_train_step(tmp_path: Path) -> None:
         assert any((Path(result["trial_dir"]) / "inductor_cache").iterdir())
 
 
+@pytest.mark.timeout(1800)  # its own subprocess limit: cold inductor compiles plus the numerics reference
 def test_real_inductor_study_of_8_trials_recommends_and_writes_a_working_snippet(tmp_path: Path) -> None:
     import importlib.util
     import json
