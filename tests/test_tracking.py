@@ -131,7 +131,8 @@ def test_every_trial_is_a_child_run_with_knobs_metrics_histories_and_reasons(stu
             loss = api(server, "metrics/get-history", run_id=info["run_id"], metric_key="loss")["metrics"]
             assert sorted(m["step"] for m in loss) == list(range(len(trial.user_attrs["result"]["losses"])))
             windows = api(server, "metrics/get-history", run_id=info["run_id"], metric_key="tokens_per_s_window")
-            assert len(windows["metrics"]) == 2
+            # One point per timed window: at least measure.windows, more while the mean is imprecise.
+            assert len(windows["metrics"]) == trial.user_attrs["result"]["windows"] >= 2
         else:
             reason = trial.user_attrs["reason"]
             assert reason and tags["reason"] == reason[:5000] and reason[:50] in tags["mlflow.note.content"]
