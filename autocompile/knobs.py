@@ -41,10 +41,18 @@ class Env:
     """Its blocks have more than one part with weights (sublayer granularity differs from block)."""
     has_rest: bool = True
     """Weights live outside the repeated stacks (``compile.rest`` can matter)."""
+    optimizer_impls: tuple[str, ...] = ("for_loop", "foreach", "fused")
+    """``optim.impl`` values besides ``default`` that the workload's optimizer takes and the device runs."""
+    scheduled: bool = True
+    """The workload has an LR schedule (``workload.lr_schedule``)."""
+    clips: bool = True
+    """The workload clips gradients (``workload.grad_clip_norm`` > 0)."""
 
     @classmethod
-    def detect(cls, device: str, world_size: int, shapes_vary: bool, structure: Any = None) -> Env:
-        """``structure``: a ``units.Structure`` of the model; without one every structural knob is offered."""
+    def detect(cls, device: str, world_size: int, shapes_vary: bool, structure: Any = None,
+               job: Mapping[str, Any] | None = None) -> Env:
+        """``structure``: a ``units.Structure`` of the model; ``job``: ``parts.knob_facts`` of the workload.
+        Without them every structural or optimizer knob value is offered."""
         import torch
         from torch._inductor import list_mode_options
 
@@ -61,6 +69,7 @@ class Env:
             modes=modes,
             nested_regions=hasattr(torch.compiler, "nested_compile_region"),
             **({} if structure is None else dataclasses.asdict(structure)),
+            **(job or {}),
         )
 
 
@@ -136,6 +145,16 @@ NOT_COMPILE_OF_DDP = Rule(
 )
 
 
+OPTIMIZER_STEP_COMPILED = Rule(
+    "the optimizer step is compiled (compile.optimizer, or compile.scope=train_step)",
+    lambda c, e: c["compile.scope"] == "train_step" or (c["compile.scope"] in ("module", "regional")
+                                                       and c["compile.optimizer"]))
+SCHEDULED = Rule("the workload has an LR schedule", lambda c, e: e.scheduled)
+IMPLS = Rule("the optimizer takes foreach/fused and the workload's optimizer sets neither",
+             lambda c, e: bool(e.optimizer_impls))
+CLIPS = Rule("the workload clips gradients (workload.grad_clip_norm > 0)", lambda c, e: e.clips)
+
+
 def _modes(config: Flat, env: Env) -> tuple[str, ...]:
     return env.modes
 
@@ -159,6 +178,10 @@ def _ddp_modes(config: Flat, env: Env) -> tuple[str, ...]:
     if config["compile.compiled_autograd"]:
         return ("python_reducer",)
     return ("ddp_optimizer", "no_optimization")
+
+
+def _optimizer_impls(config: Flat, env: Env) -> tuple[str, ...]:
+    return ("default", *env.optimizer_impls)
 
 
 BOOL = (False, True)
@@ -271,6 +294,27 @@ class AcKnobs:
 
 
 @dataclass(frozen=True)
+class OptimKnobs:
+    """How the optimizer step runs, and how the workload's schedule and clipping meet compiled code."""
+
+    impl: str = knob(
+        "default", values=_optimizer_impls, when=IMPLS,
+        doc="Optimizer implementation: torch's default for the device (foreach on CUDA, for-loop on CPU), "
+            "for_loop, foreach (multi-tensor) or fused kernels.",
+        question="Which optimizer implementation: default, foreach or fused?")
+    tensor_lr: bool = knob(
+        True, values=BOOL, search=(True,), when=OPTIMIZER_STEP_COMPILED & SCHEDULED,
+        doc="The compiled-optimizer-with-scheduler recipe: the learning rate as a tensor, so a scheduler's "
+            "change is data, not a recompile (False = a Python float: dynamo guards on it and recompiles the "
+            "optimizer step every step where it specialises it, e.g. foreach). Not searched: False is for showing it.")
+    clip: str = knob(
+        "eager", values=("eager", "compiled"), when=CLIPS & MODEL_COMPILED,
+        doc="Gradient clipping (clip_grad_norm_) in eager code between backward and step, or compiled: inside "
+            "the compiled optimizer step when compile.optimizer, else a compiled function of its own.",
+        question="Clip gradients in eager or in compiled code?")
+
+
+@dataclass(frozen=True)
 class TrialConfig:
     """One compile configuration; build it with :meth:`from_flat` so it is validated."""
 
@@ -279,6 +323,7 @@ class TrialConfig:
     ddp: DdpKnobs = field(default_factory=DdpKnobs)
     placement: PlacementKnobs = field(default_factory=PlacementKnobs)
     ac: AcKnobs = field(default_factory=AcKnobs)
+    optim: OptimKnobs = field(default_factory=OptimKnobs)
 
     @classmethod
     def from_flat(cls, values: Flat, env: Env, *, strict: bool = True) -> TrialConfig:

@@ -1,8 +1,11 @@
-"""Model factories and the structural facts the knobs need (repeated blocks, FLOPs per token).
+"""Model factories: GPT-2, Llama, BERT and ViT (Hugging Face transformers, random init, no download).
 
-A model for autocompile is any ``nn.Module`` that maps token ids ``(batch, seq)`` to logits
-``(batch, seq, vocab)`` (or an output with ``.logits``); factories are named by dotted path, like
-a Hydra ``_target_``, so user models plug in without registering anything.
+A model for autocompile is any ``nn.Module`` the data's inputs are fed to (a tensor, a tuple of
+positional arguments or a dict of keyword arguments) whose output the loss takes (logits, or an
+output with ``.logits``); factories are named by dotted path, like a Hydra ``_target_``, so user
+models plug in without registering anything. Every shipped factory builds for training:
+``use_cache=False`` (a cache object per block makes dynamo recompile per block) and, where a
+family has it, the loss type set so that no warning breaks the graph.
 """
 
 from __future__ import annotations
@@ -38,6 +41,61 @@ def gpt2(
     return model
 
 
+def llama(
+    num_hidden_layers: int = 16, hidden_size: int = 2048, num_attention_heads: int = 32, num_key_value_heads: int = 8,
+    intermediate_size: int = 8192, vocab_size: int = 128256, max_position_embeddings: int = 2048,
+    **config_fields: Any,
+) -> nn.Module:
+    """Hugging Face ``LlamaForCausalLM``; defaults are Llama-3.2-1B's shape (untied here: tying is a config field)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        num_hidden_layers=num_hidden_layers, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads, intermediate_size=intermediate_size, vocab_size=vocab_size,
+        max_position_embeddings=max_position_embeddings, use_cache=False, **config_fields)
+    model = LlamaForCausalLM(config)
+    model.loss_type = "ForCausalLM"
+    return model
+
+
+def bert(
+    num_hidden_layers: int = 12, hidden_size: int = 768, num_attention_heads: int = 12, intermediate_size: int = 3072,
+    vocab_size: int = 30522, max_position_embeddings: int = 512, dropout: float = 0.0, **config_fields: Any,
+) -> nn.Module:
+    """Hugging Face ``BertForMaskedLM``; defaults are BERT-base. Dropout 0 by default: every trial then
+    computes the same numbers, so losses can be compared with the eager reference."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(
+        num_hidden_layers=num_hidden_layers, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
+        intermediate_size=intermediate_size, vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
+        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, use_cache=False, **config_fields)
+    return BertForMaskedLM(config)
+
+
+def vit(
+    num_hidden_layers: int = 12, hidden_size: int = 768, num_attention_heads: int = 12, intermediate_size: int = 3072,
+    image_size: int = 224, patch_size: int = 16, num_channels: int = 3, num_labels: int = 1000, **config_fields: Any,
+) -> nn.Module:
+    """Hugging Face ``ViTForImageClassification``; defaults are ViT-B/16 at 224 pixels, 1000 classes."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(
+        num_hidden_layers=num_hidden_layers, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
+        intermediate_size=intermediate_size, image_size=image_size, patch_size=patch_size, num_channels=num_channels,
+        num_labels=num_labels, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **config_fields)
+    return ViTForImageClassification(config)
+
+
+def _config_fields(config_class: str) -> Callable[[], set[str]]:
+    def fields() -> set[str]:
+        import transformers
+
+        return set(getattr(transformers, config_class)().to_dict())
+
+    return fields
+
+
 def _gpt2_config_fields() -> set[str]:
     from transformers import GPT2Config
 
@@ -46,6 +104,9 @@ def _gpt2_config_fields() -> set[str]:
 
 # GPT2Config keeps any keyword, so a misspelled field would silently measure the default model.
 gpt2.accepts = _gpt2_config_fields  # type: ignore[attr-defined]
+llama.accepts = _config_fields("LlamaConfig")  # type: ignore[attr-defined]
+bert.accepts = _config_fields("BertConfig")  # type: ignore[attr-defined]
+vit.accepts = _config_fields("ViTConfig")  # type: ignore[attr-defined]
 
 
 def resolve(target: str) -> Callable[..., nn.Module]:

@@ -23,10 +23,12 @@ from autocompile.knobs import KNOBS
 from autocompile.objective import Objective
 from autocompile.racing import confirmed, phase, phase_trials, study_noise, verdicts
 from autocompile.settings import LaunchSettings, Settings, _BaseConfig
+from autocompile.snippet import snippet
 from autocompile.space import SearchSpace
 from autocompile.spec import MeasureSettings, ModelSpec, Workload
 from autocompile.study import feasible, interrupted, is_search, journal_file, measured_trials
 from autocompile.view import console as make_console
+from autocompile.warmstart import warm_line
 
 
 @dataclass
@@ -56,6 +58,8 @@ class Report:
     recommended: dict[str, Any] | None = None
     """What best_config.* applies: the confirmed winner, else the search's best."""
     phases_wall_s: dict[str, float] = field(default_factory=dict)
+    warm_start: dict[str, Any] | None = None
+    """The winner's compile artifacts and the compile time a warm start with them saved (``warmstart``)."""
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -65,7 +69,7 @@ class Report:
             "counts": self.counts, "best": self.best, "baselines": self.baselines, "speedups": self.speedups,
             "pareto": self.pareto, "effects": [e.as_dict() for e in self.effects],
             "noise": self.noise, "confirmed": self.confirmed, "verdicts": [e.as_dict() for e in self.verdicts],
-            "recommended": self.recommended, "phases_wall_s": self.phases_wall_s,
+            "recommended": self.recommended, "phases_wall_s": self.phases_wall_s, "warm_start": self.warm_start,
             "run_dir": self.run_dir, "measure_command": self.measure_command, "commands": self.commands,
         }
 
@@ -208,7 +212,9 @@ def measure_overrides(settings: Settings, config: dict[str, Any], threads: int |
 
 
 def model_yaml(choice: str) -> dict[str, Any]:
-    return yaml.safe_load((config_dir() / "model" / f"{choice}.yaml").read_text()) or {}
+    """The model config of ``+model=choice`` (under ``model:`` in a config that also sets the workload)."""
+    node = yaml.safe_load((config_dir() / "model" / f"{choice}.yaml").read_text()) or {}
+    return node["model"] if "_target_" not in node and isinstance(node.get("model"), dict) else node
 
 
 def model_choice(spec: ModelSpec) -> str:
@@ -285,100 +291,6 @@ def _is_number(text: str) -> bool:
     return True
 
 
-SNIPPET = '''"""Apply the best configuration autocompile found for {model} (study {study}, trial {number}).
-
-Measured: {tokens:,.0f} tokens/s, {step_ms:.2f} ms/step, compile {compile_s:.1f} s.
-Measure it again:  {command}
-"""
-
-import os
-
-import torch
-
-from autocompile import Env, TrialConfig, apply, lm_loss
-
-KNOBS = {knobs}
-DEVICE = {device!r}
-SEED = {seed!r}  # the study's workload.seed: every trial started from these weights and data
-{local_device}
-
-def build_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-    """Your model and optimizer, compiled the way that measured best (call after init_process_group for DDP)."""
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    config = TrialConfig.from_flat(KNOBS, Env.detect(DEVICE, world_size, shapes_vary={shapes_vary}))
-    return apply(model, optimizer, lm_loss, config, device={step_device})
-
-
-if __name__ == "__main__":
-    # The tuned workload on synthetic tokens; replace the model, optimizer and data with yours.{launch_hint}
-    from autocompile.data import SyntheticTokens
-    from autocompile.models import build
-{setup}
-    torch.manual_seed(SEED)
-    model = build({target!r}, {kwargs!r})
-    optimizer = torch.optim.AdamW(model.parameters(), lr={lr!r})
-    step = build_step(model, optimizer)
-    data = SyntheticTokens({vocab}, {batch_size}, {seq_len!r}, seed=SEED{rank}, device={data_device})
-    for i in range(10):
-        loss = step(*data.batch(i))
-    print("compiled:", step.compiled, "loss:", float(loss))
-{teardown}'''
-
-LOCAL_DEVICE = '''
-
-def local_device() -> str:
-    """This process's GPU under torchrun; without set_device every rank lands on cuda:0 (NCCL: "Duplicate GPU")."""
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    return f"cuda:{local}"
-'''
-
-# The device is set first: NCCL binds each rank to the current device when the group starts.
-PER_GPU_SETUP = '''
-    device = local_device()
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        torch.distributed.init_process_group("nccl")'''
-
-SETUP = '''
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        torch.distributed.init_process_group("{backend}")'''
-
-TEARDOWN = '''    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-'''
-
-
-def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace, command: str | None = None) -> str:
-    """``best_config.py``: one process per GPU (LOCAL_RANK) for a multi-GPU winner, plain otherwise."""
-    r, w = best["result"], settings.workload
-    distributed = w.world_size > 1
-    per_gpu = distributed and settings.device == "cuda"
-    setup = PER_GPU_SETUP if per_gpu else SETUP.format(backend="gloo") if distributed else ""
-    launch_hint = (f"\n    # Launch it as the study did: torchrun, {w.nproc_per_node} process(es) per node, "
-                   f"{w.nnodes} node(s).") if distributed else ""
-    # The report passes the command it already built (composing it reads every model config).
-    command = command or measure_command(settings, best["config"], (r.get("environment") or {}).get("threads"))
-    return SNIPPET.format(
-        model=settings.model.name, study=settings.study.name, number=best["number"], tokens=r["tokens_per_s"],
-        step_ms=r["step_s"] * 1e3, compile_s=r["compile_s"], command=docstring_safe(command),
-        knobs=python_dict(best["config"]), device=settings.device, seed=w.seed,
-        local_device=LOCAL_DEVICE if per_gpu else "", step_device="local_device()" if per_gpu else "DEVICE",
-        shapes_vary=w.shapes_vary, launch_hint=launch_hint, setup=setup, target=settings.model.target,
-        kwargs=settings.model.kwargs, lr=w.lr, vocab=settings.model.vocab_size, batch_size=w.batch_size,
-        seq_len=list(w.seq_len), rank=', rank=int(os.environ.get("RANK", 0))' if distributed else "",
-        data_device="device" if per_gpu else "DEVICE", teardown=TEARDOWN if distributed else "")
-
-
-def python_dict(values: dict[str, Any]) -> str:
-    """A dict literal, one key a line (repr, not JSON: a string "null" stays a string)."""
-    return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in values.items()) + "}"
-
-
-def docstring_safe(text: str) -> str:
-    """``text`` inside a triple-quoted docstring: backslashes doubled, no closing quotes."""
-    return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-
-
 def write_artifacts(report: Report, run_dir: Path) -> None:
     (run_dir / "summary.json").write_text(json.dumps(report.summary, indent=2, default=str))
     chosen = report.recommended
@@ -423,6 +335,8 @@ def print_report(report: Report, console: Console | None = None) -> None:
         console.print("Verdict per knob: no knob took two values among the complete trials.")
     if report.phases_wall_s:
         console.print("Wall time per phase: " + ", ".join(f"{k} {v:.0f} s" for k, v in report.phases_wall_s.items()))
+    if report.warm_start is not None or report.recommended is not None:
+        console.print(warm_line(report.warm_start))
     console.print(f"\nApply it: {report.run_dir}/best_config.py (code) and best_config.yaml")
     console.print(f"Measure it again: {report.measure_command}")
     for what, command in report.commands.items():

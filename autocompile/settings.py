@@ -25,6 +25,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from autocompile.knobs import KNOBS, Env, KnobError, TrialConfig
 from autocompile.launcher import Resources
 from autocompile.models import factory_kwargs, resolve
+from autocompile.parts import data_needs, knob_facts, need_message
 from autocompile.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
 from autocompile.units import Structure
 
@@ -72,6 +73,9 @@ class StudySettings:
     verdicts: Any = "all"
     """Questions answered by measuring the winner's one-knob neighbours in rounds with it: ``all``
     (every searched knob with a question), ``none``, or a list of knob keys ([amp.placement,compile.mode])."""
+    warm_start: bool = True
+    """Keep the winner's compile artifacts next to best_config.py (which loads them) and measure once
+    more, in a fresh process with them loaded, how much compile time that warm start saves."""
     repeat_cache: str = "warm"
     """``warm``: a repeat reuses its configuration's own inductor cache (from its first, cold run), so
     its steps are timed in a fresh process after a cheap compile; compile time is the cold run's.
@@ -278,15 +282,15 @@ class Settings:
 
     @property
     def env(self) -> Env:
-        """What may be sampled here: device, world size, torch, and the model's structure."""
+        """What may be sampled here: device, world size, torch, the model's structure and the job's parts."""
         return Env.detect(self.device, self.workload.world_size, self.workload.shapes_vary,
-                          model_structure(self.model))
+                          model_structure(self.model), knob_facts(self.workload, self.device))
 
     def measured_on(self) -> dict[str, Any]:
         """What every measurement of a study shares: a resumed study (or a second tuner on a shared
         storage) must match it, or results from another workload or machine would stand for this
         one (dedupe reuses them)."""
-        measure = {k: v for k, v in asdict(self.measure).items() if k not in ("timeout_s", "peak_tflops")}
+        measure = {k: v for k, v in asdict(self.measure).items() if k not in ("timeout_s", "peak_tflops", "artifacts")}
         return {"model": asdict(self.model), "model_code": model_code(self.model.target),
                 "workload": {**asdict(self.workload), "device": self.device, "threads": self.threads},
                 "measure": measure, "device_name": device_name(self.device), "versions": versions()}
@@ -332,29 +336,49 @@ class Settings:
         return max(1, len(resources.cpus) // self.workload.nproc_per_node)
 
 
-_STRUCTURES: dict[str, Structure | None] = {}
+_READ: dict[str, tuple[Structure, dict[str, Any]] | None] = {}
 
 
-def model_structure(model: ModelSpec) -> Structure | None:
-    """The model's repeated stacks, built once per model (on the meta device: no memory, no init);
-    None when it cannot be built here, and then every structural knob value is offered."""
+def read_model(model: ModelSpec) -> tuple[Structure, dict[str, Any]] | None:
+    """The model's repeated stacks and what the data can learn from it (``infer.model_facts``), built
+    once per model (on the meta device: no memory, no init); None when it cannot be built here."""
     key = json.dumps([model.target, model.kwargs], sort_keys=True, default=str)
-    if key not in _STRUCTURES:
+    if key not in _READ:
         import torch
 
+        from autocompile.infer import model_facts
         from autocompile.models import build
 
         try:
             with torch.device("meta"):
-                _STRUCTURES[key] = Structure.of(build(model.target, model.kwargs))
+                built = build(model.target, model.kwargs)
         except Exception as meta_exc:  # noqa: BLE001 (user code) a factory that loads weights: build it for real
             try:
-                _STRUCTURES[key] = Structure.of(build(model.target, model.kwargs))
+                built = build(model.target, model.kwargs)
             except Exception as exc:  # noqa: BLE001 (user code; the worker will report it per trial)
                 log.warning("model %s could not be built to read its structure (%r; on meta: %r): every "
                             "regional and checkpointing value is offered", model.name, exc, meta_exc)
-                _STRUCTURES[key] = None
-    return _STRUCTURES[key]
+                built = None
+        _READ[key] = None if built is None else (Structure.of(built), model_facts(built))
+    return _READ[key]
+
+
+def model_structure(model: ModelSpec) -> Structure | None:
+    """The model's repeated stacks; None when it cannot be built here (every structural value is offered)."""
+    read = read_model(model)
+    return read[0] if read else None
+
+
+def check_data(model: ModelSpec, workload: Workload) -> None:
+    """The data part gets every argument it needs, from its keys, the job or the model, or fails in one line."""
+    read = read_model(model)
+    if read is None:
+        return  # the model cannot be built here; the worker reports what is missing per trial
+    facts = {**read[1], **({"vocab_size": model.vocab_size} if model.vocab_size else {}),
+             "batch_size": 1, "seq_len": [], "seed": 0, "rank": 0, "world_size": 1, "device": "cpu"}
+    missing = data_needs(workload.data, facts)
+    if missing:
+        raise ConfigError(need_message("workload.data", workload.data["_target_"], missing[0]))
 
 
 def model_code(target: str) -> str:
@@ -402,22 +426,20 @@ def partition(cores: list[int], n: int) -> list[tuple[int, ...]]:
 def model_spec(node: Any, available: list[str]) -> ModelSpec:
     if node is None:
         raise ConfigError(f"no model given: add +model=NAME with NAME one of {', '.join(available)}, "
-                          "or +model=custom model._target_=pkg.module.factory model.vocab_size=N")
-    if isinstance(node, DictConfig):
-        for key, fix in (("_target_", "model._target_=pkg.module.factory"), ("vocab_size", "model.vocab_size=N")):
-            if key not in node or OmegaConf.is_missing(node, key):
-                raise ConfigError(f"the model config has no {key}: set {fix}")
+                          "or +model=custom model._target_=pkg.module.factory")
+    if isinstance(node, DictConfig) and ("_target_" not in node or OmegaConf.is_missing(node, "_target_")):
+        raise ConfigError("the model config has no _target_: set model._target_=pkg.module.factory")
     raw = dict(OmegaConf.to_container(node, resolve=True)) if isinstance(node, DictConfig) else dict(node)
     target = raw.pop("_target_", None)
     if target in (None, "", "???"):
         raise ConfigError("the model config has no _target_: set model._target_=pkg.module.factory")
     name = str(raw.pop("name", target.rsplit(".", 1)[-1]))
-    vocab = raw.get("vocab_size")
-    if vocab in (None, "???"):
-        raise ConfigError(f"model {name!r} has no vocab_size: set model.vocab_size=N (token ids of the synthetic data)")
+    vocab = raw.pop("vocab_size", None)
+    if vocab is not None:  # None: read from the model's input embedding
+        raw["vocab_size"] = vocab
     try:
         factory_kwargs(target, raw)
-        return ModelSpec(name=name, target=target, vocab_size=int(vocab), kwargs=raw)
+        return ModelSpec(name=name, target=target, vocab_size=None if vocab is None else int(vocab), kwargs=raw)
     except (ImportError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -459,6 +481,7 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
         # Fixed knobs must be valid on their own; under tune, one that does not apply to every
         # sampled trial is fine, so only measure is strict.
         TrialConfig.from_flat(settings.fixed_knobs, settings.env, strict=settings.task == "measure")
+        check_data(model, workload)
         return settings
     except (KnobError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc

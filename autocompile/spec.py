@@ -14,26 +14,29 @@ from pathlib import Path
 from typing import Any
 
 DEVICES = ("auto", "cpu", "cuda")
+PARTS = ("data", "loss", "optimizer", "lr_schedule")
+"""The workload's parts named by ``_target_`` (``autocompile.parts`` builds them)."""
 CACHE_MODES = ("cold", "warm")
 
 
 @dataclass
 class ModelSpec:
-    """A model factory: ``target(**kwargs)`` returns an ``nn.Module`` mapping token ids to logits."""
+    """A model factory: ``target(**kwargs)`` returns the ``nn.Module`` the data's inputs are fed to."""
 
     name: str = "model"
     """Short name used in run names and directories."""
     target: str = "autocompile.models.gpt2"
     """Dotted path of the factory (the model config's ``_target_``)."""
-    vocab_size: int = 50257
-    """Token ids of the synthetic data are drawn from ``[0, vocab_size)``."""
+    vocab_size: int | None = None
+    """Token ids of the synthetic data are drawn from ``[0, vocab_size)``; None = read from the model's
+    input embedding (``workload.data`` gets it when it takes a ``vocab_size`` argument)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the factory."""
 
     def __post_init__(self) -> None:
         if "." not in self.target:
             raise ValueError(f"model _target_ {self.target!r} must be a dotted path like 'mypkg.models.make'")
-        if self.vocab_size < 2:
+        if self.vocab_size is not None and self.vocab_size < 2:
             raise ValueError(f"model.vocab_size={self.vocab_size} must be >= 2")
 
 
@@ -53,10 +56,26 @@ class Workload:
     """``cuda`` when available under ``auto``, else ``cpu``."""
     threads: int = 0
     """Intra-op threads per process; 0 = this machine's cores / nproc_per_node."""
-    lr: float = 3e-4
-    """AdamW learning rate."""
     seed: int = 0
     """Seed of the weights and the synthetic data: every trial sees the same numbers."""
+    data: dict[str, Any] = field(default_factory=lambda: {"_target_": "autocompile.data.SyntheticTokens"})
+    """Inputs and targets of step i (``autocompile.parts``): a class built once with the keys beside
+    ``_target_`` and the job facts it takes by name (batch_size, seq_len, seed, rank, device, vocab_size,
+    image_size, num_channels, num_labels), its instance called with the step index; or a function called
+    with the step index and the same arguments. Returns ``(inputs, targets)``; inputs a tensor, tuple or dict."""
+    loss: dict[str, Any] = field(default_factory=lambda: {"_target_": "autocompile.losses.cross_entropy"})
+    """``loss(output, targets)``: a function used as is (further keys bound as keyword arguments), or a
+    class built with the keys (``torch.nn.CrossEntropyLoss``)."""
+    optimizer: dict[str, Any] = field(default_factory=lambda: {
+        "_target_": "torch.optim.AdamW", "_partial_": True, "lr": 3e-4})
+    """Optimizer class or factory, completed with the model's parameters (Hydra ``_partial_``)."""
+    lr_schedule: dict[str, Any] = field(default_factory=lambda: {"_target_": None, "_partial_": True})
+    """LR scheduler class or factory, completed with the optimizer and stepped once per optimizer step;
+    ``_target_: null`` = a constant learning rate."""
+    grad_clip_norm: float = 0.0
+    """``clip_grad_norm_`` to this norm before each optimizer step; 0 = no clipping."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step (one call of the step each; DDP syncs on the last only)."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -69,6 +88,15 @@ class Workload:
             raise ValueError(f"workload.device={self.device!r}: choose one of {', '.join(DEVICES)}")
         if self.threads < 0:
             raise ValueError(f"workload.threads={self.threads} must be >= 0 (0 = automatic)")
+        if self.grad_clip_norm < 0:
+            raise ValueError(f"workload.grad_clip_norm={self.grad_clip_norm} must be >= 0 (0 = no clipping)")
+        if self.grad_accum_steps < 1:
+            raise ValueError(f"workload.grad_accum_steps={self.grad_accum_steps} must be >= 1 (1 = no accumulation)")
+        for key in PARTS:
+            target = getattr(self, key).get("_target_")
+            if not (target is None and key == "lr_schedule") and (not isinstance(target, str) or "." not in target):
+                raise ValueError(f"workload.{key}._target_={target!r} must be a dotted path like 'mypkg.module.name'"
+                                 + (" (or null: no schedule)" if key == "lr_schedule" else ""))
 
     @property
     def world_size(self) -> int:
@@ -113,6 +141,9 @@ class MeasureSettings:
     noise *inside* one process only: process-to-process noise is measured by the study's repeats."""
     max_timed_s: float = 10.0
     """Cap on the timed part (seconds of timed windows) while ``precision`` is not reached."""
+    artifacts: str = ""
+    """Compile artifacts to load before compiling (``torch.compiler.load_cache_artifacts``), e.g. a study's
+    ``best_config.artifacts.bin``: measures a warm start. Empty = none."""
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 1 or self.windows < 1 or self.window_steps < 1:
@@ -126,6 +157,8 @@ class MeasureSettings:
                              "(0 = a fixed number of windows)")
         if self.max_timed_s <= 0:
             raise ValueError(f"measure.max_timed_s={self.max_timed_s} must be > 0 (seconds of timed steps)")
+        if self.artifacts and not Path(self.artifacts).is_file():
+            raise ValueError(f"measure.artifacts={self.artifacts!r} is no file: give a best_config.artifacts.bin path")
 
 
 @dataclass

@@ -1,16 +1,21 @@
-"""Turn a model, optimizer and loss into the training step a :class:`TrialConfig` describes.
+"""Turn a model, optimizer, loss, schedule, clipping and accumulation into the training step a
+:class:`TrialConfig` describes.
 
 This is the public entry point users call from their own training script, and the one the
-worker calls, so a measured configuration and an applied one are the same code::
+worker calls with the workload's parts, so a measured configuration and an applied one are the
+same code::
 
-    step = autocompile.apply(model, optimizer, lm_loss, config, device="cuda")
-    for inputs, targets in loader:
+    step = autocompile.apply(model, functools.partial(torch.optim.AdamW, lr=3e-4), cross_entropy, config,
+                             device="cuda", lr_schedule=functools.partial(CosineAnnealingLR, T_max=1000),
+                             grad_clip_norm=1.0, grad_accum_steps=4)
+    for inputs, targets in loader:      # one micro-batch per call; every 4th call steps the optimizer
         loss = step(inputs, targets)
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -19,30 +24,27 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from autocompile import units
 from autocompile.knobs import CompileKnobs, TrialConfig
+from autocompile.losses import lm_loss
+from autocompile.optim import OptimizerLike, ScheduleLike, build_optimizer, build_schedule, clipper, use_tensor_lr
 from autocompile.programs import CompileLog, Recorder
 
-LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
+LossFn = Callable[[Any, Any], torch.Tensor]
+__all__ = ["TrainStep", "apply", "lm_loss"]
 
 AMP_DTYPES = {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OPTIMIZE_DDP = {"ddp_optimizer": True, "no_optimization": False, "python_reducer": "python_reducer"}
 
 
-def lm_loss(output: Any, targets: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy on logits or on a model output with ``.logits``."""
-    logits = output.logits if hasattr(output, "logits") else output
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-
 @dataclass
 class TrainStep:
-    """One optimizer step: ``step(inputs, targets)`` returns the detached loss."""
+    """One micro-step: ``step(inputs, targets)`` returns the detached loss of that micro-batch; every
+    ``grad_accum_steps``-th call also clips, steps the optimizer and the schedule, and zeroes gradients."""
 
-    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    fn: Callable[[Any, Any], torch.Tensor]
     model: nn.Module
     """What the forward pass runs through (DDP and/or compiled wrappers included)."""
     compiled: list[str] = field(default_factory=list)
@@ -55,8 +57,12 @@ class TrainStep:
     """Every graph the backends received."""
     eager_parts: dict[str, Any] = field(default_factory=dict)
     """What shapes the code that runs outside graphs, for the program's fingerprint."""
+    optimizer: torch.optim.Optimizer | None = None
+    """The optimizer the step updates (built here when ``apply`` got a factory): save it with checkpoints."""
+    scheduler: Any = None
+    """The LR scheduler, stepped once per optimizer step (None: constant LR)."""
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def __call__(self, inputs: Any, targets: Any) -> torch.Tensor:
         return self.fn(inputs, targets)
 
 
@@ -87,21 +93,33 @@ def uses_cuda_graphs(kwargs: dict[str, Any]) -> bool:
 
 def apply(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: OptimizerLike,
     loss_fn: LossFn,
     config: TrialConfig,
     *,
     device: str | torch.device = "cpu",
     distributed: bool | None = None,
     ddp_kwargs: dict[str, Any] | None = None,
+    lr_schedule: ScheduleLike = None,
+    grad_clip_norm: float = 0.0,
+    grad_accum_steps: int = 1,
 ) -> TrainStep:
     """Build the training step ``config`` means, in the order it says.
 
-    Mutates ``model`` (compiled, checkpointed or autocast ``forward`` of its units), ``optimizer``
-    (a compiled ``step``) and ``torch._dynamo.config.optimize_ddp``. The optimizer's parameters must
-    be the model's: ``.to(device)`` keeps parameter identity. ``distributed`` defaults to "a process
-    group of more than one rank is initialised".
+    ``optimizer``: an optimizer over the model's parameters, or a factory taking the parameters
+    (``functools.partial(torch.optim.AdamW, lr=3e-4)``: needed for ``optim.impl``, it is then built
+    after the model is on its device). ``lr_schedule``: None, an LR scheduler, or a factory taking the
+    optimizer. ``grad_clip_norm`` > 0 clips before each optimizer step; ``grad_accum_steps`` micro-batches
+    (calls) make one optimizer step, DDP syncing gradients on the last only. Inputs may be a tensor, a
+    tuple (positional arguments) or a dict (keyword arguments).
+
+    Mutates ``model`` (compiled, checkpointed or autocast ``forward`` of its units), the optimizer
+    (a compiled ``step``, a tensor LR) and ``torch._dynamo.config.optimize_ddp``. ``.to(device)`` keeps
+    parameter identity, so an optimizer built before still holds the model's parameters.
+    ``distributed`` defaults to "a process group of more than one rank is initialised".
     """
+    if grad_accum_steps < 1 or grad_clip_norm < 0:
+        raise ValueError(f"grad_accum_steps={grad_accum_steps} must be >= 1 and grad_clip_norm={grad_clip_norm} >= 0")
     device = torch.device(device)
     if distributed is None:
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -155,20 +173,37 @@ def apply(
         if not compile_of_ddp:
             compile_units()
     runner: nn.Module = model
+    ddp: nn.parallel.DistributedDataParallel | None = None
     checked = list(targets)
     if distributed:
-        runner = nn.parallel.DistributedDataParallel(model, **(ddp_kwargs or {}))
+        runner = ddp = nn.parallel.DistributedDataParallel(model, **(ddp_kwargs or {}))
         if compile_of_ddp:
             runner = compile_model(runner)
             compiled.append("DistributedDataParallel(model)")
             checked = [("DistributedDataParallel(model)", model)]
 
+    # Built once the parameters are on their device (fused kernels check it), with the knob's implementation.
+    optimizer = build_optimizer(optimizer, model.parameters(), config.optim.impl)
+    step_compiled = scope == "train_step" or (knobs.optimizer and scope in ("module", "regional"))
+    if lr_schedule is not None and step_compiled and config.optim.tensor_lr:
+        use_tensor_lr(optimizer, device)
+    scheduler = build_schedule(lr_schedule, optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    clip = clipper(params, grad_clip_norm) if grad_clip_norm > 0 else None
+    clip_compiled = clip is not None and scope in ("module", "regional") and config.optim.clip == "compiled"
+
     scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
     if knobs.optimizer and scope in ("module", "regional"):
         # The compiled-optimizer recipe: the backend alone, no mode or fullgraph (it breaks by design).
-        optimizer.step = compiler(  # type: ignore[method-assign]
-            "optimizer", mode=None, options=None, fullgraph=False, dynamic=None)(optimizer.step)
-        compiled.append("optimizer.step")
+        compile_optimizer = compiler("optimizer", mode=None, options=None, fullgraph=False, dynamic=None)
+        # Clipping inside the compiled step: GradScaler unscales before calling it, as it must.
+        optimizer.step = compile_optimizer(  # type: ignore[method-assign]
+            _clip_then(clip, optimizer.step) if clip_compiled else optimizer.step)
+        compiled.append("optimizer.step+clip_grad_norm_" if clip_compiled else "optimizer.step")
+        clip = None if clip_compiled else clip  # it runs inside the step now
+    elif clip_compiled:
+        clip = compiler("clip", mode=None, options=None, fullgraph=False, dynamic=None)(clip)
+        compiled.append("clip_grad_norm_")
     # Regional "inside" keeps an outer autocast for the uncompiled rest (embeddings, head), so
     # both placements compute in the same precision and differ only in where the context sits.
     outer = functools.partial(torch.autocast, device.type, dtype=dtype) if dtype is not None and not (
@@ -179,12 +214,19 @@ def apply(
         compiled_autograd = functools.partial(torch._dynamo.compiled_autograd._enable, backward())
         compiled.append("compiled_autograd")
 
-    def optimizer_step(loss: torch.Tensor) -> None:
+    def backward(loss: torch.Tensor) -> None:
+        scaled = loss / grad_accum_steps if grad_accum_steps > 1 else loss
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+
+    def update(clip_here: Callable[[], Any] | None) -> None:
+        if clip_here is not None or "optimizer.step+clip_grad_norm_" in compiled:
+            if scaler is not None:
+                scaler.unscale_(optimizer)  # clipping sees true gradients
+            if clip_here is not None:
+                clip_here()
         if scaler is None:
-            loss.backward()
             optimizer.step()
         else:
-            scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -193,37 +235,73 @@ def apply(
     # and a loss that is a graph output (train_step) is copied out before it can be overwritten.
     cuda_graphs = device.type == "cuda" and scope != "none" and uses_cuda_graphs(kwargs)
     mark_step = torch.compiler.cudagraph_mark_step_begin if cuda_graphs else lambda: None
+    micro = itertools.count()
+
+    def sync_context(last: bool) -> AbstractContextManager[Any]:
+        # Micro-steps that do not step the optimizer keep their gradients local (DDP's no_sync).
+        return ddp.no_sync() if ddp is not None and not last else nullcontext()
 
     if scope == "train_step":
-        def whole_step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        def whole_step(inputs: Any, targets: Any, last: bool) -> torch.Tensor:
             with torch.autocast(device.type, dtype=dtype) if inside else nullcontext():
-                loss = loss_fn(runner(inputs), targets)
-            optimizer_step(loss)
+                loss = loss_fn(_call(runner, inputs), targets)
+            backward(loss)
+            if last:  # a Python bool: dynamo specialises, one graph per value
+                update(clip)
             return loss.detach()
 
         compiled_step = compiler("train_step")(whole_step)
         compiled.append("train_step")
         checked = [("train_step", model)]
 
-        def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        def step(inputs: Any, targets: Any) -> torch.Tensor:
+            last = next(micro) % grad_accum_steps == grad_accum_steps - 1
             mark_step()
-            with outer():
-                loss = compiled_step(inputs, targets)
+            with sync_context(last), outer():
+                loss = compiled_step(inputs, targets, last)
+            if last and scheduler is not None:
+                scheduler.step()
             return loss.clone() if cuda_graphs else loss
     else:
-        def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        def step(inputs: Any, targets: Any) -> torch.Tensor:
+            last = next(micro) % grad_accum_steps == grad_accum_steps - 1
             mark_step()
-            with compiled_autograd():
+            with sync_context(last), compiled_autograd():
                 with outer():
-                    loss = loss_fn(runner(inputs), targets)
-                optimizer_step(loss)
+                    loss = loss_fn(_call(runner, inputs), targets)
+                backward(loss)
+                if last:
+                    update(clip)
+            if last and scheduler is not None:
+                scheduler.step()
             return loss.detach()
 
-    roles = {"optimizer"} if "optimizer.step" in compiled else set()
+    roles = {"optimizer"} if any(c.startswith("optimizer.step") for c in compiled) else set()
     roles |= {"autograd"} if "compiled_autograd" in compiled else set()
+    roles |= {"clip"} if "clip_grad_norm_" in compiled else set()
     return TrainStep(fn=step, model=runner, compiled=compiled, units=checked, roles=roles, log=log,
                      eager_parts={"amp.dtype": config.amp.dtype, "ac.policy": config.ac.policy,
-                                  "distributed": distributed})
+                                  "distributed": distributed, "optim.impl": config.optim.impl,
+                                  "clip": grad_clip_norm, "accum": grad_accum_steps,
+                                  "schedule": type(scheduler).__name__ if scheduler is not None else None},
+                     optimizer=optimizer, scheduler=scheduler)
+
+
+def _call(model: Callable[..., Any], inputs: Any) -> Any:
+    """A tensor is one argument, a tuple positional arguments, a dict keyword arguments."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _clip_then(clip: Callable[[], Any], step: Callable[..., Any]) -> Callable[..., Any]:
+    def clip_and_step(*args: Any, **kwargs: Any) -> Any:
+        clip()
+        return step(*args, **kwargs)
+
+    return clip_and_step
 
 
 def _compile_units(model: nn.Module, knobs: CompileKnobs) -> list[tuple[str, nn.Module]]:

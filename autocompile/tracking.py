@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import platform
@@ -46,6 +47,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.knobs import KNOBS
 from autocompile.settings import ConfigError, Settings
+from autocompile.spec import PARTS
 from autocompile.study import is_orphaned, journal_file, owner, pid_namespace
 
 if TYPE_CHECKING:
@@ -304,7 +306,9 @@ class MlflowTracker:
                                   "plots are this run's artifacts.",
         })
         params = {**self.workload_params(), "objective.horizon_steps": s.objective.horizon_steps,
-                  "workload.lr": w.lr, "study.seed": s.study.seed, "study.extended": s.study.extended,
+                  **{f"workload.{k}": json.dumps(getattr(w, k))[:500] for k in PARTS},
+                  "workload.grad_clip_norm": w.grad_clip_norm, "workload.grad_accum_steps": w.grad_accum_steps,
+                  "study.seed": s.study.seed, "study.extended": s.study.extended,
                   **{f"fixed.{k}": v for k, v in s.fixed_knobs.items()}}
         self._batch(run.info.run_id, params=params)
         self.study.set_user_attr(PARENT_ATTR, run.info.run_id)

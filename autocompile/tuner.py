@@ -48,6 +48,7 @@ from autocompile.study import (
     wait_finished,
 )
 from autocompile.view import StudyView
+from autocompile.warmstart import take_home
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -148,6 +149,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     try:
         report = build_report(study, settings, objective, space, budget.stop_reason, time.time() - budget.started,
                               run_dir)
+        if settings.study.warm_start and not interrupted:
+            report.warm_start = warm_start(study, settings, report.recommended, run_dir)
         write_artifacts(report, run_dir)
         print_report(report)
         tracker.finish(report, run_dir)
@@ -350,3 +353,15 @@ def best_result(study: optuna.Study, objective: Objective) -> dict[str, Any] | N
         for t in measured_trials(study) if t.state == TrialState.COMPLETE and feasible(t)
     ]
     return min(scored, key=objective.score, default=None)
+
+
+def warm_start(study: optuna.Study, settings: Settings, best: dict[str, Any] | None,
+               run_dir: Path) -> dict[str, Any] | None:
+    """The winner's warm start, measured once per winner (a resumed study keeps the measurement)."""
+    done = study.user_attrs.get("warm_start")
+    if best is None or (done and done.get("trial") == best["number"]):
+        return done if best is not None else None
+    found = take_home(settings, best, run_dir, launch)
+    if found is not None:
+        study.set_user_attr("warm_start", found)
+    return found

@@ -30,13 +30,17 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from autocompile.data import SyntheticTokens  # noqa: E402
+from autocompile.data import count_items  # noqa: E402
+from autocompile.flops import estimated_flops_per_token, flops_per_item  # noqa: E402
+from autocompile.infer import model_facts  # noqa: E402
 from autocompile.knobs import Env, TrialConfig  # noqa: E402
-from autocompile.models import build, flops_per_token  # noqa: E402
+from autocompile.models import build  # noqa: E402
+from autocompile.parts import build_data, build_loss, optimizer_factory, schedule_factory  # noqa: E402
 from autocompile.programs import NothingCompiled, PartiallyCompiled, verify  # noqa: E402
 from autocompile.spec import TrialSpec, write_json_atomic  # noqa: E402
 from autocompile.stats import relative_half_width  # noqa: E402
-from autocompile.step import apply, lm_loss  # noqa: E402
+from autocompile.step import apply  # noqa: E402
+from autocompile.warmstart import load_artifacts, save_artifacts  # noqa: E402
 
 IMPORTS_DONE = time.time()
 log = logging.getLogger("autocompile.worker")
@@ -164,12 +168,25 @@ class Trial:
 
         env = Env.detect(self.device.type, self.world_size, workload.shapes_vary)
         config = TrialConfig.from_flat(spec.knobs, env)
+        loaded = load_artifacts(spec.measure.artifacts) if spec.measure.artifacts else None
         torch.manual_seed(workload.seed)
         model = build(spec.model.target, spec.model.kwargs)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=workload.lr)
-        step = apply(model, optimizer, lm_loss, config, device=self.device)
-        data = SyntheticTokens(spec.model.vocab_size, workload.batch_size, workload.seq_len, workload.seed,
-                               self.rank, self.device)
+        facts = {**model_facts(model), **({"vocab_size": spec.model.vocab_size} if spec.model.vocab_size else {}),
+                 "batch_size": workload.batch_size, "seq_len": list(workload.seq_len), "seed": workload.seed,
+                 "rank": self.rank, "world_size": self.world_size, "device": self.device}
+        data = build_data(workload.data, facts)
+        loss_fn = build_loss(workload.loss)
+        # Per item (token, image) over one batch of each shape, before compile touches the model.
+        shapes = len(workload.seq_len)
+        counted = [data(i) for i in range(shapes)]
+        fpi = flops_per_item(lambda: build(spec.model.target, spec.model.kwargs), loss_fn, counted,
+                             sum(count_items(x) for x, _ in counted), self.device) if self.rank == 0 else None
+        flops = {"flops_per_token": fpi, "flops_source": "counted"} if fpi else {
+            "flops_per_token": estimated_flops_per_token(model, statistics.fmean(workload.seq_len)),
+            "flops_source": "6N estimate"}
+        step = apply(model, optimizer_factory(workload.optimizer), loss_fn, config, device=self.device,
+                     lr_schedule=schedule_factory(workload.lr_schedule), grad_clip_norm=workload.grad_clip_norm,
+                     grad_accum_steps=workload.grad_accum_steps)
         self.timeline["build_done"] = time.time()
         log.info("built %s; compiled: %s", spec.model.name, ", ".join(step.compiled) or "nothing")
 
@@ -180,15 +197,18 @@ class Trial:
             # A CUDA-graph mode whose graphs inductor declines would run as another program.
             torch._inductor.config.triton.cudagraph_or_error = True
 
-        # Warm-up: every shape twice, so first compiles and the automatic-dynamic recompile land here.
-        warmup = max(spec.measure.warmup_steps, 2 * len(workload.seq_len))
+        # Warm-up: every shape twice, so first compiles and the automatic-dynamic recompile land here, and
+        # whole optimizer steps (twice when accumulating: micro-steps and the stepping one may compile apart).
+        accum = workload.grad_accum_steps
+        warmup = max(spec.measure.warmup_steps, 2 * shapes, 2 * accum if accum > 1 else 1)
+        warmup = -(-warmup // accum) * accum
         self.progress("warmup_start", steps=warmup)
         losses: list[torch.Tensor] = []
         warm_s = []
         for i in range(warmup):
             self.sync()
             t0 = time.perf_counter()
-            losses.append(step(*data.batch(i)))
+            losses.append(step(*data(i)))
             self.sync()
             warm_s.append(time.perf_counter() - t0)
             check_finite(losses[-1:], i)
@@ -196,10 +216,12 @@ class Trial:
         self.timeline["warmup_done"] = time.time()
         program = verify(step, model, config.compile.scope)
         self.progress("compiled", **program)
+        artifacts = save_artifacts(self.trial_dir) if self.rank == 0 and config.compile.scope != "none" else None
 
-        # Every window runs each sequence length equally often: windows then differ by noise only.
-        shapes = len(workload.seq_len)
-        window_steps = -(-spec.measure.window_steps // shapes) * shapes
+        # Every window runs each sequence length equally often and whole optimizer steps: windows then
+        # differ by noise only.
+        period = math.lcm(shapes, accum)
+        window_steps = -(-spec.measure.window_steps // period) * period
         s = warmup
         rewarm_s, rewarm_steps = 0.0, 0
         for attempt in range(2):
@@ -209,12 +231,15 @@ class Trial:
             while self.more_windows(window_s):
                 self.sync()
                 t0 = time.perf_counter()
+                items = 0
                 for _ in range(window_steps):
-                    losses.append(step(*data.batch(s)))
+                    inputs, targets = data(s)
+                    items += count_items(inputs)
+                    losses.append(step(inputs, targets))
                     s += 1
                 self.sync()
                 window_s.append(time.perf_counter() - t0)
-                window_tokens.append(sum(data.tokens(j) for j in range(s - window_steps, s)))
+                window_tokens.append(items)
                 check_finite(losses[-window_steps:], s)
                 self.progress("window", window=w, seconds=window_s[-1], step_s=window_s[-1] / window_steps)
                 w += 1
@@ -244,7 +269,6 @@ class Trial:
         median_step = statistics.median(step_s)
         tokens_per_s = [n * self.world_size / t for n, t in zip(window_tokens, window_s, strict=True)]
         compile_s = max(0.0, sum(warm_s) + rewarm_s - (warmup + rewarm_steps) * median_step)
-        mean_seq = statistics.fmean(workload.seq_len)
         tps = statistics.median(tokens_per_s)
         return {
             "status": "ok",
@@ -273,8 +297,10 @@ class Trial:
             "losses": [float(x) for x in torch.stack(losses).float().cpu().tolist()],
             "warmup_steps": warmup + rewarm_steps,
             "window_steps": window_steps,
-            "mfu": mfu(model, mean_seq, tps, self.device, self.world_size, spec.measure.peak_tflops),
-            "flops_per_token": flops_per_token(model, mean_seq),
+            "mfu": mfu(flops["flops_per_token"], tps, self.device, self.world_size, spec.measure.peak_tflops),
+            **flops,
+            "compile_artifacts": artifacts,
+            "artifacts_loaded": loaded,
             "param_checksums": checksums,
             "timeline": self.timeline,
             "environment": environment(self.device, self.rank, spec.threads),
@@ -342,14 +368,14 @@ def peak_memory(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def mfu(model: torch.nn.Module, seq_len: float, tokens_per_s: float, device: torch.device, world_size: int,
+def mfu(flops_per_token: float | None, tokens_per_s: float, device: torch.device, world_size: int,
         peak_tflops: float) -> float | None:
     peak = peak_tflops * 1e12
     if not peak and device.type == "cuda":
         peak = peak_flops(torch.cuda.get_device_name(device))
-    if not peak:
+    if not peak or not flops_per_token:
         return None
-    return flops_per_token(model, seq_len) * tokens_per_s / (peak * world_size)
+    return flops_per_token * tokens_per_s / (peak * world_size)
 
 
 def peak_flops(device_name: str) -> float:

@@ -1,0 +1,62 @@
+"""The optimizer side of a training step: implementation, tensor learning rate, schedule, clipping.
+
+Checked on torch 2.13 (CPU, ``aot_eager``), ``torch.compile(optimizer.step)`` under an LR scheduler:
+
+- A Python-float LR is a constant to dynamo. The for-loop and fused AdamW recompile once or twice,
+  then the float is traced as a symbol (``specialize_float=False``); foreach (CUDA's default)
+  recompiles at every step until ``recompile_limit``. A 0-dim tensor LR never recompiles.
+- Schedulers keep a tensor LR a tensor (``fill_``) and clone it for ``initial_lr``.
+- foreach with a tensor LR raises "lr as a Tensor is not supported for capturable=False and
+  foreach=True"; ``capturable=True`` is what dynamo sets itself on CUDA, and on CPU it only runs
+  compiled (eager asserts CUDA-like devices), so it is set only for a compiled step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from autocompile.parts import IMPL_KWARGS
+
+OptimizerLike = torch.optim.Optimizer | Callable[..., torch.optim.Optimizer]
+ScheduleLike = Any  # an LRScheduler, or a callable building one from the optimizer
+
+
+def build_optimizer(optimizer: OptimizerLike, params: Iterable[torch.nn.Parameter], impl: str) -> torch.optim.Optimizer:
+    """The optimizer itself, or built from a factory (``functools.partial(torch.optim.AdamW, lr=...)``)
+    with ``impl``'s arguments: an implementation is chosen when the optimizer is built."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        if impl != "default":
+            raise ValueError(f"optim.impl={impl} needs the optimizer as a factory: pass functools.partial("
+                             f"{type(optimizer).__module__}.{type(optimizer).__name__}, lr=...) instead of an instance")
+        return optimizer
+    return optimizer(params, **IMPL_KWARGS[impl])
+
+
+def use_tensor_lr(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """PyTorch's "compiled optimizer with an LR scheduler" recipe: each group's LR a 0-dim tensor.
+
+    Done after the optimizer is built, not with ``lr=torch.tensor(...)``: Adam's constructor rejects a
+    tensor LR with foreach unless capturable, and capturable is only valid where the step is compiled."""
+    for group in optimizer.param_groups:
+        if not isinstance(group["lr"], torch.Tensor):
+            group["lr"] = torch.tensor(float(group["lr"]))
+        if group.get("foreach") and device.type == "cpu" and "capturable" in group:
+            group["capturable"] = True
+
+
+def build_schedule(schedule: ScheduleLike, optimizer: torch.optim.Optimizer) -> Any:
+    """The scheduler, or built from a factory with the optimizer (after ``use_tensor_lr``: it then
+    records the tensor LR, cloned, as the initial one)."""
+    if schedule is None or hasattr(schedule, "step"):
+        return schedule
+    return schedule(optimizer)
+
+
+def clipper(params: list[torch.nn.Parameter], max_norm: float) -> Callable[[], torch.Tensor]:
+    def clip() -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    return clip

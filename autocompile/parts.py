@@ -1,0 +1,153 @@
+"""The parts of a training job besides the model, each named by a Hydra-style ``_target_``.
+
+Hydra's own ``instantiate`` is not used: the worker runs where only PyTorch is installed. The
+rules follow Hydra's where they overlap: keys beside ``_target_`` are keyword arguments, and
+``_partial_: true`` makes a partial that autocompile completes:
+
+- ``workload.optimizer`` / ``workload.lr_schedule``: always partials, completed with the model's
+  parameters / the optimizer (``_target_: null`` schedule = constant learning rate).
+- ``workload.data`` / ``workload.loss``: a class is built once with its keys (``_partial_: false``
+  does the same for a factory function); a function is the part itself (``_partial_: true``, the
+  default for functions), its keys bound as keyword arguments. Data is then called with the step
+  index, a loss with ``(output, targets)``. Data also gets, by parameter name, the job facts it
+  takes: ``batch_size``, ``seq_len`` (the list), ``seed``, ``rank``, ``world_size``, ``device``, and
+  what the model says (``vocab_size``, ``image_size``, ``num_channels``, ``num_labels``: see ``infer``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Batches = Callable[[int], tuple[Any, Any]]
+IMPL_KWARGS = {"default": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+"""``optim.impl`` as optimizer arguments."""
+
+
+class PartError(ValueError):
+    """A part that cannot be built; the message names the key and the fix."""
+
+
+def import_target(path: str, key: str) -> Any:
+    module_name, _, attr = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise PartError(f"{key}._target_={path!r} does not import ({exc}): check the dotted path") from exc
+
+
+def split(node: dict[str, Any], key: str) -> tuple[Any, bool | None, dict[str, Any]]:
+    """(target object, ``_partial_`` or None when not given, keyword arguments)."""
+    kwargs = {k: v for k, v in node.items() if k not in ("_target_", "_partial_")}
+    return import_target(node["_target_"], key), node.get("_partial_"), kwargs
+
+
+def _parameters(fn: Any) -> dict[str, inspect.Parameter]:
+    try:
+        params = dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin: nothing known
+        return {}
+    params.pop("self", None)
+    return params
+
+
+def _built_once(target: Any, partial: bool | None) -> bool:
+    return partial is False or (partial is None and inspect.isclass(target))
+
+
+def _facts_taken(fn: Any, facts: dict[str, Any], skip_first: bool) -> dict[str, Any]:
+    params = _parameters(fn)
+    if skip_first and params:
+        params.pop(next(iter(params)))
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(facts)
+    return {k: v for k, v in facts.items() if k in params}
+
+
+def data_needs(node: dict[str, Any], facts: dict[str, Any]) -> list[str]:
+    """Required arguments of the data part that neither its keys nor the facts give."""
+    target, partial, kwargs = split(node, "workload.data")
+    params = _parameters(target)
+    if not _built_once(target, partial) and params:
+        params.pop(next(iter(params)))  # the step index
+    return [name for name, p in params.items() if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in kwargs and name not in facts]
+
+
+def build_data(node: dict[str, Any], facts: dict[str, Any]) -> Batches:
+    """``step -> (inputs, targets)`` from ``workload.data``."""
+    target, partial, kwargs = split(node, "workload.data")
+    missing = data_needs(node, facts)
+    if missing:
+        raise PartError(need_message("workload.data", node["_target_"], missing[0]))
+    if _built_once(target, partial):
+        built = target(**{**_facts_taken(target, facts, False), **kwargs})
+        fn = built if callable(built) else getattr(built, "batch", None)
+        if fn is None:
+            raise PartError(f"workload.data._target_={node['_target_']!r} built a {type(built).__name__}, which is "
+                            "neither callable nor has .batch(step): return (inputs, targets) for a step index")
+        return fn
+    return functools.partial(target, **{**_facts_taken(target, facts, True), **kwargs})
+
+
+def need_message(key: str, target: str, name: str) -> str:
+    if name == "vocab_size":
+        return (f"{key} {target} needs vocab_size and the model has no input embedding to read it from: "
+                "set model.vocab_size=N")
+    return f"{key} {target} needs {name!r}, which neither the job nor the model says: set +{key}.{name}=VALUE"
+
+
+def build_loss(node: dict[str, Any]) -> Callable[[Any, Any], torch.Tensor]:
+    """``(output, targets) -> loss`` from ``workload.loss``."""
+    target, partial, kwargs = split(node, "workload.loss")
+    if _built_once(target, partial):
+        return target(**kwargs)
+    return functools.partial(target, **kwargs) if kwargs else target
+
+
+def optimizer_factory(node: dict[str, Any]) -> Callable[..., torch.optim.Optimizer]:
+    """``params, **impl -> Optimizer`` from ``workload.optimizer``."""
+    target, _, kwargs = split(node, "workload.optimizer")
+    return functools.partial(target, **kwargs)
+
+
+def schedule_factory(node: dict[str, Any]) -> Callable[[torch.optim.Optimizer], Any] | None:
+    """``optimizer -> LR scheduler`` from ``workload.lr_schedule``; None for a constant learning rate."""
+    if node.get("_target_") is None:
+        return None
+    target, _, kwargs = split(node, "workload.lr_schedule")
+    return functools.partial(target, **kwargs)
+
+
+def optimizer_impls(node: dict[str, Any], device: str) -> tuple[str, ...]:
+    """The ``optim.impl`` values worth a trial besides ``default``: the ones the optimizer takes and the
+    device runs (fused is probed on one parameter), minus the device's own default (foreach on CUDA,
+    the for-loop on CPU), none when the workload's optimizer sets foreach or fused itself."""
+    if {"foreach", "fused"} & set(node):
+        return ()
+    target, _, kwargs = split(node, "workload.optimizer")
+    params = _parameters(target)
+    impls = [impl for impl in ("for_loop", "foreach") if "foreach" in params
+             and impl != ("foreach" if device == "cuda" else "for_loop")]
+    if "fused" in params:
+        try:
+            target([torch.zeros(2, device=device, requires_grad=True)], **{**kwargs, "fused": True})
+            impls.append("fused")
+        except (RuntimeError, ValueError, TypeError) as exc:
+            log.info("optim.impl=fused not offered: %s", str(exc).splitlines()[0] if str(exc) else exc)
+    return tuple(impls)
+
+
+def knob_facts(workload: Any, device: str) -> dict[str, Any]:
+    """What the job's parts allow, for ``knobs.Env``."""
+    return {"optimizer_impls": optimizer_impls(workload.optimizer, device),
+            "scheduled": workload.lr_schedule.get("_target_") is not None,
+            "clips": workload.grad_clip_norm > 0}
