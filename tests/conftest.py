@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,8 @@ import pytest
 from autocompile.knobs import Env, TrialConfig
 from autocompile.launcher import launch
 from autocompile.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TINY_GPT2 = ModelSpec(name="gpt2-tiny", target="autocompile.models.gpt2", vocab_size=128,
                       kwargs={"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 64})
@@ -50,3 +53,16 @@ def assert_ok(result: dict[str, Any]) -> None:
 @pytest.fixture
 def cpu_env() -> Env:
     return Env.detect("cpu", 1, False)
+
+
+@pytest.fixture
+def settings_for() -> Iterator[Callable[..., Any]]:
+    """Settings exactly as the command line would compose them (no subprocess)."""
+    from hydra import compose, initialize_config_dir
+
+    from autocompile.app import available_models
+    from autocompile.settings import register, settings_from
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        yield lambda *overrides: settings_from(compose("config", overrides=list(overrides)), available_models())

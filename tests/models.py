@@ -62,3 +62,19 @@ def tiny_lm(vocab_size: int = 64, behaviour: str = "ok", block_sleep_s: float = 
 def tiny_lm_with_extras(vocab_size: int = 64, **extras: object) -> nn.Module:
     """A factory that takes any further argument, as one passing a config dict on would."""
     return TinyLM(vocab_size=vocab_size)
+
+
+class OneHotLM(nn.Module):
+    """Token ids to logits without an ``nn.Embedding``: nothing says its vocabulary size."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.proj = nn.Linear(vocab_size, vocab_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.nn.functional.one_hot(ids, self.vocab_size).float())
+
+
+def onehot_lm(vocab_size: int = 64) -> nn.Module:
+    return OneHotLM(vocab_size)

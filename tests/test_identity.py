@@ -61,8 +61,8 @@ def test_one_program_is_measured_once_and_its_knob_gets_the_verdict_identical(
 @pytest.mark.parametrize("setup", ["fixed_scope", "no_baselines"])
 def test_numerics_are_checked_with_a_fixed_scope_and_without_baselines(tmp_path: Path, setup: str) -> None:
     # Compiled, this model computes a step that does not train; eager, it learns (lr 0.05).
-    model = ["model._target_=tests.models.tiny_lm", "+model.behaviour=frozen_when_compiled", "workload.lr=0.05",
-             "measure.windows=3", "measure.window_steps=3"]
+    model = ["model._target_=tests.models.tiny_lm", "+model.behaviour=frozen_when_compiled",
+             "workload.optimizer.lr=0.05", "measure.windows=3", "measure.window_steps=3"]
     if setup == "fixed_scope":
         study_with(tmp_path)
         args = ["compile.scope=module", "study.n_trials=1"]

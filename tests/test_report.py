@@ -49,10 +49,14 @@ def non_default(config: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("overrides", [
     ("+model=gpt2-tiny", "model.n_layer=3", "measure.windows=7", "workload.seq_len=[16,32]"),
-    ("+model=gpt2-tiny", "workload.nnodes=2", "workload.nproc_per_node=2", "workload.threads=1", "workload.lr=0.001",
-     "workload.seed=5", "workload.batch_size=3", "measure.cache=warm", "measure.timeout_s=60", "output_root=/tmp/a b"),
+    ("+model=gpt2-tiny", "workload.nnodes=2", "workload.nproc_per_node=2", "workload.threads=1",
+     "workload.optimizer.lr=0.001", "workload.seed=5", "workload.batch_size=3", "measure.cache=warm",
+     "measure.timeout_s=60", "output_root=/tmp/a b"),
     ("+model=gpt2-tiny", "model.name=mine", "~model.n_positions", "+model.n_inner=128"),
     ("+model=gpt2", "workload=varlen"),
+    ("+model=bert-tiny", "workload.grad_accum_steps=2", "workload.grad_clip_norm=1.0"),  # its config sets the data
+    ("+model=gpt2-tiny", "workload.optimizer._target_=torch.optim.SGD", "+workload.optimizer.momentum=0.9",
+     "workload.lr_schedule._target_=torch.optim.lr_scheduler.StepLR", "+workload.lr_schedule.step_size=3"),
     ("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "+model.block_sleep_s=0.005",
      "+model.behaviour=ok"),
     # Strings that must stay strings, quotes, spaces and a literal ${...} survive both quotings.
@@ -82,7 +86,7 @@ def test_measure_command_says_only_what_differs_and_names_the_composed_model(set
     for arg in ("model.n_layer=3", "measure.windows=7", "workload.seq_len=[16,32]", "task=measure",
                 "workload.device=cpu", "compile.scope=regional"):
         assert arg in args
-    assert not any(a.startswith(("model.n_embd", "measure.warmup_steps", "workload.batch_size", "workload.lr"))
+    assert not any(a.startswith(("model.n_embd", "measure.warmup_steps", "workload.batch_size", "workload.optimizer"))
                    for a in args)
     custom = settings_for("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64",
                           "workload.device=cpu")

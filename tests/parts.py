@@ -1,0 +1,33 @@
+"""A user's own parts, named by dotted path like any ``_target_``: data, loss, optimizer, schedule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def batches(step: int, batch_size: int, seq_len: list[int], seed: int, vocab_size: int,
+            device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """A data function: step -> (token ids, next tokens), ids from a quarter of the vocabulary."""
+    gen = torch.Generator().manual_seed(seed * 1000 + step)
+    ids = torch.randint(0, max(2, vocab_size // 4), (batch_size, seq_len[step % len(seq_len)] + 1), generator=gen)
+    ids = ids.to(device)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def smoothed_loss(output: Any, targets: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+    """A loss function with an argument of its own (bound from the config)."""
+    logits = output.logits if hasattr(output, "logits") else output
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), label_smoothing=smoothing)
+
+
+def sgd(params: Any, lr: float = 0.05, momentum: float = 0.9, **impl: Any) -> torch.optim.Optimizer:
+    """An optimizer factory: completed with the parameters (and the optim.impl arguments)."""
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, **impl)
+
+
+def warmup(optimizer: torch.optim.Optimizer, steps: int = 4) -> torch.optim.lr_scheduler.LRScheduler:
+    """A schedule factory: linear warm-up to the optimizer's LR over ``steps`` optimizer steps."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / steps))
