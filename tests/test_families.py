@@ -53,12 +53,14 @@ def test_every_family_runs_a_trial_ok_with_its_flops_counted(tmp_path: Path, set
         assert result["recompiles_timed"] == 0
 
 
-def test_flops_of_a_linear_model_are_exactly_six_per_weight_and_sample() -> None:
+def test_flops_of_linear_layers_are_exactly_what_forward_and_backward_multiply() -> None:
     width, batch = 16, 4
     inputs = torch.randn(batch, width)
-    counted = flops_per_item(lambda: nn.Linear(width, width), lambda out, t: out.sum(), [(inputs, None)], batch,
-                             torch.device("cpu"))
-    assert counted == 6 * width * width  # forward 2, backward 4 per weight and sample (the bias adds no matmul)
+    counted = flops_per_item(lambda: nn.Sequential(nn.Linear(width, width), nn.Linear(width, width)),
+                             lambda out, t: out.sum(), [(inputs, None)], batch, torch.device("cpu"))
+    # Per weight and sample: forward 2, weight gradient 2, input gradient 2 except for the first
+    # layer (its input needs none); biases add no multiplications.
+    assert counted == (4 + 6) * width * width
 
 
 def test_counted_flops_of_gpt2_agree_with_the_6n_formula(settings_for: Compose) -> None:
