@@ -25,7 +25,7 @@ from autocompile.racing import confirmed, phase, phase_trials, study_noise, verd
 from autocompile.settings import LaunchSettings, Settings, _BaseConfig
 from autocompile.snippet import snippet
 from autocompile.space import SearchSpace
-from autocompile.spec import MeasureSettings, ModelSpec, Workload
+from autocompile.spec import PARTS, MeasureSettings, ModelSpec, Workload
 from autocompile.study import feasible, interrupted, is_search, journal_file, measured_trials
 from autocompile.view import console as make_console
 from autocompile.warmstart import warm_line
@@ -199,6 +199,9 @@ def measure_overrides(settings: Settings, config: dict[str, Any], threads: int |
             value = threads
         elif value == defaults[f.name]:
             continue
+        elif f.name in PARTS:
+            args += dict_overrides(f"workload.{f.name}", defaults[f.name], value)
+            continue
         args.append(f"workload.{f.name}={hydra_value(value)}")
     if w.nnodes > 1:
         launch, default_launch = settings.launch, LaunchSettings()
@@ -209,6 +212,14 @@ def measure_overrides(settings: Settings, config: dict[str, Any], threads: int |
              if getattr(settings.measure, f.name) != getattr(default_measure, f.name)]
     args += [f"{k}={hydra_value(v)}" for k, v in config.items() if v != KNOBS[k][1]]
     return args
+
+
+def dict_overrides(key: str, base: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    """The edits that turn config node ``base`` into ``want``: changed, added (``+``) and removed (``~``) keys."""
+    args = [f"~{key}.{k}" for k in base if k not in want]
+    args += [f"{key}.{k}={hydra_value(v)}" for k, v in want.items() if k in base and (v != base[k] or type(v) is not
+                                                                                       type(base[k]))]
+    return args + [f"+{key}.{k}={hydra_value(v)}" for k, v in want.items() if k not in base]
 
 
 def model_yaml(choice: str) -> dict[str, Any]:

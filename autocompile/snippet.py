@@ -30,7 +30,7 @@ DEVICE = {device!r}
 SEED = {seed!r}  # the study's workload.seed: every trial started from these weights and data
 WORKLOAD = {workload}
 # The winner's compile artifacts, kept by the study (torch.compiler.save_cache_artifacts).
-ARTIFACTS = Path(__file__).with_name({artifacts!r})
+ARTIFACTS = Path(globals().get("__file__", "best_config.py")).with_name({artifacts!r})
 {local_device}
 
 def warm_start() -> None:
@@ -95,9 +95,13 @@ TEARDOWN = '''    if torch.distributed.is_initialized():
 '''
 
 
-def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace, command: str) -> str:
+def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace, command: str | None = None) -> str:
     """``best_config.py``: one process per GPU (LOCAL_RANK) for a multi-GPU winner, plain otherwise."""
     r, w = best["result"], settings.workload
+    if command is None:  # the report passes the command it already built (composing it reads every model config)
+        from autocompile.report import measure_command
+
+        command = measure_command(settings, best["config"], (r.get("environment") or {}).get("threads"))
     distributed = w.world_size > 1
     per_gpu = distributed and settings.device == "cuda"
     setup = PER_GPU_SETUP if per_gpu else SETUP.format(backend="gloo") if distributed else "\n    world_size_ = 1"

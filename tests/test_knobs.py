@@ -78,7 +78,8 @@ def test_unknown_knob_and_value_name_the_fix(cpu_env: Env) -> None:
 
 def test_inactive_knobs_are_not_part_of_the_identity(cpu_env: Env) -> None:
     eager = TrialConfig.from_flat({"compile.scope": "none"}, cpu_env)
-    assert set(eager.active(cpu_env)) == {"compile.scope", "amp.dtype", "ac.policy"}
+    # optim.impl applies to eager too (cpu_env knows no workload: every optimizer implementation is offered).
+    assert set(eager.active(cpu_env)) == {"compile.scope", "amp.dtype", "ac.policy", "optim.impl"}
     # Non-strict validation drops a study-wide fixed knob that does not apply to this trial.
     loose = TrialConfig.from_flat({"compile.scope": "none", "amp.placement": "inside"}, cpu_env, strict=False)
     assert loose == eager
@@ -97,9 +98,11 @@ def test_mode_and_options_are_never_passed_together(cpu_env: Env) -> None:
 def test_search_space_size_counts_distinct_configurations(cpu_env: Env) -> None:
     from autocompile.space import SearchSpace
 
-    # Eager: only amp.dtype (none, bfloat16) and ac.policy (none, block) remain; placement etc. are inactive.
-    assert SearchSpace(cpu_env, {"compile.scope": "none"}).size() == 4
+    # Eager: only amp.dtype (none, bfloat16), ac.policy (none, block) and optim.impl (default, for_loop,
+    # foreach, fused: cpu_env knows no workload) remain; placement etc. are inactive.
+    assert SearchSpace(cpu_env, {"compile.scope": "none"}).size() == 4 * 4
     eager_regional = SearchSpace(cpu_env, {"compile.scope": "regional", "compile.backend": "eager"})
     # fullgraph 2 x optimizer 2 x compiled autograd 2 x (amp: none, bf16 x 2 placements) 3 x placement.order 2
     # x (granularity block or sublayer x rest compiled/eager 2 x ac 2, or nested without ac or rest) 9
-    assert eager_regional.size() == 2 * 2 * 2 * 3 * 2 * (2 * 2 * 2 + 1)
+    # x optim.impl 4 x optim.clip 2 (optim.tensor_lr is not searched)
+    assert eager_regional.size() == 2 * 2 * 2 * 3 * 2 * (2 * 2 * 2 + 1) * 4 * 2
