@@ -28,6 +28,11 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     (("-m", "+model=gpt2-tiny,gpt3"), "unknown model 'gpt3'"),
     (("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=8", "+model.widht=3"),
      "takes no argument 'widht': drop model.widht"),
+    (("+model=custom", "model._target_=tests.models.onehot_lm"),
+     "needs vocab_size and the model has no input embedding to read it from: set model.vocab_size=N"),
+    (("+model=gpt2-tiny", "workload.optimizer._target_=torch.optim.Adamm"),
+     "workload.optimizer._target_='torch.optim.Adamm' does not import"),
+    (("+model=gpt2-tiny", "workload.grad_accum_steps=0"), "workload.grad_accum_steps=0 must be >= 1"),
 ])
 def test_bad_input_is_one_line_naming_the_fix(args: tuple[str, ...], says: str, tmp_path: Path) -> None:
     result = cli(*args, f"output_root={tmp_path}")
