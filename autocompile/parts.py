@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -127,10 +128,20 @@ def schedule_factory(node: dict[str, Any]) -> Callable[[torch.optim.Optimizer], 
     return functools.partial(target, **kwargs)
 
 
+_IMPLS: dict[str, tuple[str, ...]] = {}
+
+
 def optimizer_impls(node: dict[str, Any], device: str) -> tuple[str, ...]:
     """The ``optim.impl`` values worth a trial besides ``default``: the ones the optimizer takes and the
     device runs (fused is probed on one parameter), minus the device's own default (foreach on CUDA,
     the for-loop on CPU), none when the workload's optimizer sets foreach or fused itself."""
+    key = json.dumps([node, device], sort_keys=True, default=str)
+    if key not in _IMPLS:
+        _IMPLS[key] = _optimizer_impls(node, device)
+    return _IMPLS[key]
+
+
+def _optimizer_impls(node: dict[str, Any], device: str) -> tuple[str, ...]:
     if {"foreach", "fused"} & set(node):
         return ()
     target, _, kwargs = split(node, "workload.optimizer")
