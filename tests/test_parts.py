@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from autocompile.knobs import Env, TrialConfig
+from autocompile.launcher import launch
 from autocompile.losses import cross_entropy
 from autocompile.parts import knob_facts
 from autocompile.spec import Workload
 from autocompile.step import apply
 from tests.conftest import assert_ok, run_trials
+from tests.conftest import tiny_lm as tiny_lm_spec
 from tests.jobs import FAST_MEASURE, Compose, falls, run_job
 from tests.models import tiny_lm
 
@@ -164,3 +166,19 @@ def test_the_implementation_knob_builds_the_optimizer_with_it(impl: str) -> None
     with pytest.raises(ValueError, match=r"optim.impl=fused needs the optimizer as a factory"):
         apply(tiny_lm(), torch.optim.AdamW(tiny_lm().parameters()), cross_entropy,
               TrialConfig.from_flat({"optim.impl": "fused"}, Env.detect("cpu", 1, False)))
+
+
+@pytest.mark.parametrize("wrap", ["ddp_of_compiled", "compile_of_ddp"])
+def test_accumulation_and_clipping_under_ddp_keep_ranks_identical(tmp_path: Path, wrap: str) -> None:
+    import dataclasses
+
+    from tests.conftest import make_spec
+
+    spec = make_spec({"compile.scope": "module", "compile.backend": "eager", "ddp.wrap_order": wrap},
+                     model=tiny_lm_spec(), nproc=2)
+    spec = dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, grad_accum_steps=2,
+                                                                  grad_clip_norm=1.0))
+    result = launch(tmp_path / "t", spec)
+    assert_ok(result)
+    first, second = result["param_checksums"]
+    assert first == second and result["window_steps"] % 2 == 0  # DDP no_sync on the first micro-batch of each step
