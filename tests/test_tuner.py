@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
         "workload.seq_len=[16]", "workload.device=cpu", "workload.threads=1", "measure.windows=2",
         "measure.window_steps=2", "measure.warmup_steps=2", "measure.max_timed_s=0.5", "tracking.enabled=false",
-        "study.confirm_top=0", "study.verdicts=none"]  # the phases after the search: tests/test_confirm.py
+        "study.confirm_top=0", "study.verdicts=none",  # the phases after the search: tests/test_confirm.py
+        "+workload.optimizer.foreach=false"]  # CPU's own implementation, fixed: optim.impl is not searched
 
 
 def tune_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
