@@ -190,6 +190,7 @@ def test_resume_continues_under_the_same_parent_and_never_duplicates_a_run(study
     assert [p.info.run_id for p in parents] == [parent_id]  # the study's one parent, continued
 
 
+@pytest.mark.integration
 def test_multirun_over_http_gives_one_parent_per_job_in_one_experiment(server: str, tmp_path: Path) -> None:
     run = cli("-m", *MODEL, "workload.batch_size=2,3", "study.n_trials=1", f"tracking.uri={server}",
               f"output_root={tmp_path}")
@@ -271,6 +272,7 @@ check_store(uri)
 """
 
 
+@pytest.mark.integration
 def test_tuners_checking_a_fresh_sqlite_store_at_once_all_succeed(tmp_path: Path) -> None:
     # Unlocked, their schema migrations collide: "duplicate column name: step", "table ... already exists".
     uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
