@@ -5,7 +5,6 @@ and a local server over a store for tests and scripts."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import re
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autocompile.settings import ConfigError
+from autocompile.study import file_lock
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -51,19 +51,6 @@ def _cause(exc: BaseException) -> str:
 
 def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Exclusive across the processes of this machine (``flock``). The kernel drops it when its holder
-    dies, ``kill -9`` included, so a dead tuner never blocks the others."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def store_lock(uri: str) -> contextlib.AbstractContextManager[None]:

@@ -41,9 +41,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.knobs import KNOBS
-from autocompile.mlflow_store import artifact_location, file_lock, open_client
+from autocompile.mlflow_store import artifact_location, open_client
 from autocompile.settings import Settings
-from autocompile.study import is_orphaned, journal_file, owner, pid_namespace
+from autocompile.study import file_lock, is_orphaned, journal_file, owner, pid_namespace
 
 if TYPE_CHECKING:
     pass
