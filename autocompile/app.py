@@ -23,25 +23,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from autocompile.commands import CONF_DIR, available_models
 from autocompile.settings import ConfigError, register, settings_from
 
 log = logging.getLogger(__name__)
-
-
-def config_dir() -> Path:
-    """Installed wheels carry the configs inside the package; a source checkout has them at the top."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "config.yaml").is_file():
-            return candidate
-    raise FileNotFoundError(f"autocompile configs not found next to {here}; reinstall the package")
-
-
-CONF_DIR = config_dir()
-
-
-def available_models() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 
 
 def check_command_line(argv: list[str]) -> None:
@@ -73,7 +58,7 @@ def check_command_line(argv: list[str]) -> None:
         if settings.task == "tune":  # opens the storage (a bad URL fails here) and checks a resumed study
             check_resumable(settings, output_root / settings.study.name, opened)
     for uri in dict.fromkeys(s.tracking_uri for s, _ in jobs if s.task == "tune" and s.tracking.enabled):
-        from autocompile.tracking import check_store
+        from autocompile.mlflow_store import check_store
 
         check_store(uri)
 

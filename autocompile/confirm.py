@@ -20,10 +20,13 @@ fresh process after a cheap compile, and the compile time reported stays the col
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import statistics
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,13 +35,13 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.knobs import KNOBS, KnobError, TrialConfig, describe
-from autocompile.launcher import Agents, Resources, launch
+from autocompile.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
 from autocompile.objective import Objective
 from autocompile.racing import phase_trials, step_time
 from autocompile.reference import reference
 from autocompile.settings import Settings
 from autocompile.space import SearchSpace, identity
-from autocompile.study import compact, feasible, heartbeat, measured_trials, owner, tell
+from autocompile.study import compact, feasible, heartbeat, measured_here, measured_trials, owner, tell
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +255,45 @@ def measure_repeat(study: optuna.Study, trial: optuna.Trial, space: SearchSpace,
     # Optuna's value uses the cold compile time: a warm repeat's compile is not what a new job pays.
     cold = attrs.get("compile_s_cold", result["compile_s"]) if cache is not None else result["compile_s"]
     tell(study, trial, TrialState.COMPLETE, objective.values({**result, "compile_s": cold}), constraints)
+
+
+PHASE_LOCK = ".phases.lock"
+"""In the run directory: one tuner of a shared study runs the phases, the others wait and report."""
+
+
+@contextlib.contextmanager
+def alone_on_the_machine(study: optuna.Study, run_dir: Path, interrupt: threading.Event = INTERRUPT,
+                         poll_s: float = 1.0) -> Iterator[None]:
+    """Hold the phases until no other tuner of this study measures anything here: repeats compared
+    with each other must not share the cores with another repeat or a search trial. Tuners started
+    together: the first to finish its search waits for the others' last trials, runs the phases,
+    and the rest wait for it and then find every repeat done."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / PHASE_LOCK, "a") as handle:
+        said = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not said:
+                    log.info("another tuner of this study is running its phases: waiting for it")
+                    said = True
+                if interrupt.wait(poll_s):
+                    raise Interrupted("the tuner is stopping") from None
+                continue
+            break
+        try:
+            said = False
+            while running := [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                              if measured_here(t)]:
+                if not said:
+                    log.info("phases wait for trial(s) %s of another tuner to finish", running)
+                    said = True
+                if interrupt.wait(poll_s):
+                    raise Interrupted("the tuner is stopping")
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,

@@ -90,6 +90,8 @@ class StudySettings:
             raise ValueError(f"study.repeats={self.repeats} must be >= 1 (2 or more give intervals)")
         if self.repeat_cache not in ("warm", "cold"):
             raise ValueError(f"study.repeat_cache={self.repeat_cache!r}: choose warm or cold")
+        if not 0 < self.max_failure_rate <= 1:
+            raise ValueError(f"study.max_failure_rate={self.max_failure_rate} must be in (0, 1]")
         self.verdicts = self.verdict_keys_checked(self.verdicts)
 
     @staticmethod
@@ -107,8 +109,6 @@ class StudySettings:
     def verdict_knobs(self) -> list[str] | None:
         """Knob keys whose verdicts are measured: None = all, [] = none."""
         return None if self.verdicts == "all" else [] if self.verdicts == "none" else list(self.verdicts)
-        if not 0 < self.max_failure_rate <= 1:
-            raise ValueError(f"study.max_failure_rate={self.max_failure_rate} must be in (0, 1]")
 
 
 @dataclass

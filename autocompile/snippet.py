@@ -99,7 +99,7 @@ def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace, comman
     """``best_config.py``: one process per GPU (LOCAL_RANK) for a multi-GPU winner, plain otherwise."""
     r, w = best["result"], settings.workload
     if command is None:  # the report passes the command it already built (composing it reads every model config)
-        from autocompile.report import measure_command
+        from autocompile.commands import measure_command
 
         command = measure_command(settings, best["config"], (r.get("environment") or {}).get("threads"))
     distributed = w.world_size > 1

@@ -6,6 +6,8 @@ a resumed study, a second tuner process, the report and MLflow all read the same
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -13,7 +15,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +161,19 @@ def pid_namespace() -> int | None:
         return None
 
 
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive across the processes of this machine (``flock``). The kernel drops it when its holder
+    dies, ``kill -9`` included, so a dead tuner never blocks the others."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def is_orphaned(trial: FrozenTrial) -> bool:
     """A RUNNING trial whose tuner process is gone (same host and pid namespace, pid not alive)."""
     who = trial.user_attrs.get("owner")
@@ -171,6 +186,13 @@ def is_orphaned(trial: FrozenTrial) -> bool:
     except PermissionError:
         return False
     return False
+
+
+def measured_here(trial: FrozenTrial) -> bool:
+    """A RUNNING trial whose tuner is alive on this machine (it shares the cores with ours)."""
+    who = trial.user_attrs.get("owner")
+    return bool(who) and who.get("host") == socket.gethostname() and \
+        who.get("pidns", pid_namespace()) == pid_namespace() and not is_orphaned(trial)
 
 
 def requeue(study: optuna.Study, trial: FrozenTrial, why: str) -> bool:

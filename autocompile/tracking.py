@@ -27,17 +27,13 @@ HTTP one call per metric is slow.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
-import os
 import platform
 import re
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,12 +42,13 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.knobs import KNOBS
-from autocompile.settings import ConfigError, Settings
+from autocompile.mlflow_store import artifact_location, open_client
+from autocompile.settings import Settings
 from autocompile.spec import PARTS
-from autocompile.study import is_orphaned, journal_file, owner, pid_namespace
+from autocompile.study import file_lock, is_orphaned, journal_file, owner, pid_namespace
 
 if TYPE_CHECKING:
-    from mlflow.tracking import MlflowClient
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -69,138 +66,12 @@ PARENT_LOCK = ".mlflow-parent.lock"
 """In the run directory: the study's tuners on this machine create its parent run one at a time."""
 LOG_GRACE_S = 600
 """A trial another live tuner finished is left to it for this long (it logs its own trials)."""
-# Short causes of an unusable store, found in the (long, nested) exception text.
-CAUSES = ("Connection refused", "Name or service not known", "Temporary failure in name resolution",
-          "timed out", "No route to host", "certificate verify failed", "unable to open database file",
-          "readonly database", "Permission denied")
 
-
-@contextlib.contextmanager
-def quick_http() -> Iterator[None]:
-    """MLflow retries HTTP calls for minutes by default; a reachability check should answer in seconds."""
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
-    os.environ.update(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="10")
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _cause(exc: BaseException) -> str:
-    text = str(exc).strip()
-    found = next((c for c in CAUSES if c.lower() in text.lower()), None)
-    if found:
-        return found.lower()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return first if len(first) <= 160 else first[:157] + "..."
-
-
-def sqlite_path(uri: str) -> Path | None:
-    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Exclusive across the processes of this machine (``flock``). The kernel drops it when its holder
-    dies, ``kill -9`` included, so a dead tuner never blocks the others."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def store_lock(uri: str) -> contextlib.AbstractContextManager[None]:
-    """Held while a SQLite store is opened: the first opening creates and migrates its schema, and
-    MLflow's migrations fail when two processes run them at once ("duplicate column name")."""
-    db = sqlite_path(uri)
-    return file_lock(db.with_name(db.name + ".lock")) if db is not None else contextlib.nullcontext()
-
-
-def open_client(uri: str) -> MlflowClient:
-    """An MlflowClient whose store exists (the client opens its store when made, creating a new one)."""
-    from mlflow.tracking import MlflowClient
-
-    with store_lock(uri):
-        return MlflowClient(tracking_uri=uri)
-
-
-def check_store(uri: str) -> None:
-    """Fail before any trial when the tracking store cannot be reached or written (one-line ConfigError)."""
-    for chatty in ("alembic", "mlflow.store.db.utils"):  # schema creation of a new store, at INFO
-        logging.getLogger(chatty).setLevel(logging.WARNING)
-    try:
-        db = sqlite_path(uri)
-        if db is not None:
-            db.parent.mkdir(parents=True, exist_ok=True)
-            if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
-                raise PermissionError("Permission denied")
-        with quick_http():
-            open_client(uri).search_experiments(max_results=1)
-    except Exception as exc:
-        what = "is not reachable" if uri.startswith(("http://", "https://")) else "cannot be opened for writing"
-        raise ConfigError(f"tracking.uri={uri} {what} ({_cause(exc)}): start the MLflow server, fix tracking.uri, "
-                          "or set tracking.enabled=false") from exc
-
-
-@contextlib.contextmanager
-def mlflow_server(store_uri: str, log_path: Path | None = None, start_timeout_s: float = 120) -> Iterator[str]:
-    """``mlflow server`` on 127.0.0.1 (a free port) for a store, until the block ends; yields its URL.
-
-    The server and its uvicorn worker run in their own process group, ended together.
-    """
-    import signal
-    import subprocess
-    import sys
-    import urllib.request
-
-    from autocompile.launcher import free_port
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with open(log_path or os.devnull, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri,
-                                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.time() + start_timeout_s
-            while True:
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=2).read()
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.time() > deadline:
-                        raise RuntimeError(f"mlflow server for {store_uri} did not start on port {port}") from None
-                    time.sleep(0.5)
-            yield url
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:  # a graceful uvicorn shutdown can take seconds: nothing to save
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 def experiment_name(settings: Settings) -> str:
     """One experiment per model: its studies (workloads, multirun jobs) side by side."""
     return settings.tracking.experiment or f"autocompile/{settings.model.name}"
-
-
-def artifact_location(uri: str, name: str) -> str | None:
-    """Next to a SQLite store (MLflow's default would be ./mlruns under whatever the working directory is);
-    a server chooses its own."""
-    db = sqlite_path(uri)
-    if db is None:
-        return None
-    return (db.resolve().parent / "mlartifacts" / re.sub(r"[^\w./-]", "_", name)).as_uri()
 
 
 def resolved_config(text: str) -> str:

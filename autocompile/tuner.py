@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autocompile.confirm import measure_repeat, run_phases
+from autocompile.confirm import alone_on_the_machine, measure_repeat, run_phases
 from autocompile.knobs import KnobError, describe
 from autocompile.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
 from autocompile.objective import Objective
@@ -141,7 +141,9 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
             tracker.log_trial(study.trials[trial.number])
 
         try:
-            run_phases(study, space, objective, settings, measure)
+            if settings.study.confirm_top or settings.study.verdict_knobs() != []:
+                with alone_on_the_machine(study, run_dir):
+                    run_phases(study, space, objective, settings, measure)
         except (KeyboardInterrupt, Interrupted):
             budget.interrupt()
             interrupted = True

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,3 +103,16 @@ def test_gpu_slots_take_any_device_ids_and_split_the_cores(monkeypatch: pytest.M
     assert [s.cpus for s in slots] == [tuple(cores[i * per:(i + 1) * per]) for i in range(3)]
     one = dataclasses.replace(gpu, launch=dataclasses.replace(gpu.launch, slots=1)).slots()
     assert one[0].gpus == ("GPU-5e1d",) and one[0].cpus == ()  # a lone slot keeps the whole machine
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("n_trials", 0, "must be >= 1"), ("confirm_top", -1, "0 = no confirmation phase"),
+    ("repeats", 0, "2 or more give intervals"), ("repeat_cache", "hot", "choose warm or cold"),
+    ("max_failure_rate", 0.0, "must be in (0, 1]"), ("max_failure_rate", 1.5, "must be in (0, 1]"),
+    ("verdicts", ["compile.scoop"], "is no knob with a question"),
+])
+def test_every_study_setting_is_checked_and_the_error_says_the_fix(field: str, value: Any, says: str) -> None:
+    from autocompile.settings import StudySettings
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        StudySettings(**{field: value})

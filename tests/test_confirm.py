@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from optuna.trial import TrialState
 
 from autocompile.launcher import launch
@@ -15,6 +16,7 @@ from tests.test_identity import FIXED, reload, study_with
 from tests.test_tuner import tune_cli
 
 
+@pytest.mark.integration
 def test_confirmed_winner_avoids_the_certainly_slower_value_and_its_verdict_excludes_zero(tmp_path: Path) -> None:
     # Eager, one searched knob: amp.dtype. bfloat16 is queued first and not pruned, so the search
     # completes both values and the confirmation phase races them (with the eager baseline = none).

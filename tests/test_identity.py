@@ -35,6 +35,7 @@ def reload(tmp_path: Path) -> optuna.Study:
     return optuna.load_study(study_name="t", storage=storage)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("knob", "values", "fixed"), [
     ("placement.order", ["to_then_compile", "compile_then_to"], ["amp.dtype=none"]),
     ("amp.placement", ["outside", "inside"], ["amp.dtype=bfloat16", "placement.order=to_then_compile"]),
@@ -58,6 +59,7 @@ def test_one_program_is_measured_once_and_its_knob_gets_the_verdict_identical(
     assert summary["counts"]["same_program"] == 1
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("setup", ["fixed_scope", "no_baselines"])
 def test_numerics_are_checked_with_a_fixed_scope_and_without_baselines(tmp_path: Path, setup: str) -> None:
     # Compiled, this model computes a step that does not train; eager, it learns (lr 0.05).

@@ -38,6 +38,7 @@ def in_windows(tmp_path: Path) -> int:
     return sum('"window"' in p.read_text() for p in tmp_path.glob("*/trials/*/progress.jsonl"))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("slots", [2, 1])
 def test_ctrl_c_stops_the_study_kills_its_trials_and_leaves_none_running(tmp_path: Path, slots: int) -> None:
     args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", f"launch.slots={slots}",
@@ -79,7 +80,8 @@ def test_ctrl_c_stops_the_study_kills_its_trials_and_leaves_none_running(tmp_pat
     assert json.loads(summary.read_text())["stop_reason"] == "interrupted"
 
 
-@pytest.mark.parametrize("slots", [1, pytest.param(2, marks=pytest.mark.integration)])
+@pytest.mark.integration
+@pytest.mark.parametrize("slots", [1, 2])
 def test_sigterm_stops_the_study_as_ctrl_c_does_and_a_rerun_resumes_it(tmp_path: Path, slots: int) -> None:
     # What `timeout -s TERM` and SLURM do: SIGTERM to the tuner's whole process group, mid-trial.
     args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", f"launch.slots={slots}",

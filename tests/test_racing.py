@@ -139,3 +139,47 @@ def test_verdicts_come_from_the_rounds_of_the_winner_and_its_neighbours() -> Non
 def test_a_race_with_one_measured_candidate_confirms_nothing() -> None:
     outcome = confirmed(race_study({"compile": [0.02], "fancy": []}), Objective(ObjectiveSettings()))
     assert outcome["winner"] is None and "no race" in outcome["reason"]
+
+
+def test_phases_wait_until_no_other_tuner_of_the_study_measures_on_this_machine(tmp_path: Any) -> None:
+    # Three tuners started together: repeats that are compared must not share the cores with the
+    # other tuners' repeats (their phase lock) or their last search trials (a RUNNING trial).
+    import fcntl
+    import subprocess
+    import sys
+    import threading
+
+    from autocompile.confirm import PHASE_LOCK, alone_on_the_machine
+    from autocompile.launcher import Interrupted
+    from autocompile.study import owner
+
+    study = optuna.create_study()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        running = study.ask()
+        study._storage.set_trial_user_attr(running._trial_id, "owner", {**owner(), "pid": other.pid})
+        entered, stop = threading.Event(), threading.Event()
+
+        def phases() -> None:
+            with alone_on_the_machine(study, tmp_path, interrupt=stop, poll_s=0.02):
+                entered.set()
+
+        with open(tmp_path / PHASE_LOCK, "a") as held:  # another tuner runs its phases
+            fcntl.flock(held, fcntl.LOCK_EX)
+            waiter = threading.Thread(target=phases)
+            waiter.start()
+            assert not entered.wait(0.3)
+        assert not entered.wait(0.3)  # the lock is free, but another live tuner's trial runs
+        study.tell(running, 1.0)
+        assert entered.wait(5)
+        waiter.join()
+
+        # A stop while waiting ends the wait at once.
+        with open(tmp_path / PHASE_LOCK, "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            stop.set()
+            with pytest.raises(Interrupted), alone_on_the_machine(study, tmp_path, interrupt=stop, poll_s=0.02):
+                pass
+    finally:
+        other.kill()
+        other.wait()

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from autocompile.app import available_models
+from autocompile.commands import hydra_value, measure_command
 from autocompile.knobs import KNOBS, TrialConfig
-from autocompile.report import hydra_value, measure_command, snippet
 from autocompile.settings import Settings, register, settings_from
+from autocompile.snippet import snippet
 from autocompile.space import SearchSpace
 
 ROOT = Path(__file__).resolve().parent.parent

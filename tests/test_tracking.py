@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 
 from autocompile.knobs import KNOBS
 from autocompile.launcher import free_port
-from autocompile.tracking import mlflow_server
+from autocompile.mlflow_store import mlflow_server
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
@@ -190,6 +190,7 @@ def test_resume_continues_under_the_same_parent_and_never_duplicates_a_run(study
     assert [p.info.run_id for p in parents] == [parent_id]  # the study's one parent, continued
 
 
+@pytest.mark.integration
 def test_multirun_over_http_gives_one_parent_per_job_in_one_experiment(server: str, tmp_path: Path) -> None:
     run = cli("-m", *MODEL, "workload.batch_size=2,3", "study.n_trials=1", f"tracking.uri={server}",
               f"output_root={tmp_path}")
@@ -262,7 +263,7 @@ def test_plots_and_tables_cover_studies_where_nothing_completed_or_everything_di
 SIMULTANEOUS_CHECK = """
 import sys, time
 from pathlib import Path
-from autocompile.tracking import check_store
+from autocompile.mlflow_store import check_store
 uri, barrier, me, n = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 (barrier / me).touch()
 while len(list(barrier.iterdir())) < n:  # every process imported: start together
@@ -271,6 +272,7 @@ check_store(uri)
 """
 
 
+@pytest.mark.integration
 def test_tuners_checking_a_fresh_sqlite_store_at_once_all_succeed(tmp_path: Path) -> None:
     # Unlocked, their schema migrations collide: "duplicate column name: step", "table ... already exists".
     uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
@@ -289,7 +291,7 @@ def test_tuners_checking_a_fresh_sqlite_store_at_once_all_succeed(tmp_path: Path
 HOLDER = """
 import sys, time
 from pathlib import Path
-from autocompile.tracking import store_lock
+from autocompile.mlflow_store import store_lock
 uri, marker = sys.argv[1], Path(sys.argv[2])
 with store_lock(uri):
     marker.write_text("held")
@@ -300,7 +302,7 @@ with store_lock(uri):
 
 
 def test_the_store_lock_holds_off_another_process_until_it_lets_go(tmp_path: Path) -> None:
-    from autocompile.tracking import store_lock
+    from autocompile.mlflow_store import store_lock
 
     uri, marker = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "marker"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, uri, str(marker)], cwd=ROOT)

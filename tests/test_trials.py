@@ -33,6 +33,7 @@ def single_process_matrix() -> list[dict[str, Any]]:
     return list(configs.values())
 
 
+@pytest.mark.integration
 def test_every_scope_amp_and_placement_order_runs_ok(tmp_path: Path) -> None:
     configs = single_process_matrix()
     # none x {fp32, bf16}; module and regional x 3 AMP x 2 orders; train_step x 3 AMP.
@@ -63,6 +64,7 @@ def ddp_matrix() -> list[dict[str, Any]]:
     return configs
 
 
+@pytest.mark.integration
 def test_ddp_both_wrap_orders_and_every_valid_reducer_keep_ranks_identical(tmp_path: Path) -> None:
     configs = ddp_matrix()
     assert len(configs) == 6  # 2 wrap orders x (ddp_optimizer, no_optimization, python_reducer+compiled autograd)
@@ -76,6 +78,23 @@ def test_ddp_both_wrap_orders_and_every_valid_reducer_keep_ranks_identical(tmp_p
         assert wrapped == (knobs["ddp.wrap_order"] == "compile_of_ddp")
 
 
+def test_one_single_process_and_one_ddp_trial_from_the_matrices_run_ok(tmp_path: Path) -> None:
+    # The default run's share of the two matrices above (integration): the least default corner of each.
+    single = {"compile.scope": "regional", "amp.dtype": "bfloat16", "amp.placement": "inside",
+              "placement.order": "compile_then_to", **FAST}
+    ddp = next(k for k in ddp_matrix() if k["ddp.wrap_order"] == "compile_of_ddp" and k["compile.compiled_autograd"])
+    single_result, ddp_result = run_trials(tmp_path, [make_spec(single, model=tiny_lm()),
+                                                      make_spec(ddp, model=tiny_lm(), nproc=2)], parallel=1)
+    assert_ok(single_result)
+    assert single_result["compiled_coverage"] == 1.0 and len(single_result["compiled"]) > 2  # blocks and the rest
+    assert_ok(ddp_result)
+    assert ddp_result["environment"]["world_size"] == 2 and ddp["ddp.optimize"] == "python_reducer"
+    checksums = ddp_result["param_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1]
+    assert "DistributedDataParallel(model)" in ddp_result["compiled"]
+
+
+@pytest.mark.integration
 def test_losses_of_eager_and_compiled_trials_agree(tmp_path: Path) -> None:
     eager, compiled = run_trials(tmp_path, [make_spec({"compile.scope": "none"}),
                                             make_spec({"compile.scope": "module", "compile.backend": "aot_eager"})])

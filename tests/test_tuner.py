@@ -88,6 +88,7 @@ def test_duplicates_are_not_measured_again_and_slow_trials_are_pruned_after_one_
     assert "duplicates not measured again" in run.stdout
 
 
+@pytest.mark.integration
 def test_trials_whose_compile_alone_cannot_win_are_pruned(tmp_path: Path) -> None:
     run = tune_cli(tmp_path, "compile.backend=aot_eager", "amp.dtype=none", "objective.horizon_steps=10",
                    "study.n_trials=6", "study.seed=0")
@@ -106,6 +107,7 @@ def test_trials_whose_compile_alone_cannot_win_are_pruned(tmp_path: Path) -> Non
     assert set(summary["speedups"]) == {"eager", "compile", "regional"}
 
 
+@pytest.mark.integration
 def test_failure_guard_stops_a_study_that_only_fails(tmp_path: Path) -> None:
     run = tune_cli(tmp_path, "+model.behaviour=raise", "compile.backend=eager", "study.baselines=false",
                    "study.n_trials=20")
@@ -120,6 +122,7 @@ def test_failure_guard_stops_a_study_that_only_fails(tmp_path: Path) -> None:
     assert study.user_attrs["reference"]["status"] == "failed"  # the eager reference fails alike
 
 
+@pytest.mark.integration
 def test_snippet_applies_the_winner(tmp_path: Path) -> None:
     # Two regional configurations that cost the same: which one wins is up to machine load, so
     # nothing below assumes the winner; the snippet must apply whichever it was.
@@ -145,6 +148,7 @@ def test_snippet_applies_the_winner(tmp_path: Path) -> None:
     assert written["knobs"]["compile.scope"] == "regional"
 
 
+@pytest.mark.integration
 def test_kill_9_mid_trial_then_rerun_resumes_without_loss_or_double_counting(tmp_path: Path) -> None:
     args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", "+model.block_sleep_s=0.005",
             "compile.scope=none", "study.n_trials=4", "study.prune=false", "measure.windows=15"]
@@ -197,6 +201,7 @@ def test_stop_rules_in_isolation() -> None:
     assert Objective(ObjectiveSettings(kind="pareto")).stop_rule(best) is None
 
 
+@pytest.mark.integration
 def test_bad_input_leaves_an_existing_study_intact(tmp_path: Path) -> None:
     first = tune_cli(tmp_path, "compile.scope=none", "amp.dtype=none", "ac.policy=none", "study.n_trials=1")
     assert first.returncode == 0, first.stderr[-2000:]
@@ -213,6 +218,7 @@ def test_bad_input_leaves_an_existing_study_intact(tmp_path: Path) -> None:
             assert "was measured on another workload" in again.stderr and bad.split("=")[0][-12:] in again.stderr
 
 
+@pytest.mark.integration
 def test_a_plain_path_as_storage_is_a_journal_file_that_optuna_dashboard_opens(tmp_path: Path) -> None:
     journal = tmp_path / "journals" / "study.journal"
     journal.parent.mkdir()
@@ -245,6 +251,7 @@ def test_a_storage_path_that_names_a_sqlite_database_is_refused_with_its_url(tmp
         storage_for(str(db), tmp_path)
 
 
+@pytest.mark.integration
 def test_multirun_runs_one_study_per_combination_with_a_combined_summary(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "autocompile", "-m", *TINY, f"output_root={tmp_path}",
                           "workload.batch_size=2,4", "compile.scope=none", "amp.dtype=none", "ac.policy=none",
