@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
+from autocompile.confirm import key_of
 from autocompile.study import counted, measured_trials
 from tests.test_tuner import ROOT, TINY, load, tune_cli
 
@@ -46,7 +47,9 @@ def test_tuners_started_at_once_on_a_fresh_root_share_the_default_stores(tmp_pat
 
     args = [sys.executable, "-m", "autocompile", "+model=gpt2-tiny", "compile.backend=aot_eager", "study.n_trials=4",
             "workload.batch_size=2", "workload.seq_len=[16]", "workload.device=cpu", "measure.windows=2",
-            "measure.window_steps=2", "measure.warmup_steps=2", f"output_root={tmp_path}"]
+            "measure.window_steps=2", "measure.warmup_steps=2", f"output_root={tmp_path}",
+            # Phases kept short but on: the tuners must run them one at a time, never twice.
+            "study.confirm_top=1", "study.repeats=2", "study.verdicts=[amp.dtype]"]
     tuners = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
               for _ in range(n)]
     for tuner in tuners:
@@ -58,6 +61,8 @@ def test_tuners_started_at_once_on_a_fresh_root_share_the_default_stores(tmp_pat
     identities = [t.user_attrs["identity"] for t in measured_trials(study)]
     assert len(identities) == len(set(identities))  # no configuration measured twice
     assert 4 <= sum(counted(t) for t in trials) <= 4 + n - 1
+    repeats = [key_of(t) for t in trials if key_of(t) and t.state.is_finished()]
+    assert repeats and len(repeats) == len(set(repeats))  # each repeat measured once, by one tuner
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
