@@ -32,8 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autocompile.data import SyntheticTokens
 from autocompile.knobs import KNOBS, Env, TrialConfig
 from autocompile.models import build
+from autocompile.parts import knob_facts
 from autocompile.programs import verify
 from autocompile.space import SearchSpace
+from autocompile.spec import Workload
 from autocompile.step import apply, lm_loss
 from autocompile.units import Structure
 
@@ -67,7 +69,8 @@ def main() -> None:
     node.pop("name", None)
     with torch.device("meta"):
         structure = Structure.of(build(target, node))
-    env = Env.detect("cpu", 1, False, structure)
+    # The default workload's parts (AdamW, no schedule, no clipping) decide which optimizer knobs apply.
+    env = Env.detect("cpu", 1, False, structure, knob_facts(Workload(), "cpu"))
     total = SearchSpace(env, {}).size()
     modes = len(env.modes)
     aot = configurations(SearchSpace(env, {"compile.backend": "aot_eager"}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -16,8 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_example_trains_with_its_own_parts_under_the_applied_configuration() -> None:
     knobs = ["compile.scope=regional", "compile.optimizer=true", "optim.clip=compiled", "compile.backend=aot_eager"]
+    # This checkout's autocompile, installed or not (a script's own folder is on its path, not the cwd).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "examples/train_own.py", "--steps", "6", "--accum", "2", "--knobs", *knobs],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = re.search(r"compiled: (.*)", done.stderr).group(1)
     # Every block, the rest of the net, and the optimizer step with clipping inside it.
