@@ -52,7 +52,8 @@ def fingerprint(target: str, kwargs: dict[str, Any], vocab: int, knobs: dict[str
     config = TrialConfig.from_flat(knobs, env)
     torch.manual_seed(0)
     model = build(target, kwargs)
-    step = apply(model, torch.optim.AdamW(model.parameters()), lm_loss, config)
+    # A factory, as the worker passes it: optim.impl builds the optimizer with its foreach/fused flag.
+    step = apply(model, torch.optim.AdamW, lm_loss, config)
     data = SyntheticTokens(vocab, 2, [16], seed=0)
     step(*data.batch(0))  # one step compiles forward, backward, optimizer and compiled autograd
     return verify(step, model, config.compile.scope)["fingerprint"]
