@@ -13,6 +13,7 @@ Checked on torch 2.13 (CPU, ``aot_eager``), ``torch.compile(optimizer.step)`` un
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -25,14 +26,21 @@ ScheduleLike = Any  # an LRScheduler, or a callable building one from the optimi
 
 
 def build_optimizer(optimizer: OptimizerLike, params: Iterable[torch.nn.Parameter], impl: str) -> torch.optim.Optimizer:
-    """The optimizer itself, or built from a factory (``functools.partial(torch.optim.AdamW, lr=...)``)
-    with ``impl``'s arguments: an implementation is chosen when the optimizer is built."""
-    if isinstance(optimizer, torch.optim.Optimizer):
-        if impl != "default":
-            raise ValueError(f"optim.impl={impl} needs the optimizer as a factory: pass functools.partial("
-                             f"{type(optimizer).__module__}.{type(optimizer).__name__}, lr=...) instead of an instance")
+    """The optimizer, built from a factory (``functools.partial(torch.optim.AdamW, lr=...)``) with
+    ``impl``'s arguments: an implementation is chosen when the optimizer is built. An instance that has
+    not stepped yet is rebuilt the same way (same class, groups and hyperparameters)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer(params, **IMPL_KWARGS[impl])
+    if impl == "default":
         return optimizer
-    return optimizer(params, **IMPL_KWARGS[impl])
+    if optimizer.state:
+        raise ValueError(f"optim.impl={impl} needs an optimizer that has not stepped yet (its state would be lost): "
+                         f"pass it before training, or a factory such as functools.partial("
+                         f"{type(optimizer).__module__}.{type(optimizer).__name__}, lr=...)")
+    groups = [{**group, **{k: None for k in ("foreach", "fused") if k in group}, **IMPL_KWARGS[impl]}
+              for group in optimizer.param_groups]
+    accepted = inspect.signature(type(optimizer)).parameters  # defaults also hold keys the constructor sets itself
+    return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
 
 
 def use_tensor_lr(optimizer: torch.optim.Optimizer, device: torch.device) -> None:

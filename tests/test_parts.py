@@ -163,8 +163,17 @@ def test_the_implementation_knob_builds_the_optimizer_with_it(impl: str) -> None
     assert step.optimizer.defaults[impl] is True
     losses = [float(step(*_ids(0))) for _ in range(3)]
     assert losses[-1] < losses[0]
-    with pytest.raises(ValueError, match=r"optim.impl=fused needs the optimizer as a factory"):
-        apply(tiny_lm(), torch.optim.AdamW(tiny_lm().parameters()), cross_entropy,
+    # An instance (what a user's script holds) is rebuilt with the implementation, keeping its hyperparameters.
+    model = tiny_lm()
+    mine = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.2)
+    step = apply(model, mine, cross_entropy, config)
+    group = step.optimizer.param_groups[0]
+    assert type(step.optimizer) is torch.optim.AdamW and group[impl] is True
+    assert (group["lr"], group["weight_decay"]) == (3e-3, 0.2) and group["params"][0] is next(model.parameters())
+    losses = [float(step(*_ids(0))) for _ in range(3)]
+    assert losses[-1] < losses[0]
+    with pytest.raises(ValueError, match=r"optim.impl=fused needs an optimizer that has not stepped yet"):
+        apply(model, step.optimizer, cross_entropy,
               TrialConfig.from_flat({"optim.impl": "fused"}, Env.detect("cpu", 1, False)))
 
 
