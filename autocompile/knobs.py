@@ -181,7 +181,10 @@ def _ddp_modes(config: Flat, env: Env) -> tuple[str, ...]:
 
 
 def _optimizer_impls(config: Flat, env: Env) -> tuple[str, ...]:
-    return ("default", *env.optimizer_impls)
+    # Dynamo wraps every fused optimizer kernel in torch.compiler.disable ("don't trace into fused
+    # optimizer"): a compiled step with fused=True runs the fused kernel uncompiled between graph breaks.
+    step_compiled = OPTIMIZER_STEP_COMPILED.test(config, env)
+    return ("default", *(impl for impl in env.optimizer_impls if not (step_compiled and impl == "fused")))
 
 
 BOOL = (False, True)
@@ -300,7 +303,8 @@ class OptimKnobs:
     impl: str = knob(
         "default", values=_optimizer_impls, when=IMPLS,
         doc="Optimizer implementation: torch's default for the device (foreach on CUDA, for-loop on CPU), "
-            "for_loop, foreach (multi-tensor) or fused kernels.",
+            "for_loop, foreach (multi-tensor) or fused kernels. fused only where the optimizer step is not "
+            "compiled: dynamo never traces a fused kernel (torch.compiler.disable), so compiling it adds nothing.",
         question="Which optimizer implementation: default, foreach or fused?")
     tensor_lr: bool = knob(
         True, values=BOOL, search=(True,), when=OPTIMIZER_STEP_COMPILED & SCHEDULED,
@@ -348,7 +352,8 @@ class TrialConfig:
                     value = allowed[0]  # the default is ruled out by an earlier knob: take the first valid
                 if value not in allowed:
                     raise KnobError(
-                        f"{key}={value!r} is not valid here; choose one of {', '.join(map(repr, allowed))}")
+                        f"{key}={value!r} is not valid here; choose one of {', '.join(map(repr, allowed))} "
+                        f"({key}: {spec.doc})")
             flat[key] = value
         return _unflatten(cls, flat)
 

@@ -95,6 +95,24 @@ def test_mode_and_options_are_never_passed_together(cpu_env: Env) -> None:
     assert merged["options"] == {"max_autotune": True, "coordinate_descent_tuning": True, "shape_padding": False}
 
 
+def test_fused_optimizer_is_not_offered_where_the_optimizer_step_is_compiled(cpu_env: Env) -> None:
+    """Dynamo runs a fused kernel uncompiled (torch.compiler.disable): compiling that step is a graph break."""
+    for compiled_step in ({"compile.optimizer": True}, {"compile.scope": "train_step"}):
+        with pytest.raises(KnobError, match=r"optim.impl='fused' is not valid here.*optimizer step is not compiled"):
+            TrialConfig.from_flat({**compiled_step, "optim.impl": "fused"}, cpu_env)
+    assert TrialConfig.from_flat({"compile.optimizer": False, "optim.impl": "fused"}, cpu_env).optim.impl == "fused"
+    import torch
+    from torch._dynamo.utils import counters
+
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    torch._dynamo.reset()
+    counters.clear()
+    model(torch.randn(2, 8)).sum().backward()
+    torch.compile(optimizer.step, backend="eager")()
+    assert not counters["stats"]["unique_graphs"]  # the fact the rule rests on: nothing of the step compiles
+
+
 def test_search_space_size_counts_distinct_configurations(cpu_env: Env) -> None:
     from autocompile.space import SearchSpace
 
@@ -104,5 +122,5 @@ def test_search_space_size_counts_distinct_configurations(cpu_env: Env) -> None:
     eager_regional = SearchSpace(cpu_env, {"compile.scope": "regional", "compile.backend": "eager"})
     # fullgraph 2 x optimizer 2 x compiled autograd 2 x (amp: none, bf16 x 2 placements) 3 x placement.order 2
     # x (granularity block or sublayer x rest compiled/eager 2 x ac 2, or nested without ac or rest) 9
-    # x optim.impl 4 x optim.clip 2 (optim.tensor_lr is not searched)
-    assert eager_regional.size() == 2 * 2 * 2 * 3 * 2 * (2 * 2 * 2 + 1) * 4 * 2
+    # x optim.impl (4 with the optimizer eager, 3 compiled: no fused) x optim.clip 2 (tensor_lr is not searched)
+    assert eager_regional.size() == 2 * 2 * 3 * 2 * (2 * 2 * 2 + 1) * (4 + 3) * 2
