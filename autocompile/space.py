@@ -17,6 +17,10 @@ BASELINES = {
 ``torch.compile(model)``, and the default regional compile."""
 
 
+DEFAULTS = {key: default for key, (_, default) in KNOBS.items()}
+"""Every knob at its default: where a knob's full set of values is read."""
+
+
 class SearchSpace:
     """Knobs in declaration order: fixed ones are taken as given, inactive ones skipped, a knob with
     one possible value is not asked for, the rest are suggested under their dotted key."""
@@ -38,11 +42,21 @@ class SearchSpace:
             return (default,)
         return spec.searched(values, self.env)
 
+    def param_name(self, key: str, choices: tuple[Any, ...]) -> str:
+        """The Optuna parameter for ``key`` offered ``choices``. Optuna fixes one distribution per name,
+        so where earlier knobs narrow a knob's values (optim.impl loses fused when the optimizer step is
+        compiled) the narrowed set is a parameter of its own: ``optim.impl[default|foreach]``."""
+        spec, _ = KNOBS[key]
+        if tuple(choices) == spec.searched(DEFAULTS, self.env):
+            return key
+        return f"{key}[{'|'.join(map(str, choices))}]"
+
     def sample(self, trial: optuna.Trial) -> TrialConfig:
         values: dict[str, Any] = {}
         for key in KNOBS:
             choices = self.options(key, values)
-            values[key] = trial.suggest_categorical(key, choices) if len(choices) > 1 else choices[0]
+            values[key] = (trial.suggest_categorical(self.param_name(key, choices), choices) if len(choices) > 1
+                           else choices[0])
         return TrialConfig.from_flat(values, self.env)
 
     def baseline_params(self, name: str) -> dict[str, Any]:
@@ -54,8 +68,9 @@ class SearchSpace:
         values: dict[str, Any] = {}
         params = {}
         for key in KNOBS:
-            if len(self.options(key, values)) > 1:
-                params[key] = flat[key]
+            choices = self.options(key, values)
+            if len(choices) > 1:
+                params[self.param_name(key, choices)] = flat[key]
             values[key] = flat[key]
         return params
 

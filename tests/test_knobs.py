@@ -124,3 +124,25 @@ def test_search_space_size_counts_distinct_configurations(cpu_env: Env) -> None:
     # x (granularity block or sublayer x rest compiled/eager 2 x ac 2, or nested without ac or rest) 9
     # x optim.impl (4 with the optimizer eager, 3 compiled: no fused) x optim.clip 2 (tensor_lr is not searched)
     assert eager_regional.size() == 2 * 2 * 3 * 2 * (2 * 2 * 2 + 1) * (4 + 3) * 2
+
+
+def test_a_knob_whose_values_earlier_knobs_narrow_is_its_own_optuna_parameter(cpu_env: Env) -> None:
+    """optim.impl offers fused only with the optimizer step eager; Optuna refuses one name with two value sets."""
+    import optuna
+
+    from autocompile.space import SearchSpace
+
+    space = SearchSpace(cpu_env, {"compile.backend": "eager"})
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = {}
+    for _ in range(60):
+        trial = study.ask()
+        config = space.sample(trial)
+        study.tell(trial, 1.0)
+        seen[config.compile.optimizer or config.compile.scope == "train_step"] = trial.params
+    assert "optim.impl" in seen[False] and "optim.impl[default|for_loop|foreach]" in seen[True]
+    # A configuration's params, enqueued, give it back (baselines, confirmation and verdict repeats rely on it).
+    for flat in (space.sample(study.ask()).flat(), {**TrialConfig().flat(), "compile.optimizer": True,
+                                                     "compile.backend": "eager", "optim.impl": "foreach"}):
+        study.enqueue_trial(space.params(flat))
+        assert space.sample(study.ask()).flat() == TrialConfig.from_flat(flat, cpu_env).flat()
