@@ -10,9 +10,9 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "apply": "autocompile.step", "lm_loss": "autocompile.step", "TrainStep": "autocompile.step",
-    "Env": "autocompile.knobs", "TrialConfig": "autocompile.knobs", "KnobError": "autocompile.knobs",
-    "KNOBS": "autocompile.knobs",
+    "apply": "autocompile.trial.step", "lm_loss": "autocompile.trial.step", "TrainStep": "autocompile.trial.step",
+    "Env": "autocompile.config.knobs", "TrialConfig": "autocompile.config.knobs",
+    "KnobError": "autocompile.config.knobs", "KNOBS": "autocompile.config.knobs",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -23,8 +23,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from autocompile.commands import CONF_DIR, available_models
-from autocompile.settings import ConfigError, register, settings_from
+from autocompile.config.commands import CONF_DIR, available_models
+from autocompile.config.settings import ConfigError, register, settings_from
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +51,14 @@ def check_command_line(argv: list[str]) -> None:
             except (HydraException, OmegaConfBaseException) as exc:
                 raise ConfigError(explain(exc)) from exc
     # Stores are touched only once every job is known to be valid: a typo creates nothing.
-    from autocompile.study import check_resumable
+    from autocompile.study.shared import check_resumable
 
     opened: dict[str, Any] = {}
     for settings, output_root in jobs:
         if settings.task == "tune":  # opens the storage (a bad URL fails here) and checks a resumed study
             check_resumable(settings, output_root / settings.study.name, opened)
     for uri in dict.fromkeys(s.tracking_uri for s, _ in jobs if s.task == "tune" and s.tracking.enabled):
-        from autocompile.mlflow_store import check_store
+        from autocompile.study.mlflow_store import check_store
 
         check_store(uri)
 
@@ -118,17 +118,17 @@ def interrupted_exit(exc: BaseException) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> Any:
-    from autocompile.tuner import StudyFailing, StudyInterrupted
+    from autocompile.study.tuner import StudyFailing, StudyInterrupted
 
     stop_on_sigterm()  # again here: launchers such as submitit call this function without main()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         settings = settings_from(cfg, available_models())
         if settings.task == "measure":
-            from autocompile.measure import measure
+            from autocompile.study.measure import measure
 
             return measure(settings, run_dir)
-        from autocompile.tuner import tune
+        from autocompile.study.tuner import tune
 
         return tune(settings, run_dir, OmegaConf.to_yaml(cfg, resolve=True))
     except (ConfigError, StudyFailing) as exc:
@@ -142,7 +142,7 @@ class MultirunSummary(Callback):
     """After ``-m``: one table over every study of the sweep."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from autocompile.report import print_multirun_summary
+        from autocompile.report.summary import print_multirun_summary
 
         print_multirun_summary(Path(config.hydra.sweep.dir))
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import yaml
 
 from autocompile.app import CONF_DIR
-from autocompile.knobs import Env, TrialConfig, describe
-from autocompile.launcher import launch
-from autocompile.settings import model_spec
-from autocompile.spec import MeasureSettings, TrialSpec, Workload
-from autocompile.timeline import wall_split
+from autocompile.config.knobs import Env, TrialConfig, describe
+from autocompile.config.settings import model_spec
+from autocompile.config.spec import MeasureSettings, TrialSpec, Workload
+from autocompile.trial.launcher import launch
+from autocompile.trial.timeline import wall_split
 
 
 def parse_knobs(text: str) -> dict[str, object]:

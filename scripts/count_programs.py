@@ -29,15 +29,15 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autocompile.data import SyntheticTokens
-from autocompile.knobs import KNOBS, Env, TrialConfig
-from autocompile.models import build
-from autocompile.parts import knob_facts
-from autocompile.programs import verify
-from autocompile.space import SearchSpace
-from autocompile.spec import Workload
-from autocompile.step import apply, lm_loss
-from autocompile.units import Structure
+from autocompile.config.knobs import KNOBS, Env, TrialConfig
+from autocompile.config.space import SearchSpace
+from autocompile.config.spec import Workload
+from autocompile.trial.programs import verify
+from autocompile.trial.step import apply, lm_loss
+from autocompile.trial.units import Structure
+from autocompile.workload.data import SyntheticTokens
+from autocompile.workload.models import build
+from autocompile.workload.parts import knob_facts
 
 
 def configurations(space: SearchSpace) -> list[dict[str, Any]]:

@@ -194,10 +194,10 @@ def bench(args: argparse.Namespace, clock: Clock, out_dir: Path, work: Path, res
     import yaml
 
     from autocompile.app import CONF_DIR
-    from autocompile.knobs import Env, TrialConfig
-    from autocompile.launcher import launch
-    from autocompile.settings import model_spec
-    from autocompile.spec import MeasureSettings, TrialSpec, Workload
+    from autocompile.config.knobs import Env, TrialConfig
+    from autocompile.config.settings import model_spec
+    from autocompile.config.spec import MeasureSettings, TrialSpec, Workload
+    from autocompile.trial.launcher import launch
 
     model = model_spec(yaml.safe_load((CONF_DIR / "model" / f"{args.model}.yaml").read_text()), [])
     workload = Workload(batch_size=args.batch_size, seq_len=[args.seq_len], device=args.device)

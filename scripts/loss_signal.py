@@ -14,12 +14,12 @@ import argparse
 
 import torch
 
-from autocompile.data import SyntheticTokens
-from autocompile.knobs import Env, TrialConfig
-from autocompile.models import gpt2
-from autocompile.objective import loss_drift
-from autocompile.settings import ObjectiveSettings
-from autocompile.step import apply, lm_loss
+from autocompile.config.knobs import Env, TrialConfig
+from autocompile.config.settings import ObjectiveSettings
+from autocompile.study.objective import loss_drift
+from autocompile.trial.step import apply, lm_loss
+from autocompile.workload.data import SyntheticTokens
+from autocompile.workload.models import gpt2
 
 
 def losses(args: argparse.Namespace, lr: float, knobs: dict[str, str]) -> list[float]:

@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from autocompile.mlflow_store import mlflow_server
+from autocompile.study.mlflow_store import mlflow_server
 
 ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("screenshot_mlflow")

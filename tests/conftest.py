@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from autocompile.knobs import Env, TrialConfig
-from autocompile.launcher import launch
-from autocompile.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
+from autocompile.config.knobs import Env, TrialConfig
+from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
+from autocompile.trial.launcher import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TINY_GPT2 = ModelSpec(name="gpt2-tiny", target="autocompile.models.gpt2", vocab_size=128,
+TINY_GPT2 = ModelSpec(name="gpt2-tiny", target="autocompile.workload.models.gpt2", vocab_size=128,
                       kwargs={"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 64})
 
 
@@ -61,7 +61,7 @@ def settings_for() -> Iterator[Callable[..., Any]]:
     from hydra import compose, initialize_config_dir
 
     from autocompile.app import available_models
-    from autocompile.settings import register, settings_from
+    from autocompile.config.settings import register, settings_from
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
-from autocompile.infer import model_facts
-from autocompile.knobs import TrialConfig
-from autocompile.models import build
-from autocompile.parts import build_data, build_loss, optimizer_factory, schedule_factory
-from autocompile.settings import Settings
-from autocompile.step import TrainStep, apply
+from autocompile.config.knobs import TrialConfig
+from autocompile.config.settings import Settings
+from autocompile.trial.step import TrainStep, apply
+from autocompile.workload.infer import model_facts
+from autocompile.workload.models import build
+from autocompile.workload.parts import build_data, build_loss, optimizer_factory, schedule_factory
 
 Compose = Callable[..., Settings]
 FAST_MEASURE = ("workload.device=cpu", "workload.threads=1", "measure.warmup_steps=2", "measure.windows=2",

@@ -64,7 +64,7 @@ def test_measure_one_configuration_prints_the_table(tmp_path: Path) -> None:
 def test_each_job_of_a_sweep_over_knobs_or_objectives_is_a_study_of_its_own() -> None:
     from hydra import compose, initialize_config_dir
 
-    from autocompile.settings import register
+    from autocompile.config.settings import register
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
@@ -88,7 +88,7 @@ def test_gpu_slots_take_any_device_ids_and_split_the_cores(monkeypatch: pytest.M
     from hydra import compose, initialize_config_dir
 
     from autocompile.app import available_models
-    from autocompile.settings import register, settings_from
+    from autocompile.config.settings import register, settings_from
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
@@ -112,7 +112,7 @@ def test_gpu_slots_take_any_device_ids_and_split_the_cores(monkeypatch: pytest.M
     ("verdicts", ["compile.scoop"], "is no knob with a question"),
 ])
 def test_every_study_setting_is_checked_and_the_error_says_the_fix(field: str, value: Any, says: str) -> None:
-    from autocompile.settings import StudySettings
+    from autocompile.config.settings import StudySettings
 
     with pytest.raises(ValueError, match=re.escape(says)):
         StudySettings(**{field: value})

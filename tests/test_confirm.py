@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from autocompile.launcher import launch
-from autocompile.study import counted
+from autocompile.study.shared import counted
+from autocompile.trial.launcher import launch
 from tests.conftest import make_spec, tiny_lm
 from tests.test_identity import FIXED, reload, study_with
 from tests.test_tuner import tune_cli

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from autocompile.data import SyntheticTokens
-from autocompile.knobs import Env, TrialConfig
-from autocompile.models import gpt2
-from autocompile.step import TrainStep, apply, lm_loss
-from autocompile.worker import peak_flops
+from autocompile.config.knobs import Env, TrialConfig
+from autocompile.trial.step import TrainStep, apply, lm_loss
+from autocompile.trial.worker import peak_flops
+from autocompile.workload.data import SyntheticTokens
+from autocompile.workload.models import gpt2
 from tests.conftest import TINY_GPT2, assert_ok, make_spec, run_trials
 
 pytestmark = [

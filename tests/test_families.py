@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from autocompile import units
-from autocompile.flops import flops_per_item
-from autocompile.knobs import TrialConfig
-from autocompile.models import build, flops_per_token
-from autocompile.programs import verify
-from autocompile.settings import ConfigError
+from autocompile.config.knobs import TrialConfig
+from autocompile.config.settings import ConfigError
+from autocompile.trial import units
+from autocompile.trial.flops import flops_per_item
+from autocompile.trial.programs import verify
+from autocompile.workload.models import build, flops_per_token
 from tests.conftest import assert_ok, run_trials
 from tests.jobs import FAST_MEASURE, Compose, falls, run_job
 
@@ -64,8 +64,8 @@ def test_flops_of_linear_layers_are_exactly_what_forward_and_backward_multiply()
 
 
 def test_counted_flops_of_gpt2_agree_with_the_6n_formula(settings_for: Compose) -> None:
-    from autocompile.data import SyntheticTokens
-    from autocompile.losses import cross_entropy
+    from autocompile.workload.data import SyntheticTokens
+    from autocompile.workload.losses import cross_entropy
 
     settings = settings_for("+model=gpt2-tiny", "workload.device=cpu")
     model = build(settings.model.target, settings.model.kwargs)

@@ -11,8 +11,8 @@ from types import ModuleType
 
 import pytest
 
-from autocompile.knobs import Env, TrialConfig
-from autocompile.worker import peak_flops
+from autocompile.config.knobs import Env, TrialConfig
+from autocompile.trial.worker import peak_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -31,7 +31,7 @@ def test_real_inductor_study_of_8_trials_recommends_and_writes_a_working_snippet
 
     import torch
 
-    from autocompile.models import gpt2
+    from autocompile.workload.models import gpt2
 
     root = Path(__file__).resolve().parent.parent
     run = subprocess.run(

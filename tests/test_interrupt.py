@@ -18,10 +18,10 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from autocompile import launcher
-from autocompile.launcher import Interrupted, launch, prepare, read_progress
-from autocompile.spec import ModelSpec
-from autocompile.study import counted, measured_trials
+from autocompile.config.spec import ModelSpec
+from autocompile.study.shared import counted, measured_trials
+from autocompile.trial import launcher
+from autocompile.trial.launcher import Interrupted, launch, prepare, read_progress
 from tests.conftest import make_spec
 from tests.test_tuner import ROOT, TINY, load
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autocompile.knobs import KNOBS, Env, KnobError, TrialConfig, describe
-from autocompile.step import compile_kwargs
+from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig, describe
+from autocompile.trial.step import compile_kwargs
 
 
 def cfg(env: Env, **values: object) -> TrialConfig:
@@ -114,7 +114,7 @@ def test_fused_optimizer_is_not_offered_where_the_optimizer_step_is_compiled(cpu
 
 
 def test_search_space_size_counts_distinct_configurations(cpu_env: Env) -> None:
-    from autocompile.space import SearchSpace
+    from autocompile.config.space import SearchSpace
 
     # Eager: only amp.dtype (none, bfloat16), ac.policy (none, block) and optim.impl (default, for_loop,
     # foreach, fused: cpu_env knows no workload) remain; placement etc. are inactive.

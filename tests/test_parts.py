@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from autocompile.knobs import Env, TrialConfig
-from autocompile.launcher import launch
-from autocompile.losses import cross_entropy
-from autocompile.parts import knob_facts
-from autocompile.spec import Workload
-from autocompile.step import apply
+from autocompile.config.knobs import Env, TrialConfig
+from autocompile.config.spec import Workload
+from autocompile.trial.launcher import launch
+from autocompile.trial.step import apply
+from autocompile.workload.losses import cross_entropy
+from autocompile.workload.parts import knob_facts
 from tests.conftest import assert_ok, run_trials
 from tests.conftest import tiny_lm as tiny_lm_spec
 from tests.jobs import FAST_MEASURE, Compose, falls, run_job

@@ -17,8 +17,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autocompile.launcher import free_port
-from autocompile.study import counted, measured_trials
+from autocompile.study.shared import counted, measured_trials
+from autocompile.trial.launcher import free_port
 from tests.test_tuner import ROOT, TINY
 
 BINDIR = sorted(Path("/usr/lib/postgresql").glob("*/bin"))

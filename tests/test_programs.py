@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from autocompile import units
-from autocompile.data import SyntheticTokens
-from autocompile.knobs import Env, TrialConfig
-from autocompile.models import gpt2
-from autocompile.programs import NothingCompiled, PartiallyCompiled, verify
-from autocompile.step import apply, lm_loss
+from autocompile.config.knobs import Env, TrialConfig
+from autocompile.trial import units
+from autocompile.trial.programs import NothingCompiled, PartiallyCompiled, verify
+from autocompile.trial.step import apply, lm_loss
+from autocompile.workload.data import SyntheticTokens
+from autocompile.workload.models import gpt2
 
 VOCAB = 64
 
@@ -160,7 +160,7 @@ def test_structure_decides_which_values_are_offered() -> None:
             return self.net(ids)
 
     env = Env.detect("cpu", 1, False, units.Structure.of(NoBlocks()))
-    from autocompile.knobs import KNOBS
+    from autocompile.config.knobs import KNOBS
 
     assert "regional" not in KNOBS["compile.scope"][0].allowed({}, env)
     leaf_env = Env.detect("cpu", 1, False, units.Structure.of(StackLM(LeafBlock)))

@@ -12,11 +12,11 @@ import pytest
 from optuna.trial import TrialState
 from scipy.stats import t as student_t
 
-from autocompile.objective import Objective
-from autocompile.racing import confirmed, verdicts
-from autocompile.settings import ObjectiveSettings, StudySettings
-from autocompile.spec import MeasureSettings
-from autocompile.stats import paired_ratio, pooled_noise, relative_half_width, t975
+from autocompile.config.settings import ObjectiveSettings, StudySettings
+from autocompile.config.spec import MeasureSettings
+from autocompile.study.objective import Objective
+from autocompile.study.racing import confirmed, verdicts
+from autocompile.trial.stats import paired_ratio, pooled_noise, relative_half_width, t975
 
 
 def test_tabulated_t_quantiles_agree_with_scipy() -> None:
@@ -149,9 +149,9 @@ def test_phases_wait_until_no_other_tuner_of_the_study_measures_on_this_machine(
     import sys
     import threading
 
-    from autocompile.confirm import PHASE_LOCK, alone_on_the_machine
-    from autocompile.launcher import Interrupted
-    from autocompile.study import owner
+    from autocompile.study.confirm import PHASE_LOCK, alone_on_the_machine
+    from autocompile.study.shared import owner
+    from autocompile.trial.launcher import Interrupted
 
     study = optuna.create_study()
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from autocompile.app import available_models
-from autocompile.commands import hydra_value, measure_command
-from autocompile.knobs import KNOBS, TrialConfig
-from autocompile.settings import Settings, register, settings_from
-from autocompile.snippet import snippet
-from autocompile.space import SearchSpace
+from autocompile.config.commands import hydra_value, measure_command
+from autocompile.config.knobs import KNOBS, TrialConfig
+from autocompile.config.settings import Settings, register, settings_from
+from autocompile.config.space import SearchSpace
+from autocompile.report.snippet import snippet
 
 ROOT = Path(__file__).resolve().parent.parent
 Compose = Callable[..., Settings]

@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 import torch
 
-from autocompile import units
-from autocompile.data import SyntheticTokens
-from autocompile.knobs import Env, TrialConfig
-from autocompile.models import flops_per_token, gpt2
-from autocompile.programs import verify
-from autocompile.step import apply, lm_loss
+from autocompile.config.knobs import Env, TrialConfig
+from autocompile.trial import units
+from autocompile.trial.programs import verify
+from autocompile.trial.step import apply, lm_loss
+from autocompile.workload.data import SyntheticTokens
+from autocompile.workload.models import flops_per_token, gpt2
 from tests.models import tiny_lm
 
 # fp32 eager vs compiled (aot_eager runs the same kernels): relative tolerance on per-step losses.
@@ -179,7 +179,7 @@ def test_nested_regions_reuse_one_subgraph_for_every_block_and_leave_the_class_a
 
 
 def test_cuda_graph_modes_are_recognised_for_step_marking() -> None:
-    from autocompile.step import uses_cuda_graphs
+    from autocompile.trial.step import uses_cuda_graphs
 
     assert uses_cuda_graphs({"backend": "inductor", "mode": "reduce-overhead"})
     assert uses_cuda_graphs({"backend": "inductor", "mode": "max-autotune"})
@@ -190,8 +190,8 @@ def test_cuda_graph_modes_are_recognised_for_step_marking() -> None:
 
 
 def test_a_step_that_does_not_train_drifts_beyond_the_studys_loss_tolerance() -> None:
-    from autocompile.objective import loss_drift
-    from autocompile.settings import ObjectiveSettings
+    from autocompile.config.settings import ObjectiveSettings
+    from autocompile.study.objective import loss_drift
 
     # The study's numerics check compares each trial's per-step losses with the eager baseline's
     # over a burst (3 warm-up + 5x5 timed steps by default): the data must make that burst learn.
@@ -204,7 +204,7 @@ def test_a_step_that_does_not_train_drifts_beyond_the_studys_loss_tolerance() ->
 
 
 def test_a_factory_gets_vocab_size_only_if_it_takes_it() -> None:
-    from autocompile.models import factory_kwargs
+    from autocompile.workload.models import factory_kwargs
 
     kwargs = {"in_features": 4, "out_features": 8, "vocab_size": 8}
     assert factory_kwargs("torch.nn.Linear", kwargs) == {"in_features": 4, "out_features": 8}
@@ -212,6 +212,6 @@ def test_a_factory_gets_vocab_size_only_if_it_takes_it() -> None:
     with pytest.raises(ValueError, match="takes no argument 'width'"):
         factory_kwargs("tests.models.tiny_lm", {"vocab_size": 8, "width": 3})
     # gpt2 passes further GPT2Config fields on, and only those: a typo would measure the default model.
-    assert factory_kwargs("autocompile.models.gpt2", {"n_inner": 64, "vocab_size": 8})["n_inner"] == 64
+    assert factory_kwargs("autocompile.workload.models.gpt2", {"n_inner": 64, "vocab_size": 8})["n_inner"] == 64
     with pytest.raises(ValueError, match="takes no argument 'n_layr'"):
-        factory_kwargs("autocompile.models.gpt2", {"n_layr": 2, "vocab_size": 8})
+        factory_kwargs("autocompile.workload.models.gpt2", {"n_layr": 2, "vocab_size": 8})

@@ -11,9 +11,9 @@ from typing import Any
 import psutil
 import pytest
 
-from autocompile.knobs import Env, KnobError, TrialConfig
-from autocompile.launcher import launch
-from autocompile.timeline import wall_split
+from autocompile.config.knobs import Env, KnobError, TrialConfig
+from autocompile.trial.launcher import launch
+from autocompile.trial.timeline import wall_split
 from tests.conftest import assert_ok, make_spec, run_trials, tiny_lm
 
 FAST = {"compile.backend": "eager"}
@@ -133,7 +133,7 @@ def test_ranks_that_end_with_different_parameters_fail_the_trial(tmp_path: Path)
 
 
 def test_peak_flops_are_found_from_device_names() -> None:
-    from autocompile.worker import peak_flops
+    from autocompile.trial.worker import peak_flops
 
     assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12  # the name has no "A100" word without the dashes
     assert peak_flops("NVIDIA H100 PCIe") == 756e12 and peak_flops("NVIDIA H100 80GB HBM3") == 989e12

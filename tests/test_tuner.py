@@ -23,9 +23,9 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from autocompile.objective import Objective
-from autocompile.settings import ConfigError, ObjectiveSettings
-from autocompile.study import (
+from autocompile.config.settings import ConfigError, ObjectiveSettings
+from autocompile.study.objective import Objective
+from autocompile.study.shared import (
     SQLITE_HEADER,
     counted,
     heartbeat,
@@ -301,7 +301,7 @@ def test_a_trial_waiting_on_a_twin_whose_tuner_died_recovers_it_instead_of_waiti
 
 def test_a_configuration_that_failed_transiently_is_measured_once_more_before_its_failure_stands(
         tmp_path: Path) -> None:
-    from autocompile.study import find_measured
+    from autocompile.study.shared import find_measured
 
     study = open_study("transient", storage_for("", tmp_path), ["minimize"], seed=0)
 

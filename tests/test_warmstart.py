@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autocompile.knobs import TrialConfig
-from autocompile.launcher import launch
-from autocompile.warmstart import ARTIFACTS, take_home, warm_line
+from autocompile.config.knobs import TrialConfig
+from autocompile.trial.launcher import launch
+from autocompile.trial.warmstart import ARTIFACTS, take_home, warm_line
 from tests.conftest import assert_ok
 from tests.jobs import FAST_MEASURE, Compose
 

@@ -25,7 +25,7 @@ from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.settings import ConfigError, Settings
+from autocompile.config.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 

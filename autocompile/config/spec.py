@@ -15,7 +15,7 @@ from typing import Any
 
 DEVICES = ("auto", "cpu", "cuda")
 PARTS = ("data", "loss", "optimizer", "lr_schedule")
-"""The workload's parts named by ``_target_`` (``autocompile.parts`` builds them)."""
+"""The workload's parts named by ``_target_`` (``autocompile.workload.parts`` builds them)."""
 CACHE_MODES = ("cold", "warm")
 
 
@@ -25,7 +25,7 @@ class ModelSpec:
 
     name: str = "model"
     """Short name used in run names and directories."""
-    target: str = "autocompile.models.gpt2"
+    target: str = "autocompile.workload.models.gpt2"
     """Dotted path of the factory (the model config's ``_target_``)."""
     vocab_size: int | None = None
     """Token ids of the synthetic data are drawn from ``[0, vocab_size)``; None = read from the model's
@@ -58,12 +58,12 @@ class Workload:
     """Intra-op threads per process; 0 = this machine's cores / nproc_per_node."""
     seed: int = 0
     """Seed of the weights and the synthetic data: every trial sees the same numbers."""
-    data: dict[str, Any] = field(default_factory=lambda: {"_target_": "autocompile.data.SyntheticTokens"})
-    """Inputs and targets of step i (``autocompile.parts``): a class built once with the keys beside
+    data: dict[str, Any] = field(default_factory=lambda: {"_target_": "autocompile.workload.data.SyntheticTokens"})
+    """Inputs and targets of step i (``autocompile.workload.parts``): a class built once with the keys beside
     ``_target_`` and the job facts it takes by name (batch_size, seq_len, seed, rank, device, vocab_size,
     image_size, num_channels, num_labels), its instance called with the step index; or a function called
     with the step index and the same arguments. Returns ``(inputs, targets)``; inputs a tensor, tuple or dict."""
-    loss: dict[str, Any] = field(default_factory=lambda: {"_target_": "autocompile.losses.cross_entropy"})
+    loss: dict[str, Any] = field(default_factory=lambda: {"_target_": "autocompile.workload.losses.cross_entropy"})
     """``loss(output, targets)``: a function used as is (further keys bound as keyword arguments), or a
     class built with the keys (``torch.nn.CrossEntropyLoss``)."""
     optimizer: dict[str, Any] = field(default_factory=lambda: {

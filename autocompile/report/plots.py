@@ -5,7 +5,7 @@ the verdict per knob. Plots (PNG via matplotlib, and one self-contained interact
 plotly): the Pareto front of throughput vs compile time, the per-knob effects with their
 uncertainty, and the optimization history. And the parent run's note: the study in a few lines
 of Markdown. Everything is computed from the study's own record
-(the trials' user attributes) and the :class:`~autocompile.report.Report`, never re-measured.
+(the trials' user attributes) and the :class:`~autocompile.report.summary.Report`, never re-measured.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.effects import Effect
+from autocompile.report.effects import Effect
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""One trial, in a fresh process per rank: ``python -m autocompile.worker TRIAL_DIR``.
+"""One trial, in a fresh process per rank: ``python -m autocompile.trial.worker TRIAL_DIR``.
 
 Run under torchrun (any world size) or alone (world size 1). Reads ``trial.json``, builds the
 model, applies the configuration, warms up over every shape the data uses (this is where
@@ -31,20 +31,20 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from autocompile.data import count_items  # noqa: E402
-from autocompile.flops import estimated_flops_per_token, flops_per_item  # noqa: E402
-from autocompile.infer import model_facts  # noqa: E402
-from autocompile.knobs import Env, TrialConfig  # noqa: E402
-from autocompile.models import build  # noqa: E402
-from autocompile.parts import build_data, build_loss, optimizer_factory, schedule_factory  # noqa: E402
-from autocompile.programs import NothingCompiled, PartiallyCompiled, verify  # noqa: E402
-from autocompile.spec import TrialSpec, write_json_atomic  # noqa: E402
-from autocompile.stats import relative_half_width  # noqa: E402
-from autocompile.step import apply  # noqa: E402
-from autocompile.warmstart import load_artifacts, save_artifacts  # noqa: E402
+from autocompile.config.knobs import Env, TrialConfig  # noqa: E402
+from autocompile.config.spec import TrialSpec, write_json_atomic  # noqa: E402
+from autocompile.trial.flops import estimated_flops_per_token, flops_per_item  # noqa: E402
+from autocompile.trial.programs import NothingCompiled, PartiallyCompiled, verify  # noqa: E402
+from autocompile.trial.stats import relative_half_width  # noqa: E402
+from autocompile.trial.step import apply  # noqa: E402
+from autocompile.trial.warmstart import load_artifacts, save_artifacts  # noqa: E402
+from autocompile.workload.data import count_items  # noqa: E402
+from autocompile.workload.infer import model_facts  # noqa: E402
+from autocompile.workload.models import build  # noqa: E402
+from autocompile.workload.parts import build_data, build_loss, optimizer_factory, schedule_factory  # noqa: E402
 
 IMPORTS_DONE = time.time()
-log = logging.getLogger("autocompile.worker")
+log = logging.getLogger("autocompile.trial.worker")
 
 # Dense bf16 tensor-core peaks (FLOP/s) for MFU, by the words of the device name (first match
 # wins: "NVIDIA H100 PCIe" before "H100"); anything else: measure.peak_tflops.
@@ -73,7 +73,7 @@ class RanksDiverged(RuntimeError):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m autocompile.worker TRIAL_DIR", file=sys.stderr)
+        print("usage: python -m autocompile.trial.worker TRIAL_DIR", file=sys.stderr)
         return 2
     trial_dir = Path(argv[0])
     rank = int(os.environ.get("RANK", 0))

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autocompile.knobs import TrialConfig, describe
-from autocompile.launcher import launch
-from autocompile.settings import Settings
-from autocompile.view import console, measurement_table
+from autocompile.config.knobs import TrialConfig, describe
+from autocompile.config.settings import Settings
+from autocompile.report.view import console, measurement_table
+from autocompile.trial.launcher import launch
 
 log = logging.getLogger(__name__)
 

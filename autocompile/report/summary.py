@@ -16,16 +16,16 @@ from optuna.trial import TrialState
 from rich.console import Console
 from rich.table import Table
 
-from autocompile.commands import measure_command
-from autocompile.effects import Effect, knob_effects
-from autocompile.objective import Objective
-from autocompile.racing import confirmed, phase, phase_trials, study_noise, verdicts
-from autocompile.settings import Settings
-from autocompile.snippet import snippet
-from autocompile.space import SearchSpace
-from autocompile.study import feasible, interrupted, is_search, journal_file, measured_trials
-from autocompile.view import console as make_console
-from autocompile.warmstart import warm_line
+from autocompile.config.commands import measure_command
+from autocompile.config.settings import Settings
+from autocompile.config.space import SearchSpace
+from autocompile.report.effects import Effect, knob_effects
+from autocompile.report.snippet import snippet
+from autocompile.report.view import console as make_console
+from autocompile.study.objective import Objective
+from autocompile.study.racing import confirmed, phase, phase_trials, study_noise, verdicts
+from autocompile.study.shared import feasible, interrupted, is_search, journal_file, measured_trials
+from autocompile.trial.warmstart import warm_line
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from autocompile.data import IGNORE_INDEX
+from autocompile.workload.data import IGNORE_INDEX
 
 
 def logits_of(output: Any) -> torch.Tensor:
@@ -32,5 +32,5 @@ def model_loss(output: Any, targets: Any = None) -> torch.Tensor:
     loss = getattr(output, "loss", None)
     if loss is None:
         raise ValueError("workload.loss is model_loss but the model output has no .loss: put the labels in the "
-                         "inputs (a dict with 'labels') or use autocompile.losses.cross_entropy")
+                         "inputs (a dict with 'labels') or use autocompile.workload.losses.cross_entropy")
     return loss

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from autocompile.timeline import wall_split
+from autocompile.trial.timeline import wall_split
 
 
 def console() -> Console:
@@ -99,7 +99,7 @@ class StudyView:
         self.live.update(self.render())
 
     def refresh(self, trials: list[Any]) -> None:
-        from autocompile.study import counted
+        from autocompile.study.shared import counted
 
         self.trials = trials
         self.progress.update(self.task, completed=sum(counted(t) for t in trials), description="")
@@ -108,7 +108,7 @@ class StudyView:
     def render(self) -> Any:
         from rich.console import Group
 
-        from autocompile.study import counted
+        from autocompile.study.shared import counted
 
         table = Table(title="autocompile study", title_justify="left", expand=False)
         for col in ("#", "configuration (vs defaults)", "state", "tokens/s", "compile s", "objective", "best"):

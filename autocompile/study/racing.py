@@ -17,13 +17,13 @@ from typing import Any
 from optuna import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.effects import Effect
-from autocompile.knobs import KNOBS, Env, TrialConfig
-from autocompile.objective import Objective
-from autocompile.reference import REFERENCE_KNOBS, reference
-from autocompile.space import identity
-from autocompile.stats import Noise, Ratio, paired_ratio, pooled_noise
-from autocompile.study import feasible, interrupted, measured_trials
+from autocompile.config.knobs import KNOBS, Env, TrialConfig
+from autocompile.config.space import identity
+from autocompile.report.effects import Effect
+from autocompile.study.objective import Objective
+from autocompile.study.shared import feasible, interrupted, measured_trials
+from autocompile.trial.reference import REFERENCE_KNOBS, reference
+from autocompile.trial.stats import Noise, Ratio, paired_ratio, pooled_noise
 
 REPEAT_PHASES = ("confirm", "verdict")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import optuna
 
-from autocompile.knobs import KNOBS, Env, TrialConfig
+from autocompile.config.knobs import KNOBS, Env, TrialConfig
 
 BASELINES = {
     "eager": {"compile.scope": "none"},

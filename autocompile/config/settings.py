@@ -22,12 +22,12 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from autocompile.knobs import KNOBS, Env, KnobError, TrialConfig
-from autocompile.launcher import Resources
-from autocompile.models import factory_kwargs, resolve
-from autocompile.parts import data_needs, knob_facts, need_message
-from autocompile.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
-from autocompile.units import Structure
+from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
+from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
+from autocompile.trial.launcher import Resources
+from autocompile.trial.units import Structure
+from autocompile.workload.models import factory_kwargs, resolve
+from autocompile.workload.parts import data_needs, knob_facts, need_message
 
 log = logging.getLogger(__name__)
 
@@ -346,8 +346,8 @@ def read_model(model: ModelSpec) -> tuple[Structure, dict[str, Any]] | None:
     if key not in _READ:
         import torch
 
-        from autocompile.infer import model_facts
-        from autocompile.models import build
+        from autocompile.workload.infer import model_facts
+        from autocompile.workload.models import build
 
         try:
             with torch.device("meta"):

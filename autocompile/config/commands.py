@@ -12,14 +12,14 @@ from typing import Any
 
 import yaml
 
-from autocompile.knobs import KNOBS
-from autocompile.settings import LaunchSettings, Settings, _BaseConfig
-from autocompile.spec import PARTS, MeasureSettings, ModelSpec, Workload
+from autocompile.config.knobs import KNOBS
+from autocompile.config.settings import LaunchSettings, Settings, _BaseConfig
+from autocompile.config.spec import PARTS, MeasureSettings, ModelSpec, Workload
 
 
 def config_dir() -> Path:
     """Installed wheels carry the configs inside the package; a source checkout has them at the top."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the autocompile package
     for candidate in (here / "conf", here.parent / "conf"):
         if (candidate / "config.yaml").is_file():
             return candidate

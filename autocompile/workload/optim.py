@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from autocompile.parts import IMPL_KWARGS
+from autocompile.workload.parts import IMPL_KWARGS
 
 OptimizerLike = torch.optim.Optimizer | Callable[..., torch.optim.Optimizer]
 ScheduleLike = Any  # an LRScheduler, or a callable building one from the optimizer

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autocompile.data import map_tensors
+from autocompile.workload.data import map_tensors
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def step_flops(build: Callable[[], nn.Module], loss_fn: Callable[[Any, Any], tor
     from torch.func import functional_call
     from torch.utils.flop_counter import FlopCounterMode
 
-    from autocompile.step import _call
+    from autocompile.trial.step import _call
 
     with torch.device("meta"):
         model = build()
@@ -69,7 +69,7 @@ def cpu_attention() -> dict[Any, Any]:
 
 def estimated_flops_per_token(model: nn.Module, seq_len: float) -> float:
     """Fallback when counting fails: 6 N for the weights plus the attention scores (PaLM appendix B)."""
-    from autocompile.models import flops_per_token
+    from autocompile.workload.models import flops_per_token
 
     return flops_per_token(model, seq_len)
 

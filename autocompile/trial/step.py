@@ -26,11 +26,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autocompile import units
-from autocompile.knobs import CompileKnobs, TrialConfig
-from autocompile.losses import lm_loss
-from autocompile.optim import OptimizerLike, ScheduleLike, build_optimizer, build_schedule, clipper, use_tensor_lr
-from autocompile.programs import CompileLog, Recorder
+from autocompile.config.knobs import CompileKnobs, TrialConfig
+from autocompile.trial import units
+from autocompile.trial.programs import CompileLog, Recorder
+from autocompile.workload.losses import lm_loss
+from autocompile.workload.optim import (
+    OptimizerLike,
+    ScheduleLike,
+    build_optimizer,
+    build_schedule,
+    clipper,
+    use_tensor_lr,
+)
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 __all__ = ["TrainStep", "apply", "lm_loss"]

@@ -14,9 +14,9 @@ from typing import Any
 
 import optuna
 
-from autocompile.knobs import TrialConfig
-from autocompile.launcher import launch
-from autocompile.settings import Settings
+from autocompile.config.knobs import TrialConfig
+from autocompile.config.settings import Settings
+from autocompile.trial.launcher import launch
 
 log = logging.getLogger(__name__)
 

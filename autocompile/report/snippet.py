@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from autocompile.settings import Settings
-from autocompile.space import SearchSpace
-from autocompile.spec import PARTS
-from autocompile.warmstart import ARTIFACTS
+from autocompile.config.settings import Settings
+from autocompile.config.space import SearchSpace
+from autocompile.config.spec import PARTS
+from autocompile.trial.warmstart import ARTIFACTS
 
 SNIPPET = '''"""Apply the best configuration autocompile found for {model} (study {study}, trial {number}).
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from autocompile import Env, TrialConfig, apply
-from autocompile.parts import build_loss, optimizer_factory, schedule_factory
+from autocompile.workload.parts import build_loss, optimizer_factory, schedule_factory
 
 KNOBS = {knobs}
 DEVICE = {device!r}
@@ -54,9 +54,9 @@ def build_step(model: torch.nn.Module, optimizer=None, loss_fn=None, lr_schedule
 
 if __name__ == "__main__":
     # The tuned workload on its synthetic data; replace the model, parts and data with yours.{launch_hint}
-    from autocompile.infer import model_facts
-    from autocompile.models import build
-    from autocompile.parts import build_data
+    from autocompile.workload.infer import model_facts
+    from autocompile.workload.models import build
+    from autocompile.workload.parts import build_data
 {setup}
     torch.manual_seed(SEED)
     model = build({target!r}, {kwargs!r})
@@ -99,7 +99,7 @@ def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace, comman
     """``best_config.py``: one process per GPU (LOCAL_RANK) for a multi-GPU winner, plain otherwise."""
     r, w = best["result"], settings.workload
     if command is None:  # the report passes the command it already built (composing it reads every model config)
-        from autocompile.commands import measure_command
+        from autocompile.config.commands import measure_command
 
         command = measure_command(settings, best["config"], (r.get("environment") or {}).get("threads"))
     distributed = w.world_size > 1

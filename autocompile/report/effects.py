@@ -1,6 +1,6 @@
 """Per-knob verdicts: what changing one knob did, with its uncertainty.
 
-When the study ran its verdict phase (:mod:`autocompile.racing`), verdicts come from there: the
+When the study ran its verdict phase (:mod:`autocompile.study.racing`), verdicts come from there: the
 winner's one-knob neighbours, repeated in fresh processes and interleaved with the winner, each with
 a 95% interval over rounds. Otherwise the search's matched pairs give a fallback, labelled as
 single-process measurements. Two trials form a matched pair for a knob when their active
@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from autocompile.knobs import KNOBS
+from autocompile.config.knobs import KNOBS
 
 
 @dataclass

@@ -34,14 +34,14 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.knobs import KNOBS, KnobError, TrialConfig, describe
-from autocompile.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
-from autocompile.objective import Objective
-from autocompile.racing import phase_trials, step_time
-from autocompile.reference import reference
-from autocompile.settings import Settings
-from autocompile.space import SearchSpace, identity
-from autocompile.study import compact, feasible, heartbeat, measured_here, measured_trials, owner, tell
+from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
+from autocompile.config.settings import Settings
+from autocompile.config.space import SearchSpace, identity
+from autocompile.study.objective import Objective
+from autocompile.study.racing import phase_trials, step_time
+from autocompile.study.shared import compact, feasible, heartbeat, measured_here, measured_trials, owner, tell
+from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
+from autocompile.trial.reference import reference
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def confirm_plan(study: optuna.Study, objective: Objective, top: int, repeats: i
 
 def winner_trial(study: optuna.Study, objective: Objective) -> FrozenTrial | None:
     """The confirmed winner's search trial, or (no confirmation) the search's best."""
-    from autocompile.racing import confirmed
+    from autocompile.study.racing import confirmed
 
     outcome = confirmed(study, objective)
     if outcome and outcome.get("winner"):

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autocompile.settings import ConfigError
-from autocompile.study import file_lock
+from autocompile.config.settings import ConfigError
+from autocompile.study.shared import file_lock
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -97,7 +97,7 @@ def mlflow_server(store_uri: str, log_path: Path | None = None, start_timeout_s:
     import sys
     import urllib.request
 
-    from autocompile.launcher import free_port
+    from autocompile.trial.launcher import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

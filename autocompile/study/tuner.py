@@ -3,7 +3,7 @@
 Reads like the script it is: open (or resume) the study, queue the baselines, then until enough
 trials finished: sample, skip what was already measured, launch with the pruning rule, record,
 tell. Failures are told as failures with their reason; a study that only fails is stopped. Then the
-phases of :mod:`autocompile.confirm` (the best programs and the baselines again, in rounds; the
+phases of :mod:`autocompile.study.confirm` (the best programs and the baselines again, in rounds; the
 winner's one-knob neighbours), then the report.
 """
 
@@ -20,16 +20,15 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autocompile.confirm import alone_on_the_machine, measure_repeat, run_phases
-from autocompile.knobs import KnobError, describe
-from autocompile.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
-from autocompile.objective import Objective
-from autocompile.racing import REPEAT_PHASES, study_noise
-from autocompile.reference import ensure_reference, reference
-from autocompile.report import build_report, print_report, write_artifacts
-from autocompile.settings import Settings
-from autocompile.space import BASELINES, SearchSpace, identity
-from autocompile.study import (
+from autocompile.config.knobs import KnobError, describe
+from autocompile.config.settings import Settings
+from autocompile.config.space import BASELINES, SearchSpace, identity
+from autocompile.report.summary import build_report, print_report, write_artifacts
+from autocompile.report.view import StudyView
+from autocompile.study.confirm import alone_on_the_machine, measure_repeat, run_phases
+from autocompile.study.objective import Objective
+from autocompile.study.racing import REPEAT_PHASES, study_noise
+from autocompile.study.shared import (
     check_measured_on,
     compact,
     counted,
@@ -47,8 +46,9 @@ from autocompile.study import (
     tell,
     wait_finished,
 )
-from autocompile.view import StudyView
-from autocompile.warmstart import take_home
+from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
+from autocompile.trial.reference import ensure_reference, reference
+from autocompile.trial.warmstart import take_home
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -76,7 +76,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     if settings.study.baselines:
         queue_baselines(study, space)
     (run_dir / "config.yaml").write_text(config_yaml)
-    from autocompile.tracking import tracker_for
+    from autocompile.study.tracking import tracker_for
 
     tracker = tracker_for(settings, study, run_dir)
     slots = settings.slots()

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from autocompile.launcher import StopRule
-from autocompile.settings import ObjectiveSettings
+from autocompile.config.settings import ObjectiveSettings
+from autocompile.trial.launcher import StopRule
 
 DIRECTIONS = {
     "time_to_train": ["minimize"],

@@ -59,7 +59,7 @@ def take_home(settings: Any, best: dict[str, Any] | None, run_dir: Path, launch:
 
     ``launch(trial_dir, spec)`` runs a trial (``launcher.launch``); ``settings`` are the study's.
     Returns cold and warm compile seconds and the saving, or None when the winner has no artifacts."""
-    from autocompile.knobs import TrialConfig
+    from autocompile.config.knobs import TrialConfig
 
     artifacts = ((best or {}).get("result") or {}).get("compile_artifacts")
     if not artifacts or not Path(artifacts["path"]).is_file():

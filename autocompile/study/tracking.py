@@ -21,7 +21,7 @@ plot the params and metrics that the selected runs share:
   pruned trials. Artifacts: the trial's files (config, result, command, logs).
 
 The parent gets the resolved config, the summary, the best configuration (YAML and code), the
-trials and verdict tables and the plots (:mod:`autocompile.plots`). Every write is batched: over
+trials and verdict tables and the plots (:mod:`autocompile.report.plots`). Every write is batched: over
 HTTP one call per metric is slow.
 """
 
@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.knobs import KNOBS
-from autocompile.mlflow_store import artifact_location, open_client
-from autocompile.settings import Settings
-from autocompile.spec import PARTS
-from autocompile.study import file_lock, is_orphaned, journal_file, owner, pid_namespace
+from autocompile.config.knobs import KNOBS
+from autocompile.config.settings import Settings
+from autocompile.config.spec import PARTS
+from autocompile.study.mlflow_store import artifact_location, open_client
+from autocompile.study.shared import file_lock, is_orphaned, journal_file, owner, pid_namespace
 
 if TYPE_CHECKING:
     pass
@@ -282,7 +282,7 @@ class MlflowTracker:
         return self._environment
 
     def _log_trial(self, trial: FrozenTrial) -> None:
-        from autocompile.launcher import read_progress
+        from autocompile.trial.launcher import read_progress
 
         attrs = trial.user_attrs
         result = attrs.get("result") or {}
@@ -371,7 +371,7 @@ class MlflowTracker:
             log.warning("MLflow: study summary not logged (%s)", exc)
 
     def _finish(self, report: Any, run_dir: Path) -> None:
-        from autocompile.plots import study_note, trial_rows, write_plots, write_tables
+        from autocompile.report.plots import study_note, trial_rows, write_plots, write_tables
 
         self.converge()
         self.sync()

@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from autocompile.spec import TrialSpec, write_json_atomic
+from autocompile.config.spec import TrialSpec, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def torchrun_command(trial_dir: Path, spec: TrialSpec, agents: Agents = Agents()
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={uuid.uuid4().hex[:12]}",
         "--max-restarts=0",
-        "-m", "autocompile.worker", str(trial_dir.resolve()),
+        "-m", "autocompile.trial.worker", str(trial_dir.resolve()),
     ]
 
 
@@ -149,7 +149,7 @@ def replay_text(trial_dir: Path, spec: TrialSpec, cmd: list[str], extra: dict[st
     replay = " ".join(f"{k}={v}" for k, v in values.items())
     pin = f"taskset -c {','.join(map(str, resources.cpus))} " if resources.cpus else ""
     nodes = f"  # on each of the {spec.workload.nnodes} nodes" if spec.workload.nnodes > 1 else ""
-    worker = shlex.join([sys.executable, "-m", "autocompile.worker", str(trial_dir.resolve())])
+    worker = shlex.join([sys.executable, "-m", "autocompile.trial.worker", str(trial_dir.resolve())])
     return (f"cd {shlex.quote(os.getcwd())} && {fresh}{replay} {pin}{shlex.join(cmd)}{nodes}\n"
             f"# one process, no torchrun (world size 1): {fresh}{replay} {worker}\n")
 

@@ -1,0 +1,101 @@
+"""The package's layout: subpackages named for the flow, no import cycle between modules, modules that fit on a screen
+or few. Read from the source with ``ast`` (nothing is imported), so it runs in well under a second."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "autocompile"
+SUBPACKAGES = ("config", "workload", "trial", "study", "report")
+TOP_LEVEL = {"__init__", "__main__", "app"}
+MAX_LINES = 500  # about 450; config/settings.py (the typed settings, ~490) is the longest
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported(name: str, path: Path) -> set[str]:
+    """The autocompile modules ``name`` imports, at the top or inside functions: ``from pkg import mod`` counts as
+    importing ``pkg.mod`` when that is a module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+    return {target for target in found if target in MODULES and target != name}
+
+
+GRAPH = {name: imported(name, path) for name, path in MODULES.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a path (its first module repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return [*path[path.index(target):], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_graph_sees_top_level_and_function_level_imports() -> None:
+    assert "autocompile.trial.launcher" in GRAPH["autocompile.config.settings"]  # at the top
+    assert "autocompile.study.tuner" in GRAPH["autocompile.app"]  # inside main(), lazily
+    assert "autocompile.trial.units" in GRAPH["autocompile.trial.step"]  # from autocompile.trial import units
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycle_between_modules() -> None:
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_every_module_is_short() -> None:
+    lengths = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}
+
+
+def test_subpackages_hold_everything_but_the_command_line() -> None:
+    for sub in SUBPACKAGES:
+        init = PACKAGE / sub / "__init__.py"
+        assert init.is_file(), f"autocompile/{sub}/ is not a package"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"autocompile/{sub}/__init__.py says what it is for"
+        assert len(list((PACKAGE / sub).glob("*.py"))) > 1, f"autocompile/{sub}/ holds no module"
+    assert {p.stem for p in PACKAGE.glob("*.py")} == TOP_LEVEL
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(SUBPACKAGES)
+
+
+def test_the_wheel_lists_every_subpackage() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(setuptools["packages"]) == {"autocompile", *(f"autocompile.{sub}" for sub in SUBPACKAGES),
+                                           "autocompile.conf"}
