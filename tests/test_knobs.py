@@ -130,7 +130,7 @@ def test_a_knob_whose_values_earlier_knobs_narrow_is_its_own_optuna_parameter(cp
     """optim.impl offers fused only with the optimizer step eager; Optuna refuses one name with two value sets."""
     import optuna
 
-    from autocompile.space import SearchSpace
+    from autocompile.config.space import SearchSpace
 
     space = SearchSpace(cpu_env, {"compile.backend": "eager"})
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
