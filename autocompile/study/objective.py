@@ -59,7 +59,7 @@ class Objective:
         could not be compared with eager cannot win."""
         limit = self.settings.memory_limit_gb
         memory = result.get("peak_memory_bytes", 0) / 2**30 - limit if limit > 0 else -1.0
-        drift = loss_drift(result.get("losses", []), reference_losses)
+        drift = loss_drift(result.get("losses", []), reference_losses, self.settings.loss_steps)
         numerics = drift - self.settings.loss_rtol if drift is not None else 1.0
         return {"memory_gb_over_limit": memory, "loss_drift_over_rtol": numerics}
 
@@ -102,9 +102,9 @@ class Objective:
         return rule
 
 
-def loss_drift(losses: list[float], reference: list[float] | None) -> float | None:
-    """Largest relative distance between per-step losses over the steps both ran."""
+def loss_drift(losses: list[float], reference: list[float] | None, steps: int | None = None) -> float | None:
+    """Largest relative distance between per-step losses over the first ``steps`` steps both ran."""
     if not reference or not losses:
         return None
-    pairs = list(zip(losses, reference, strict=False))
+    pairs = list(zip(losses[:steps], reference[:steps], strict=False))
     return max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs)
