@@ -237,7 +237,7 @@ def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
     """The confirmation phase: winner, its paired intervals against the baselines, and the race table."""
     if not outcome:
         console.print("Not confirmed: the search's best was measured once (study.confirm_top=0, or fewer than "
-                      "two candidates).")
+                      "two feasible candidates).")
         return
     if not outcome.get("winner"):
         console.print(f"[red]Not confirmed: {outcome.get('reason')}")

@@ -306,7 +306,8 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
             log.info(describe_plan("confirmation", plan, cost_estimate(study, plan)))
             run_plan(study, plan, measure)
         else:
-            log.info("confirmation phase skipped: fewer than two candidates completed in the search")
+            log.info("confirmation phase skipped: fewer than two feasible distinct programs completed in the search "
+                     "(infeasible: loss drift or memory over its limit, see the trial table)")
     wanted = s.verdict_knobs()
     winner = winner_trial(study, objective) if wanted != [] else None
     if winner is None:
