@@ -101,6 +101,14 @@ def main() -> None:
     print(f"distinct programs: {len(eager)} eager + {compiled} compiled x {modes} modes = "
           f"{len(eager) + compiled * modes} (failed configurations: {failed}); fingerprinted in "
           f"{time.time() - started:.0f} s")
+    if done < len(aot):  # a uniform sample without replacement: Chao & Lin (2012)'s richness estimate
+        sizes = collections.Counter(len(group) for group in programs.values())
+        f1, f2, q = sizes[1], sizes[2], done / len(aot)
+        estimate = float(len(programs))
+        if f1 and done > 1:
+            estimate += f1 * f1 / (2 * f2 * done / (done - 1) + q / (1 - q) * f1)
+        print(f"programs seen once: {f1}, twice: {f2}; estimated distinct programs among the {len(aot)} "
+              f"configurations (Chao-Lin, sampling without replacement): {estimate:.0f} (at least {len(programs)})")
     same = collections.Counter()
     for group in programs.values():
         if len(group) > 1:
