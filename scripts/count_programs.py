@@ -9,7 +9,8 @@ is the same program under another name.
 
     python scripts/count_programs.py --model gpt2-tiny
 
-Configurations are taken in a seeded random order, and Ctrl-C (or SIGTERM) prints the summary of
+Configurations are taken in a seeded random order, and Ctrl-C or SIGTERM (a background job of a
+non-interactive shell ignores SIGINT: send SIGTERM) prints the summary of
 those done so far: a partial run is a uniform sample of the space.
 """
 

@@ -51,6 +51,8 @@ def test_every_family_runs_a_trial_ok_with_its_flops_counted(tmp_path: Path, set
         assert falls(result["losses"]), (family, result["losses"])
         assert result["flops_source"] == "counted" and result["flops_per_token"] > 0, family
         assert result["recompiles_timed"] == 0
+        # Images are counted per sample, token ids per token; tables say which.
+        assert result["throughput_unit"] == ("samples" if family.startswith("vit") else "tokens"), family
 
 
 def test_flops_of_linear_layers_are_exactly_what_forward_and_backward_multiply() -> None:

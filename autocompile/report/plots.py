@@ -21,6 +21,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.report.effects import Effect
+from autocompile.workload.data import rate_label
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ def trial_rows(trials: Sequence[FrozenTrial], horizon_steps: int) -> list[Row]:
             "trial": t.number, "name": attrs.get("name", ""), "state": t.state.name,
             "baseline": attrs.get("baseline") or "",
             "tokens_per_s": r.get("tokens_per_s") if ok else None,
+            "throughput_unit": r.get("throughput_unit", "tokens"),
             "step_ms": r["step_s"] * 1e3 if ok else None,
             "step_cv": r.get("step_s_cv") if ok else None,
             "compile_s": r.get("compile_s") if ok else None,
@@ -109,7 +111,7 @@ def study_note(report: Any) -> str:
         lines.append("No trial completed: the failure reasons are in the child runs and `tables/trials.md`.")
     else:
         r = best["result"]
-        lines.append(f"**Best: trial {best['number']}** `{best['name']}`: {r['tokens_per_s']:,.0f} tokens/s, "
+        lines.append(f"**Best: trial {best['number']}** `{best['name']}`: {r['tokens_per_s']:,.0f} {rate_label(r)}, "
                      f"compile {r['compile_s']:.1f} s, time to train {report.horizon_steps} steps "
                      f"{best['time_to_train_s']:.1f} s.")
         lines.append("\n".join(f"- vs {name}: steps {s['step_speedup']:.2f}x ± {s['noise']:.2f}, time to train "
@@ -179,7 +181,7 @@ def matplotlib_figures(rows: Sequence[Row], pareto: Sequence[int], effects: Sequ
         label = f"#{r['trial']}" + (f" {r['baseline']}" if r["baseline"] else "")
         ax.annotate(label, (r["compile_s"], r["tokens_per_s"]), textcoords="offset points", xytext=(5, 4),
                     fontsize=8)
-    ax.set(xlabel="compile time (s)", ylabel="tokens/s (steady state)",
+    ax.set(xlabel="compile time (s)", ylabel=f"{rate_label(complete)} (steady state)",
            title="Throughput vs compile time (up and left is better)")
     ax.grid(alpha=0.3)
     if complete:
@@ -252,7 +254,7 @@ def plotly_figures(rows: Sequence[Row], pareto: Sequence[int], effects: Sequence
                    line_shape="hv", marker_size=11, hovertext=[hover(r) for r in front], hoverinfo="text",
                    name="Pareto front")
     pf.update_layout(title="Throughput vs compile time (up and left is better)", xaxis_title="compile time (s)",
-                     yaxis_title="tokens/s (steady state)")
+                     yaxis_title=f"{rate_label(complete)} (steady state)")
 
     ef = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.6, 0.4],
                        subplot_titles=("step time change, % (negative = faster)", "compile time change (s)"))
@@ -291,7 +293,7 @@ def write_plots(rows: Sequence[Row], pareto: Sequence[int], effects: Sequence[Ef
     """PNG per figure and one ``plots.html`` holding all three, interactive and self-contained (works offline)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     maximize = bool(directions) and directions[0] == StudyDirection.MAXIMIZE
-    objective = OBJECTIVE_LABELS.get(objective, objective)
+    objective = OBJECTIVE_LABELS.get(objective, objective).replace("tokens/s", rate_label(measured(rows)))
     written = []
     for name, fig in matplotlib_figures(rows, pareto, effects, objective, maximize).items():
         fig.savefig(out_dir / f"{name}.png", dpi=110)

@@ -10,10 +10,11 @@ from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
 from autocompile.config.spec import PARTS
 from autocompile.trial.warmstart import ARTIFACTS
+from autocompile.workload.data import rate_label
 
 SNIPPET = '''"""Apply the best configuration autocompile found for {model} (study {study}, trial {number}).
 
-Measured: {tokens:,.0f} tokens/s, {step_ms:.2f} ms/step, compile {compile_s:.1f} s.
+Measured: {tokens:,.0f} {rate}, {step_ms:.2f} ms/step, compile {compile_s:.1f} s.
 Measure it again:  {command}
 """
 
@@ -111,6 +112,7 @@ def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace, comman
     vocab = settings.model.vocab_size
     return SNIPPET.format(
         model=settings.model.name, study=settings.study.name, number=best["number"], tokens=r["tokens_per_s"],
+        rate=rate_label(r),
         step_ms=r["step_s"] * 1e3, compile_s=r["compile_s"], command=docstring_safe(command),
         knobs=python_dict(best["config"]), device=settings.device, seed=w.seed, workload=python_dict(workload),
         artifacts=ARTIFACTS, local_device=LOCAL_DEVICE if per_gpu else "",

@@ -26,6 +26,7 @@ from autocompile.study.objective import Objective
 from autocompile.study.racing import confirmed, phase, phase_trials, study_noise, verdicts
 from autocompile.study.shared import feasible, interrupted, is_search, journal_file, measured_trials
 from autocompile.trial.warmstart import warm_line
+from autocompile.workload.data import rate_label
 
 
 @dataclass
@@ -202,7 +203,8 @@ def print_report(report: Report, console: Console | None = None) -> None:
         return
     r = best["result"]
     console.print(f"\n[bold green]Best[/] (trial {best['number']}): {best['name']}")
-    console.print(f"  {r['tokens_per_s']:,.0f} tokens/s, {r['step_s'] * 1e3:.2f} ms/step (CV {r['step_s_cv']:.1%}), "
+    console.print(f"  {r['tokens_per_s']:,.0f} {rate_label(r)}, {r['step_s'] * 1e3:.2f} ms/step "
+                  f"(CV {r['step_s_cv']:.1%}), "
                   f"compile {r['compile_s']:.1f} s, time to train {report.horizon_steps} steps "
                   f"{best['time_to_train_s']:.1f} s")
     for name, s in report.speedups.items():
@@ -264,7 +266,7 @@ def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
 
 def pareto_table(front: list[dict[str, Any]]) -> Table:
     table = Table(title="Pareto front: throughput vs compile time", title_justify="left")
-    for col in ("trial", "configuration", "tokens/s", "compile s", "time to train s"):
+    for col in ("trial", "configuration", rate_label([e["result"] for e in front]), "compile s", "time to train s"):
         table.add_column(col, justify="right" if col not in ("configuration",) else "left")
     for e in front:
         table.add_row(str(e["number"]), e["name"], f"{e['result']['tokens_per_s']:,.0f}",
@@ -290,14 +292,14 @@ def effects_table(effects: list[Effect]) -> Table:
 def print_multirun_summary(sweep_dir: Path) -> None:
     """One row per study of a Hydra multirun, from each job's summary.json."""
     table = Table(title=f"autocompile multirun: {sweep_dir}", title_justify="left")
-    for col in ("study", "best configuration", "tokens/s", "compile s", "vs eager", "trials"):
+    for col in ("study", "best configuration", "throughput", "compile s", "vs eager", "trials"):
         table.add_column(col)
     for path in sorted(sweep_dir.glob("*/summary.json")):
         s = json.loads(path.read_text())
         best = s.get("best")
         eager = s.get("speedups", {}).get("eager")
         table.add_row(s["study"], best["name"] if best else "-",
-                      f"{best['result']['tokens_per_s']:,.0f}" if best else "-",
+                      f"{best['result']['tokens_per_s']:,.0f} {rate_label(best['result'])}" if best else "-",
                       f"{best['result']['compile_s']:.1f}" if best else "-",
                       f"{eager['step_speedup']:.2f}x" if eager else "-", str(s["counts"]["trials"]))
     make_console().print(table)

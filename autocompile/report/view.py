@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autocompile.trial.timeline import wall_split
+from autocompile.workload.data import rate_label
 
 
 def console() -> Console:
@@ -35,7 +36,8 @@ def measurement_table(result: dict[str, Any], name: str) -> Table:
         table.add_row("reason", str(result.get("reason", "-")))
     else:
         windows = result["step_s_windows"]
-        table.add_row("tokens/s (median of windows)", f"{result['tokens_per_s']:,.0f}  (CV {result['step_s_cv']:.1%})")
+        table.add_row(f"{rate_label(result)} (median of windows)",
+                      f"{result['tokens_per_s']:,.0f}  (CV {result['step_s_cv']:.1%})")
         table.add_row("step time", f"{result['step_s'] * 1e3:.2f} ms  (windows {min(windows) * 1e3:.2f} to "
                       f"{max(windows) * 1e3:.2f} ms, n={len(windows)})")
         dynamo = result.get("dynamo_compile_s", {}).get("_compile.compile_inner")
@@ -111,7 +113,8 @@ class StudyView:
         from autocompile.study.shared import counted
 
         table = Table(title="autocompile study", title_justify="left", expand=False)
-        for col in ("#", "configuration (vs defaults)", "state", "tokens/s", "compile s", "objective", "best"):
+        rate = rate_label(t.user_attrs.get("result") for t in self.trials)
+        for col in ("#", "configuration (vs defaults)", "state", rate, "compile s", "objective", "best"):
             table.add_column(col, overflow="fold")
         best_score = None
         lines = []

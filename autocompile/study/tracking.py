@@ -46,6 +46,7 @@ from autocompile.config.settings import Settings
 from autocompile.config.spec import PARTS
 from autocompile.study.mlflow_store import artifact_location, open_client
 from autocompile.study.shared import file_lock, is_orphaned, journal_file, owner, pid_namespace
+from autocompile.workload.data import rate_label
 
 if TYPE_CHECKING:
     pass
@@ -344,7 +345,7 @@ class MlflowTracker:
         """The run's description in the UI (Markdown): outcome and reason first, then how to replay it."""
         lines = [f"**Trial {trial.number}: {status}**" + (f" — {reason}" if reason else "")]
         if status == "ok" and "tokens_per_s" in result:
-            lines.append(f"{result['tokens_per_s']:,.0f} tokens/s, {result['step_s'] * 1e3:.2f} ms/step, "
+            lines.append(f"{result['tokens_per_s']:,.0f} {rate_label(result)}, {result['step_s'] * 1e3:.2f} ms/step, "
                          f"compile {result['compile_s']:.1f} s")
         config = trial.user_attrs.get("config") or {}
         lines.append("Configuration: `" + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults") + "`")

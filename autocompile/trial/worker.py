@@ -38,7 +38,7 @@ from autocompile.trial.programs import NothingCompiled, PartiallyCompiled, verif
 from autocompile.trial.stats import relative_half_width  # noqa: E402
 from autocompile.trial.step import apply  # noqa: E402
 from autocompile.trial.warmstart import load_artifacts, save_artifacts  # noqa: E402
-from autocompile.workload.data import count_items  # noqa: E402
+from autocompile.workload.data import count_items, item_unit  # noqa: E402
 from autocompile.workload.infer import model_facts  # noqa: E402
 from autocompile.workload.models import build  # noqa: E402
 from autocompile.workload.parts import build_data, build_loss, optimizer_factory, schedule_factory  # noqa: E402
@@ -287,6 +287,7 @@ class Trial:
             "windows": len(window_s),
             "tokens_per_s": tps,
             "tokens_per_s_windows": tokens_per_s,
+            "throughput_unit": item_unit(inputs),  # tokens_per_s counts samples for float inputs (images)
             "peak_memory_bytes": int(self.reduce_max([float(peak_memory(self.device))])[0]),
             "graph_count": counters["stats"]["unique_graphs"],
             "graph_breaks": sum(counters["graph_break"].values()),

@@ -117,9 +117,20 @@ class SyntheticImages:
         return self.batch_size  # images: throughput is images/s
 
 
-def count_items(inputs: Any) -> int:
-    """What a step processes, for throughput when the data part does not say (``tokens(step)``): the
-    token ids (an integer tensor's elements, ``input_ids`` of a dict), else the batch size."""
+def item_unit(inputs: Any) -> str:
+    """What ``count_items`` counts: token ids (an integer first input) or samples (images, features)."""
+    return "samples" if _first_tensor(inputs).is_floating_point() else "tokens"
+
+
+def rate_label(results: Any) -> str:
+    """"tokens/s" or "samples/s" for results (one result dict or several) that carry ``throughput_unit``;
+    results from before the unit was recorded were tokens."""
+    results = [results] if isinstance(results, dict) else list(results)
+    units = {r.get("throughput_unit", "tokens") for r in results if r}
+    return f"{units.pop()}/s" if len(units) == 1 else "items/s"
+
+
+def _first_tensor(inputs: Any) -> torch.Tensor:
     if isinstance(inputs, dict):
         first = inputs.get("input_ids", next(iter(inputs.values())))
     elif isinstance(inputs, (tuple, list)):
@@ -128,6 +139,13 @@ def count_items(inputs: Any) -> int:
         first = inputs
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"the data's inputs hold a {type(first).__name__}, not a tensor")
+    return first
+
+
+def count_items(inputs: Any) -> int:
+    """What a step processes, for throughput when the data part does not say (``tokens(step)``): the
+    token ids (an integer tensor's elements, ``input_ids`` of a dict), else the batch size."""
+    first = _first_tensor(inputs)
     return first.numel() if not first.is_floating_point() else first.shape[0]
 
 
