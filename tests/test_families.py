@@ -10,9 +10,11 @@ from torch import nn
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import ConfigError
+from autocompile.study.shared import compact
 from autocompile.trial import units
 from autocompile.trial.flops import flops_per_item
 from autocompile.trial.programs import verify
+from autocompile.workload.data import rate_label
 from autocompile.workload.models import build, flops_per_token
 from tests.conftest import assert_ok, run_trials
 from tests.jobs import FAST_MEASURE, Compose, falls, run_job
@@ -53,6 +55,7 @@ def test_every_family_runs_a_trial_ok_with_its_flops_counted(tmp_path: Path, set
         assert result["recompiles_timed"] == 0
         # Images are counted per sample, token ids per token; tables say which.
         assert result["throughput_unit"] == ("samples" if family.startswith("vit") else "tokens"), family
+        assert rate_label(compact(result)) == f"{result['throughput_unit']}/s"  # kept on the trial for the tables
 
 
 def test_flops_of_linear_layers_are_exactly_what_forward_and_backward_multiply() -> None:

@@ -31,10 +31,10 @@ log = logging.getLogger(__name__)
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 # Numbers kept on each trial for ranking, reporting and tracking (result.json has everything).
-RESULT_KEYS = ("status", "failure", "reason", "tokens_per_s", "step_s", "step_s_cv", "compile_s", "first_step_s",
-               "peak_memory_bytes", "graph_count", "graph_breaks", "recompiles_timed", "mfu", "compiled", "wall_s",
-               "losses", "tokens_per_s_windows", "environment", "fingerprint", "compiled_coverage",
-               "step_s_windows", "rewarm_steps", "timed_precision", "timed_s", "windows")
+RESULT_KEYS = ("status", "failure", "reason", "tokens_per_s", "throughput_unit", "step_s", "step_s_cv", "compile_s",
+               "first_step_s", "peak_memory_bytes", "graph_count", "graph_breaks", "recompiles_timed", "mfu",
+               "compiled", "wall_s", "losses", "tokens_per_s_windows", "environment", "fingerprint",
+               "compiled_coverage", "step_s_windows", "rewarm_steps", "timed_precision", "timed_s", "windows")
 
 
 REPEAT_ATTRS = ("phase", "round", "label", "candidate", "name", "config", "compile_s_cold", "cache_from",
