@@ -9,8 +9,7 @@ is the same program under another name.
 
     python scripts/count_programs.py --model gpt2-tiny
 
-Configurations are taken in a seeded random order, and Ctrl-C or SIGTERM (a background job of a
-non-interactive shell ignores SIGINT: send SIGTERM) prints the summary of
+Configurations are taken in a seeded random order, and Ctrl-C (or SIGTERM) prints the summary of
 those done so far: a partial run is a uniform sample of the space.
 """
 
@@ -80,7 +79,9 @@ def main() -> None:
     started = time.time()
     programs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     failed = done = 0
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGINT too: a shell script's background job starts with SIGINT ignored, and Python keeps that.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     try:
         for i, knobs in enumerate(aot):
             try:
