@@ -128,6 +128,15 @@ def hydra_main(cfg: DictConfig) -> Any:
             from autocompile.study.measure import measure
 
             return measure(settings, run_dir)
+        if settings.task == "compare":
+            from autocompile.report.comparison import print_comparison
+            from autocompile.study.compare import compare
+
+            report = compare(settings, run_dir)
+            print_comparison(report)
+            if len(report["pairs"]) + 1 < len(report["candidates"]):
+                sys.exit(1)  # a candidate could not be compared: its reason is printed above
+            return report
         from autocompile.study.tuner import tune
 
         return tune(settings, run_dir, OmegaConf.to_yaml(cfg, resolve=True))

@@ -26,6 +26,10 @@ class Block(nn.Module):
 class TinyLM(nn.Module):
     """Embedding, a stack of same-class blocks, a head: enough structure for every knob."""
 
+    instances = 0
+    """Built in this process so far (behaviour ``alone`` fails once there are two: a model holding a
+    process-wide resource, which cannot be timed side by side with another)."""
+
     def __init__(self, vocab_size: int = 64, width: int = 32, layers: int = 2, behaviour: str = "ok",
                  block_sleep_s: float = 0.0) -> None:
         super().__init__()
@@ -33,6 +37,7 @@ class TinyLM(nn.Module):
         self.blocks = nn.ModuleList(Block(width, block_sleep_s) for _ in range(layers))
         self.head = nn.Linear(width, vocab_size)
         self.behaviour = behaviour
+        TinyLM.instances += 0 if self.head.weight.is_meta else 1  # the FLOP count builds one on the meta device
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
@@ -42,6 +47,8 @@ class TinyLM(nn.Module):
             time.sleep(3600)
         elif self.behaviour == "raise":
             raise ValueError("boom from the test model")
+        elif self.behaviour == "alone" and TinyLM.instances > 1:
+            raise RuntimeError("this model holds a process-wide resource: one instance per process")
         elif self.behaviour == "nan":
             x = x * float("nan")
         elif self.behaviour == "diverge" and os.environ.get("RANK") == "1":

@@ -17,13 +17,13 @@ from tests.test_tuner import tune_cli
 
 
 @pytest.mark.integration
-def test_confirmed_winner_avoids_the_certainly_slower_value_and_its_verdict_excludes_zero(tmp_path: Path) -> None:
+def test_in_fresh_process_rounds_the_winner_avoids_the_certainly_slower_value(tmp_path: Path) -> None:
     # Eager, one searched knob: amp.dtype. bfloat16 is queued first and not pruned, so the search
     # completes both values and the confirmation phase races them (with the eager baseline = none).
     study_with(tmp_path, {"amp.dtype": "bfloat16"})
     done = tune_cli(tmp_path, "study.name=t", "+model.block_sleep_s=0.002", "compile.scope=none", *FIXED,
                     "study.n_trials=2", "study.prune=false", "study.confirm_top=3", "study.repeats=2",
-                    "study.verdicts=all")
+                    "study.verdicts=all", "study.side_by_side=false")
     assert done.returncode == 0, done.stderr[-3000:]
     study = reload(tmp_path)
     by_phase: dict[str, list] = {}
@@ -51,8 +51,39 @@ def test_confirmed_winner_avoids_the_certainly_slower_value_and_its_verdict_excl
     assert set(summary["phases_wall_s"]) == {"search", "confirm", "verdict"}
     assert "amp.dtype: none" in (tmp_path / "t" / "best_config.yaml").read_text()
     assert "confirmation repeats" in (tmp_path / "t" / "best_config.yaml").read_text()
-    assert "Confirmed over 2 interleaved rounds" in done.stdout
+    assert "Confirmed over 2 interleaved rounds (fresh processes, not side by side: study.side_by_side=false)" \
+        in done.stdout
     assert "confirmation phase: 2 configurations x up to 2 rounds = 4 runs" in done.stdout + done.stderr
+
+
+@pytest.mark.integration
+def test_side_by_side_phases_pair_windows_and_verdict_neighbours_run_once_cold_first(tmp_path: Path) -> None:
+    study_with(tmp_path, {"amp.dtype": "bfloat16"})
+    done = tune_cli(tmp_path, "study.name=t", "+model.block_sleep_s=0.002", "compile.scope=none", *FIXED,
+                    "study.n_trials=2", "study.prune=false", "study.confirm_top=3", "study.repeats=2",
+                    "study.verdicts=all", "compare.min_rounds=4", "compare.max_timed_s=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = reload(tmp_path)
+    assert study.user_attrs["method.confirm"]["method"] == study.user_attrs["method.verdict"]["method"] == \
+        "side_by_side"
+    confirm = [t for t in study.trials if t.user_attrs.get("phase") == "confirm"]
+    assert sorted((t.user_attrs["round"], t.user_attrs["label"]) for t in confirm) == [
+        (0, "#0"), (0, "#1"), (1, "#0"), (1, "#1")]
+    # A round is one process: both candidates of round r share its directory and pair window by window.
+    for r in (0, 1):
+        same = [t for t in confirm if t.user_attrs["round"] == r]
+        assert len({t.user_attrs["trial_dir"] for t in same}) == 1
+        assert len({len(t.user_attrs["result"]["step_s_windows"]) for t in same}) == 1
+    verdict = [t for t in study.trials if t.user_attrs.get("phase") == "verdict"]
+    cold = [t for t in verdict if t.user_attrs.get("cold_run")]
+    assert {t.user_attrs["round"] for t in cold} == {-1} and len(cold) == len({t.user_attrs["label"] for t in cold})
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert summary["confirmed"]["winner"]["config"]["amp.dtype"] == "none"
+    assert summary["confirmed"]["method"]["method"] == "side_by_side"
+    (amp,) = [v for v in summary["verdicts"] if v["knob"] == "amp.dtype"]
+    assert amp["measurable"] and amp["low"] > 0 and "side by side in 2 processes" in amp["verdict"]
+    assert "side by side" in summary["noise"]["source"] and "reference is not pooled" in summary["noise"]["source"]
+    assert "Confirmed side by side in 2 fresh processes" in done.stdout
 
 
 def test_the_timed_part_runs_until_the_stated_precision_or_its_cap(tmp_path: Path) -> None:

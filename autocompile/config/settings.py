@@ -22,7 +22,9 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from autocompile.config.comparing import CompareSettings, overrides
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
+from autocompile.config.sections import LaunchSettings, ObjectiveSettings, StudySettings, TrackingSettings
 from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
 from autocompile.trial.launcher import Resources
 from autocompile.trial.units import Structure
@@ -31,146 +33,7 @@ from autocompile.workload.parts import data_needs, knob_facts, need_message
 
 log = logging.getLogger(__name__)
 
-TASKS = ("tune", "measure")
-OBJECTIVES = ("time_to_train", "throughput", "pareto")
-
-
-@dataclass
-class StudySettings:
-    """The Optuna study."""
-
-    name: str = ("${model.name}-bs${workload.batch_size}-seq${ac_join:${workload.seq_len}}"
-                 "-ws${ac_ws:}-${ac_device:${workload.device}}${ac_fixed:}")
-    """Study (and run directory) name; the same name resumes the same study. The default names the
-    model and workload, then what the study fixes (``+compile.mode=max-autotune``, a non-default
-    objective), so each job of a sweep over those is a study of its own."""
-    storage: str = ""
-    """Optuna storage URL (``postgresql://...``), or the path of a journal file (no URL scheme); empty =
-    a journal file in the run directory."""
-    n_trials: int = 20
-    """Trials to finish (complete, pruned or failed), counting those of a resumed study."""
-    timeout_s: float = 0.0
-    """Stop starting trials after this many seconds; 0 = no limit."""
-    seed: int = 0
-    """Sampler seed."""
-    extended: bool = False
-    """Also search the extended knobs (inductor options)."""
-    baselines: bool = True
-    """Measure eager, default torch.compile(model) and regional compile before sampling."""
-    prune: bool = True
-    """Stop trials that cannot beat the best (by compile time, or after the first timed window)."""
-    max_failure_rate: float = 0.8
-    """Stop the study when more than this fraction of its trials failed (after 5 trials)."""
-    heartbeat_s: int = 30
-    """RDB storages: a tuner's heartbeat period; a trial silent for 3 periods is failed and re-queued."""
-    confirm_top: int = 3
-    """After the search, race this many of its best distinct programs against eager and default
-    torch.compile(model), ``repeats`` rounds in fresh processes, interleaved; the winner is decided
-    on those repeats. 0 = no confirmation (the search's single measurements decide)."""
-    repeats: int = 3
-    """Rounds of the confirmation and verdict phases (each round runs every candidate once). Not
-    counted in n_trials. Two rounds give an interval, a wide one: t(0.975, 1) = 12.7."""
-    verdicts: Any = "all"
-    """Questions answered by measuring the winner's one-knob neighbours in rounds with it: ``all``
-    (every searched knob with a question), ``none``, or a list of knob keys ([amp.placement,compile.mode])."""
-    warm_start: bool = True
-    """Keep the winner's compile artifacts next to best_config.py (which loads them) and measure once
-    more, in a fresh process with them loaded, how much compile time that warm start saves."""
-    repeat_cache: str = "warm"
-    """``warm``: a repeat reuses its configuration's own inductor cache (from its first, cold run), so
-    its steps are timed in a fresh process after a cheap compile; compile time is the cold run's.
-    ``cold``: every repeat compiles cold."""
-
-    def __post_init__(self) -> None:
-        if self.n_trials < 1:
-            raise ValueError(f"study.n_trials={self.n_trials} must be >= 1")
-        if self.confirm_top < 0:
-            raise ValueError(f"study.confirm_top={self.confirm_top} must be >= 0 (0 = no confirmation phase)")
-        if self.repeats < 1:
-            raise ValueError(f"study.repeats={self.repeats} must be >= 1 (2 or more give intervals)")
-        if self.repeat_cache not in ("warm", "cold"):
-            raise ValueError(f"study.repeat_cache={self.repeat_cache!r}: choose warm or cold")
-        if not 0 < self.max_failure_rate <= 1:
-            raise ValueError(f"study.max_failure_rate={self.max_failure_rate} must be in (0, 1]")
-        self.verdicts = self.verdict_keys_checked(self.verdicts)
-
-    @staticmethod
-    def verdict_keys_checked(value: Any) -> Any:
-        if value in ("all", "none"):
-            return value
-        keys = [value] if isinstance(value, str) else list(value)
-        unknown = [k for k in keys if k not in KNOBS or not KNOBS[k][0].question]
-        if unknown:
-            asked = ", ".join(k for k, (spec, _) in KNOBS.items() if spec.question)
-            raise ValueError(f"study.verdicts: {unknown[0]!r} is no knob with a question; use all, none or a "
-                             f"list of: {asked}")
-        return keys
-
-    def verdict_knobs(self) -> list[str] | None:
-        """Knob keys whose verdicts are measured: None = all, [] = none."""
-        return None if self.verdicts == "all" else [] if self.verdicts == "none" else list(self.verdicts)
-
-
-@dataclass
-class LaunchSettings:
-    """Where trials run: parallel slots on this machine, and the agents of multi-node trials."""
-
-    slots: int = 0
-    """Trials at once on this machine, each on its own GPUs (or CPU cores); 0 = visible GPUs //
-    world size on CUDA, 1 on CPU (concurrent CPU trials disturb each other's timings)."""
-    rdzv_host: str = "127.0.0.1"
-    """Rendezvous host of multi-node trials: this machine's address as the other nodes see it."""
-    remote_agent: str = ""
-    """Command template starting the torchrun agent of each further node of a multi-node trial,
-    ``{cmd}`` being the torchrun command (e.g. ``srun --nodes=1 --ntasks=1 {cmd}``); empty = all
-    agents on this machine."""
-    worker: int = 0
-    """Index of this tuner process when several cooperate on one study (a SLURM job array)."""
-
-    def __post_init__(self) -> None:
-        if self.slots < 0:
-            raise ValueError(f"launch.slots={self.slots} must be >= 0 (0 = automatic)")
-
-
-@dataclass
-class ObjectiveSettings:
-    """What "best" means."""
-
-    kind: str = "time_to_train"
-    """time_to_train: compile s + horizon_steps x step s (minimise); throughput: tokens/s (maximise);
-    pareto: tokens/s up and compile s down."""
-    horizon_steps: int = 10000
-    """Training steps the compile time is paid back over (time_to_train): the length of the job."""
-    memory_limit_gb: float = 0.0
-    """Trials above this peak memory are infeasible; 0 = no limit."""
-    loss_rtol: float = 0.02
-    """Per-step losses must stay within this relative distance of the eager reference's."""
-    loss_steps: int = 28
-    """How many first steps' losses are compared (the default burst: 3 warm-up + 5 x 5 timed steps).
-    Correct programs agree to ~1e-7 there, then drift apart as rounding differences compound (a ViT
-    that overfits its batches: past 2% after ~180 steps); comparing every step would fail the fast
-    configurations, which run more steps in the same timed seconds."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in OBJECTIVES:
-            raise ValueError(f"objective.kind={self.kind!r}: choose one of {', '.join(OBJECTIVES)}")
-        if self.horizon_steps < 1:
-            raise ValueError(f"objective.horizon_steps={self.horizon_steps} must be >= 1")
-        if self.loss_steps < 2:
-            raise ValueError(f"objective.loss_steps={self.loss_steps} must be >= 2: the first step's loss is "
-                             "computed before any update, so it cannot tell a step that does not train")
-
-
-@dataclass
-class TrackingSettings:
-    """MLflow."""
-
-    enabled: bool = True
-    """Log the study to MLflow."""
-    uri: str = ""
-    """Tracking URI; empty = sqlite:///<output_root>/mlflow.db (studies accumulate side by side)."""
-    experiment: str = ""
-    """Experiment name; empty = one per model (autocompile/<model>), its studies and multirun jobs side by side."""
+TASKS = ("tune", "measure", "compare")
 
 
 def _knob_groups() -> dict[str, Any]:
@@ -187,7 +50,7 @@ def _knob_groups() -> dict[str, Any]:
 @dataclass
 class _BaseConfig:
     task: str = "tune"
-    """tune: run a study; measure: one trial of the knobs given."""
+    """tune: run a study; measure: one trial of the knobs given; compare: compare.candidates side by side."""
     output_root: str = "runs"
     """Where run directories (and the default MLflow store) go."""
     model: Any = None
@@ -198,6 +61,7 @@ class _BaseConfig:
     objective: ObjectiveSettings = field(default_factory=ObjectiveSettings)
     tracking: TrackingSettings = field(default_factory=TrackingSettings)
     launch: LaunchSettings = field(default_factory=LaunchSettings)
+    compare: CompareSettings = field(default_factory=CompareSettings)
 
 
 # One field per knob group of the knob table (compile, amp, ...), every knob ??? until given.
@@ -269,6 +133,7 @@ class Settings:
     objective: ObjectiveSettings
     tracking: TrackingSettings
     launch: LaunchSettings
+    compare: CompareSettings
     fixed_knobs: dict[str, Any]
     """Knobs the user gave a value: fixed in a study, the configuration in a measurement."""
     device: str
@@ -306,6 +171,20 @@ class Settings:
     def trial_spec(self, config: TrialConfig, threads: int | None = None) -> TrialSpec:
         return TrialSpec(knobs=config.flat(), model=self.model, workload=self.workload, measure=self.measure,
                          device=self.device, threads=threads or self.threads)
+
+    def candidate_configs(self) -> list[TrialConfig]:
+        """``task=compare``: each candidate's configuration (its overrides on the command line's knobs)."""
+        texts = self.compare.candidates
+        if len(texts) < 2:
+            raise ConfigError(f"task=compare needs two or more compare.candidates, got {len(texts)}: e.g. "
+                              "'compare.candidates=[\"compile.scope=none\",\"compile.scope=module\"]'")
+        configs = []
+        for text in texts:
+            try:
+                configs.append(TrialConfig.from_flat({**self.fixed_knobs, **overrides(text)}, self.env))
+            except KnobError as exc:
+                raise ConfigError(f"compare.candidates {text!r}: {exc}") from exc
+        return configs
 
     def slots(self) -> list[Resources]:
         """One entry per parallel trial slot: a partition of this machine's GPUs or CPU cores."""
@@ -475,6 +354,7 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
         objective = OmegaConf.to_object(cfg.objective)
         tracking = OmegaConf.to_object(cfg.tracking)
         launch = OmegaConf.to_object(cfg.launch)
+        compare = OmegaConf.to_object(cfg.compare)
         device = workload.resolved_device()
         if device == "cuda":
             import torch
@@ -483,12 +363,15 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
                 raise ConfigError("workload.device=cuda but no CUDA device is visible: use workload.device=cpu")
         settings = Settings(
             task=cfg.task, output_root=Path(cfg.output_root), model=model, workload=workload, measure=measure,
-            study=study, objective=objective, tracking=tracking, launch=launch, fixed_knobs=fixed_knobs(cfg),
+            study=study, objective=objective, tracking=tracking, launch=launch, compare=compare,
+            fixed_knobs=fixed_knobs(cfg),
             device=device, threads=workload.resolved_threads(),
         )
         # Fixed knobs must be valid on their own; under tune, one that does not apply to every
         # sampled trial is fine, so only measure is strict.
         TrialConfig.from_flat(settings.fixed_knobs, settings.env, strict=settings.task == "measure")
+        if settings.task == "compare":
+            settings.candidate_configs()
         check_data(model, workload)
         return settings
     except (KnobError, ValueError) as exc:

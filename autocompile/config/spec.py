@@ -174,6 +174,9 @@ class TrialSpec:
     threads: int = 1
     """The resolved threads per process."""
 
+    module = "autocompile.trial.worker"
+    """The worker module torchrun runs on this spec."""
+
     def write(self, trial_dir: Path) -> Path:
         path = trial_dir / "trial.json"
         path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
@@ -181,7 +184,10 @@ class TrialSpec:
 
     @classmethod
     def read(cls, trial_dir: Path) -> TrialSpec:
-        raw = json.loads((trial_dir / "trial.json").read_text())
+        return cls.from_dict(json.loads((trial_dir / "trial.json").read_text()))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrialSpec:
         return cls(
             knobs=raw["knobs"],
             model=ModelSpec(**raw["model"]),
@@ -190,6 +196,76 @@ class TrialSpec:
             device=raw["device"],
             threads=raw["threads"],
         )
+
+
+@dataclass
+class SideBySideSpec:
+    """Several configurations of one workload timed in one process, window by window in rotating order;
+    written as ``sidebyside.json`` (``python -m autocompile.trial.sidebyside DIR``)."""
+
+    candidates: list[TrialSpec]
+    """One spec per candidate: same model, workload and device; the knobs differ."""
+    labels: list[str]
+    """A name per candidate, in the same order."""
+    expected: list[str | None] = field(default_factory=list)
+    """The fingerprint each candidate compiled to in its own cold trial: a candidate that compiles another
+    program beside the others fails as ``not_same_program`` (None: not checked)."""
+    artifacts: list[str | None] = field(default_factory=list)
+    """Compile artifacts (its cold trial's ``compile_artifacts.bin``) loaded before a candidate compiles."""
+    window_steps: int = 10
+    """Steps per timed window (rounded up to whole optimizer steps and every sequence length)."""
+    min_rounds: int = 12
+    """Rounds (one window of every candidate each) before the stopping rule is consulted."""
+    precision: float = 0.01
+    """Stop once every candidate's paired interval against the fastest, inside this process, has a
+    half-width within this fraction."""
+    max_timed_s: float = 20.0
+    """...or once this many seconds of windows were timed."""
+    settle_steps: int = 1
+    """Untimed steps of a candidate before each of its windows: the switch from another program (its
+    caches, its allocator state) is not timed."""
+    shift: int = 0
+    """This process's rotation of the build and window order (processes of one comparison differ)."""
+    timeout_s: float = 900.0
+    """Wall-clock limit of the whole process tree."""
+
+    module = "autocompile.trial.sidebyside"
+
+    def __post_init__(self) -> None:
+        if len(self.candidates) < 2 or len(self.labels) != len(self.candidates):
+            raise ValueError("a side-by-side comparison needs two or more candidates, each with a label")
+        self.expected = self.expected or [None] * len(self.candidates)
+        self.artifacts = self.artifacts or [None] * len(self.candidates)
+
+    @property
+    def workload(self) -> Workload:
+        return self.candidates[0].workload
+
+    @property
+    def measure(self) -> MeasureSettings:
+        """The first candidate's measurement settings, with this process's time limit."""
+        from dataclasses import replace
+
+        return replace(self.candidates[0].measure, timeout_s=self.timeout_s, artifacts="")
+
+    @property
+    def threads(self) -> int:
+        return self.candidates[0].threads
+
+    @property
+    def device(self) -> str:
+        return self.candidates[0].device
+
+    def write(self, trial_dir: Path) -> Path:
+        path = trial_dir / "sidebyside.json"
+        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
+        return path
+
+    @classmethod
+    def read(cls, trial_dir: Path) -> SideBySideSpec:
+        raw = json.loads((trial_dir / "sidebyside.json").read_text())
+        raw["candidates"] = [TrialSpec.from_dict(c) for c in raw["candidates"]]
+        return cls(**raw)
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:

@@ -46,6 +46,10 @@ class Effect:
     high: float | None = None
     failure: str = ""
     """Verdict phase: the neighbour failed (e.g. a graph break under fullgraph) and why."""
+    how: str = "interleaved rounds"
+    """Verdict phase: how the steps were compared (``paired windows side by side in N processes``)."""
+    pays_back: str = ""
+    """Faster steps but a longer compile: after how many steps it pays back."""
 
     @property
     def measurable(self) -> bool:
@@ -87,15 +91,17 @@ class Effect:
             judged = f"measurably {word}"
         else:
             judged = "no measurable effect"
+        pays = f"; {self.pays_back}" if self.pays_back else ""
         return (f"{head}: step time {interval}, {judged}; compile {self.compile_change_s:+.1f} s (cold, one run "
-                f"each); {self.pairs} interleaved round{'s' * (self.pairs != 1)}")
+                f"each){pays}; {self.pairs} {self.how}")
 
     def as_dict(self) -> dict[str, Any]:
         return {"knob": self.knob, "question": self.question, "reference": self.reference, "value": self.value,
                 "step_change": self.step_change, "uncertainty": self.uncertainty,
                 "compile_change_s": self.compile_change_s, "pairs": self.pairs, "matched": self.matched,
                 "measurable": self.measurable, "identical": self.identical, "basis": self.basis, "low": self.low,
-                "high": self.high, "failure": self.failure, "verdict": self.verdict}
+                "high": self.high, "failure": self.failure, "how": self.how, "pays_back": self.pays_back,
+                "verdict": self.verdict}
 
 
 def knob_effects(measured: list[dict[str, Any]], programs: list[dict[str, Any]] | None = None,

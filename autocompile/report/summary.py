@@ -245,13 +245,20 @@ def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
         console.print(f"[red]Not confirmed: {outcome.get('reason')}")
         return
     w = outcome["winner"]
-    console.print(f"\n[bold green]Confirmed[/] over {outcome['rounds']} interleaved rounds: {outcome['conclusion']}.")
+    how = outcome.get("method") or {"method": "fresh_processes"}
+    side = how["method"] == "side_by_side"
+    over = (f"side by side in {outcome['rounds']} fresh processes ({outcome.get('windows', 0)} paired windows each)"
+            if side else f"over {outcome['rounds']} interleaved rounds"
+            + (f" (fresh processes, not side by side: {how['why']})" if how.get("why") else ""))
+    console.print(f"\n[bold green]Confirmed[/] {over}: {outcome['conclusion']}.")
     console.print(f"  Recommended (trial {w['trial']}): {w['name'] or 'defaults'}; steps "
                   f"{w['step_s_geomean'] * 1e3:.2f} ms (geometric mean of its repeats), compile "
                   f"{w['compile_s_cold']:.1f} s (cold, search)")
     for name, gain in outcome["gains"].items():
-        console.print(f"  step time vs {name}: {gain['text']} (paired by round; negative = faster)")
-    table = Table(title="Confirmation race (step time per candidate, paired by round)", title_justify="left")
+        console.print(f"  step time vs {name}: {gain['text']} ({'paired windows' if side else 'paired by round'}; "
+                      "negative = faster)")
+    table = Table(title="Confirmation race (step time per candidate, "
+                  + ("paired window by window in each process)" if side else "paired by round)"), title_justify="left")
     for col in ("candidate", "configuration", "rounds", "ms/step", "vs leader (score)"):
         table.add_column(col)
     for c in outcome["candidates"]:

@@ -40,6 +40,7 @@ from autocompile.config.space import SearchSpace, identity
 from autocompile.study.objective import Objective
 from autocompile.study.racing import phase_trials, step_time
 from autocompile.study.shared import compact, feasible, heartbeat, measured_here, measured_trials, owner, tell
+from autocompile.study.together import method
 from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
 from autocompile.trial.reference import reference
 
@@ -97,6 +98,7 @@ def confirm_plan(study: optuna.Study, objective: Objective, top: int, repeats: i
     return [Slot("confirm", r, f"#{t.number}", t.params, {
         "candidate": t.number, "baseline": t.user_attrs.get("baseline"), "name": t.user_attrs.get("name", ""),
         "compile_s_cold": t.user_attrs["result"]["compile_s"], "cache_from": t.user_attrs["trial_dir"],
+        "cold_trial": t.number,
     }, warm=True) for r in range(repeats) for t in rotate(chosen, r)]
 
 
@@ -164,23 +166,29 @@ def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, w
     return plan
 
 
-def cost_estimate(study: optuna.Study, plan: list[Slot]) -> float:
+def cost_estimate(study: optuna.Study, plan: list[Slot], settings: Settings | None = None) -> float:
     """Seconds the plan will take, from the search's wall times: a cold run as a search trial took; a
-    warm one without most of its compile time."""
+    warm one without most of its compile time. Side by side (``settings`` given): per round, each
+    candidate's warm start and the round's timing budget."""
     walls = [(r["wall_s"], r["compile_s"]) for t in measured_trials(study)
              if (r := t.user_attrs.get("result") or {}).get("status") == "ok" and "wall_s" in r]
     if not walls:
         return float("nan")
     cold = statistics.median(w for w, _ in walls)
     warm = statistics.median(max(w - c, 1.0) for w, c in walls)
+    if settings is not None:
+        rounds = len({slot.round for slot in plan})
+        return sum(warm for _ in plan) + rounds * settings.compare.max_timed_s
     return sum(warm if slot.warm else cold for slot in plan)
 
 
-def describe_plan(name: str, plan: list[Slot], seconds: float) -> str:
+def describe_plan(name: str, plan: list[Slot], seconds: float, side_by_side: bool = False) -> str:
     labels = list(dict.fromkeys(slot.label for slot in plan))
     rounds = len({slot.round for slot in plan})
-    return (f"{name} phase: {len(labels)} configurations x up to {rounds} rounds = {len(plan)} runs in fresh "
-            f"processes, interleaved; expected about {seconds / 60:.1f} min: {', '.join(labels)}")
+    how = (f"side by side in {rounds} fresh processes (windows in rotating order)" if side_by_side else
+           f"x up to {rounds} rounds = {len(plan)} runs in fresh processes, interleaved")
+    return (f"{name} phase: {len(labels)} configurations {how}; expected about {seconds / 60:.1f} min: "
+            f"{', '.join(labels)}")
 
 
 # -- running a plan ------------------------------------------------------------------------------------
@@ -192,7 +200,8 @@ def run_plan(study: optuna.Study, plan: list[Slot], measure: Measure) -> None:
             waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             if not any(key_of(t) == slot.key() for t in waiting):
                 study.enqueue_trial(slot.params, user_attrs={"phase": slot.phase, "round": slot.round,
-                                                             "label": slot.label, **slot.attrs})
+                                                             "label": slot.label, **slot.attrs,
+                                                             "method": method(study, slot.phase)["method"]})
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
                 trial = study.ask()  # the oldest waiting trial: ours, or one an interruption queued again
@@ -294,30 +303,3 @@ def alone_on_the_machine(study: optuna.Study, run_dir: Path, interrupt: threadin
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
-               measure: Measure) -> None:
-    """Confirmation, then verdicts; each plan is logged (configurations, rounds, expected cost) first."""
-    s = settings.study
-    if s.confirm_top:
-        plan = confirm_plan(study, objective, s.confirm_top, s.repeats)
-        if plan:
-            log.info(describe_plan("confirmation", plan, cost_estimate(study, plan)))
-            run_plan(study, plan, measure)
-        else:
-            log.info("confirmation phase skipped: fewer than two feasible distinct programs completed in the search "
-                     "(infeasible: loss drift or memory over its limit, see the trial table)")
-    wanted = s.verdict_knobs()
-    winner = winner_trial(study, objective) if wanted != [] else None
-    if winner is None:
-        return
-    plan = verdict_plan(study, winner, space, wanted, s.repeats)
-    if len(plan) <= s.repeats:
-        log.info("verdict phase skipped: no searched knob with a question can change at the winner")
-        return
-    log.info(describe_plan(f"verdict (at trial {winner.number}, {winner.user_attrs.get('name', '')})", plan,
-                           cost_estimate(study, plan)))
-    for r in range(s.repeats):  # round by round: a neighbour found identical in round 0 needs no more
-        run_plan(study, [slot for slot in verdict_plan(study, winner, space, wanted, s.repeats) if slot.round == r],
-                 measure)

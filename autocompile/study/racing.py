@@ -17,12 +17,12 @@ from typing import Any
 from optuna import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.config.knobs import KNOBS, Env, TrialConfig
-from autocompile.config.space import identity
+from autocompile.config.knobs import KNOBS, Env
 from autocompile.report.effects import Effect
+from autocompile.study.intervals import Paired, break_even, paired_windows, time_to_train
 from autocompile.study.objective import Objective
 from autocompile.study.shared import feasible, interrupted, measured_trials
-from autocompile.trial.reference import REFERENCE_KNOBS, reference
+from autocompile.study.together import method
 from autocompile.trial.stats import Noise, Ratio, paired_ratio, pooled_noise
 
 REPEAT_PHASES = ("confirm", "verdict")
@@ -33,10 +33,12 @@ def phase(trial: FrozenTrial) -> str:
 
 
 def phase_trials(study: Study, name: str) -> list[FrozenTrial]:
-    """Finished repeats of one phase that were not interrupted (an interrupted one is measured again)."""
+    """Finished repeats of one phase that were not interrupted (an interrupted one is measured again), of
+    the method the phase runs by (a phase that fell back from side by side leaves those trials aside)."""
+    how = method(study, name)["method"]
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
                                                                  TrialState.FAIL))
-            if phase(t) == name and not interrupted(t)]
+            if phase(t) == name and not interrupted(t) and t.user_attrs.get("method", "fresh_processes") == how]
 
 
 def step_time(trial: FrozenTrial) -> float | None:
@@ -54,20 +56,22 @@ def simplicity(config: dict[str, Any]) -> tuple[int, int]:
 
 
 def study_noise(study: Study, env: Env) -> Noise | None:
-    """Run-to-run noise of step time, from every configuration measured in more than one fresh process:
-    the eager numerics reference with the eager baseline, search retries, and every repeat."""
-    groups: dict[str, list[float]] = {}
+    """Run-to-run noise of step time: one program measured in several fresh processes under one set of
+    measurement settings, pooled. A program's repeats alone in a process (search retries, fresh-process
+    rounds) form one group, its side-by-side rounds another; the numerics reference never joins (it ran
+    at another time and is no repeat), nor a verdict neighbour's single cold run."""
+    groups: dict[tuple[str, str], list[float]] = {}
     for t in [*measured_trials(study), *phase_trials(study, "confirm"), *phase_trials(study, "verdict")]:
         step = step_time(t)
-        if step is not None and "same_program_as" not in t.user_attrs:
-            groups.setdefault(t.user_attrs["identity"], []).append(step)
-    ref = reference(study)
-    if ref and ref.get("step_s"):
-        key = identity(TrialConfig.from_flat(REFERENCE_KNOBS, env, strict=False), env)
-        groups.setdefault(key, []).append(ref["step_s"])
-    repeated = [v for v in groups.values() if len(v) > 1]
-    return pooled_noise(repeated, f"{len(repeated)} configuration(s) measured in several fresh processes, "
-                                  f"{sum(map(len, repeated))} measurements")
+        if step is not None and "same_program_as" not in t.user_attrs and not t.user_attrs.get("cold_run"):
+            how = t.user_attrs.get("method", "fresh_processes") if phase(t) != "search" else "fresh_processes"
+            groups.setdefault((t.user_attrs["identity"], how), []).append(step)
+    repeated = {k: v for k, v in groups.items() if len(v) > 1}
+    kinds = sorted({"side by side" if how == "side_by_side" else "alone" for _, how in repeated})
+    return pooled_noise(list(repeated.values()),
+                        f"{len(repeated)} configuration(s) measured in several fresh processes "
+                        f"({' and '.join(kinds) or 'none'}), {sum(map(len, repeated.values()))} measurements; "
+                        "the numerics reference is not pooled")
 
 
 @dataclass
@@ -83,6 +87,8 @@ class Candidate:
     """Cold compile seconds, from its search trial (repeats may reuse its warm cache)."""
     steps: dict[int, float] = field(default_factory=dict)
     """Round -> step seconds of its repeats."""
+    windows: dict[int, list[float]] = field(default_factory=dict)
+    """Side by side: round (process) -> its window step times, aligned with the other candidates'."""
 
     def scores(self, objective: Objective) -> dict[int, float]:
         """Per round, lower is better: step time (throughput) or time to train with the cold compile time
@@ -91,12 +97,29 @@ class Candidate:
             return dict(self.steps)
         return {r: objective.time_to_train({"step_s": s, "compile_s": self.compile_s}) for r, s in self.steps.items()}
 
+    def step_s(self) -> float:
+        return math.exp(statistics.fmean(map(math.log, self.steps.values())))
+
     def summary(self) -> dict[str, Any]:
         steps = list(self.steps.values())
         return {"label": self.label, "trial": self.number, "name": self.name, "config": self.config,
                 "baseline": self.baseline, "compile_s_cold": self.compile_s, "rounds": len(steps),
                 "step_s_geomean": math.exp(statistics.fmean(map(math.log, steps))) if steps else None,
-                "step_s_rounds": {str(r): s for r, s in sorted(self.steps.items())}}
+                "step_s_rounds": {str(r): s for r, s in sorted(self.steps.items())},
+                "windows": sum(map(len, self.windows.values()))}
+
+
+def versus(a: Candidate, b: Candidate, objective: Objective, score: bool) -> Ratio | None:
+    """``a / b``: of step time, or (``score``) of the objective's score. Side by side, windows are paired
+    within processes and the cold compiles carried in (``objective.compile_cv``); otherwise rounds are
+    paired, each a fresh process per candidate."""
+    if a.windows and b.windows:
+        step = paired_windows(b.windows, a.windows)
+        if step is None or not score or objective.kind == "throughput":
+            return step
+        return time_to_train(step, (b.step_s(), b.compile_s), (a.step_s(), a.compile_s),
+                             objective.settings.horizon_steps, objective.settings.compile_cv)
+    return paired_ratio(a.scores(objective), b.scores(objective)) if score else paired_ratio(a.steps, b.steps)
 
 
 def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
@@ -117,6 +140,8 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
                                                         a.get("baseline"), a["compile_s_cold"]))
         if (step := step_time(t)) is not None:
             c.steps[a["round"]] = step
+            if a.get("method") == "side_by_side":
+                c.windows[a["round"]] = t.user_attrs["result"]["step_s_windows"]
     measured = [c for c in candidates.values() if c.steps]
     if len(measured) < 2:  # an interrupted phase, or every other candidate failed: nothing was raced
         return {"winner": None, "reason": f"{len(measured)} candidate(s) with a completed repeat: no race (an "
@@ -127,16 +152,15 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
         return statistics.fmean(math.log(s) for s in c.scores(objective).values())
 
     leader = min(measured, key=mean_score)
-    versus_leader: dict[str, Ratio | None] = {
-        c.label: paired_ratio(c.scores(objective), leader.scores(objective)) for c in measured}
+    versus_leader: dict[str, Ratio | None] = {c.label: versus(c, leader, objective, score=True) for c in measured}
     ties = [c for c in measured if c is leader or not (r := versus_leader[c.label]) or not r.measurable
             or r.change < 0]
     winner = min(ties, key=lambda c: (simplicity(c.config), mean_score(c)))
     gains = {}
     for c in measured:
         if c.baseline in ("eager", "compile") and c is not winner:
-            step = paired_ratio(winner.steps, c.steps)
-            score = paired_ratio(winner.scores(objective), c.scores(objective))
+            step = versus(winner, c, objective, score=False)
+            score = versus(winner, c, objective, score=True)
             gains[c.baseline] = {"step": step.as_dict() if step else None, "score": score.as_dict() if score else None,
                                  "text": step.text() if step else "no shared round"}
     compile_base = next((c for c in measured if c.baseline == "compile"), None)
@@ -150,6 +174,8 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
                        for c in measured],
         "gains": gains, "beats_default_compile": beats_compile,
         "rounds": max(len(c.steps) for c in measured),
+        "method": method(study, "confirm"),
+        "windows": max(sum(map(len, c.windows.values())) for c in measured),
         "conclusion": conclusion(winner, leader, ties, compile_base, beats_compile),
     }
 
@@ -171,6 +197,9 @@ def verdicts(study: Study) -> list[Effect]:
     trials = phase_trials(study, "verdict")
     winner = {t.user_attrs["round"]: s for t in trials if t.user_attrs["label"] == "winner"
               and (s := step_time(t)) is not None}
+    winner_windows = {t.user_attrs["round"]: t.user_attrs["result"]["step_s_windows"] for t in trials
+                      if t.user_attrs["label"] == "winner" and t.user_attrs.get("method") == "side_by_side"
+                      and step_time(t) is not None}
     cold = next((t.user_attrs["compile_s_cold"] for t in trials if t.user_attrs["label"] == "winner"), 0.0)
     by_label: dict[str, list[FrozenTrial]] = {}
     for t in trials:
@@ -191,11 +220,22 @@ def verdicts(study: Study) -> list[Effect]:
             effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 0, True, basis="verdict",
                                   failure=f"{why}: {(result.get('reason') or '')[:160]}"))
             continue
-        steps = {t.user_attrs["round"]: s for t in runs if (s := step_time(t)) is not None}
-        ratio = paired_ratio(steps, winner)
+        rounds = [t for t in runs if not t.user_attrs.get("cold_run")]
+        steps = {t.user_attrs["round"]: s for t in rounds if (s := step_time(t)) is not None}
+        windows = {t.user_attrs["round"]: t.user_attrs["result"]["step_s_windows"] for t in rounds
+                   if t.user_attrs.get("method") == "side_by_side" and step_time(t) is not None}
+        ratio: Ratio | None = paired_windows(winner_windows, windows) if windows else paired_ratio(steps, winner)
         if ratio is None:
             continue
         half = (ratio.high - ratio.low) / 2 if ratio.low is not None and ratio.high is not None else math.inf
+        how = "interleaved rounds (fresh processes)"
+        pays = None
+        if isinstance(ratio, Paired):
+            how = f"paired windows side by side in {ratio.processes} processes ({ratio.basis})"
+            mine = statistics.fmean(steps.values())
+            theirs = statistics.fmean(winner[r] for r in steps if r in winner) if steps.keys() & winner.keys() else 0
+            pays = break_even(ratio, (theirs, cold), (mine, result["compile_s"])) if theirs else None
         effects.append(Effect(key, question, ref, value, ratio.change, half, result["compile_s"] - cold,
-                              ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high))
+                              ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high, how=how,
+                              pays_back=pays or ""))
     return sorted(effects, key=lambda e: list(KNOBS).index(e.knob))

@@ -34,11 +34,12 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 RESULT_KEYS = ("status", "failure", "reason", "tokens_per_s", "throughput_unit", "step_s", "step_s_cv", "compile_s",
                "first_step_s", "peak_memory_bytes", "graph_count", "graph_breaks", "recompiles_timed", "mfu",
                "compiled", "wall_s", "losses", "tokens_per_s_windows", "environment", "fingerprint",
-               "compiled_coverage", "step_s_windows", "rewarm_steps", "timed_precision", "timed_s", "windows")
+               "compiled_coverage", "step_s_windows", "rewarm_steps", "timed_precision", "timed_s", "windows",
+               "side_by_side")
 
 
 REPEAT_ATTRS = ("phase", "round", "label", "candidate", "name", "config", "compile_s_cold", "cache_from",
-                "same_as", "same_as_trial", "knob", "value", "reference")
+                "same_as", "same_as_trial", "knob", "value", "reference", "method", "cold_trial", "cold_run")
 """What a repeat of the confirmation or verdict phase is, kept when it is queued again after a kill."""
 
 

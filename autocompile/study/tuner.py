@@ -25,8 +25,9 @@ from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace, identity
 from autocompile.report.summary import build_report, print_report, write_artifacts
 from autocompile.report.view import StudyView
-from autocompile.study.confirm import alone_on_the_machine, measure_repeat, run_phases
+from autocompile.study.confirm import alone_on_the_machine, measure_repeat
 from autocompile.study.objective import Objective
+from autocompile.study.phases import run_phases
 from autocompile.study.racing import REPEAT_PHASES, study_noise
 from autocompile.study.shared import (
     check_measured_on,
@@ -46,6 +47,7 @@ from autocompile.study.shared import (
     tell,
     wait_finished,
 )
+from autocompile.study.together import measure_together
 from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
 from autocompile.trial.reference import ensure_reference, reference
 from autocompile.trial.warmstart import take_home
@@ -72,13 +74,14 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     study = open_study(settings.study.name, storage, objective.directions, settings.study.seed)
     check_measured_on(study, settings.measured_on())
     recover_interrupted(study)
-    ensure_reference(study, settings, run_dir)
     if settings.study.baselines:
         queue_baselines(study, space)
     (run_dir / "config.yaml").write_text(config_yaml)
     from autocompile.study.tracking import tracker_for
 
     tracker = tracker_for(settings, study, run_dir)
+    # Measured once the tuner's own start (imports, Optuna, MLflow) is over: nothing else runs beside it.
+    ensure_reference(study, settings, run_dir)
     slots = settings.slots()
     agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)
     log.info("study %s: %d distinct configurations in the space, %d trials asked, %d slot(s); storage %s",
@@ -140,10 +143,23 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
                 raise
             tracker.log_trial(study.trials[trial.number])
 
+        def together(trials: list[optuna.Trial]) -> str | None:
+            try:
+                why = measure_together(study, trials, space, objective, settings, run_dir, slots[0], agents)
+            except BaseException as exc:
+                stopping = isinstance(exc, (KeyboardInterrupt, Interrupted))
+                for trial in trials:
+                    budget.release("the tuner was interrupted" if stopping else f"the tuner failed: {exc!r}",
+                                   trial.number)
+                raise
+            for trial in trials:
+                tracker.log_trial(study.trials[trial.number])
+            return why
+
         try:
             if settings.study.confirm_top or settings.study.verdict_knobs() != []:
                 with alone_on_the_machine(study, run_dir):
-                    run_phases(study, space, objective, settings, measure)
+                    run_phases(study, space, objective, settings, measure, together)
         except (KeyboardInterrupt, Interrupted):
             budget.interrupt()
             interrupted = True

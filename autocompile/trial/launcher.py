@@ -30,9 +30,12 @@ from typing import Any
 
 import psutil
 
-from autocompile.config.spec import TrialSpec, write_json_atomic
+from autocompile.config.spec import SideBySideSpec, TrialSpec, write_json_atomic
 
 log = logging.getLogger(__name__)
+
+Spec = TrialSpec | SideBySideSpec
+"""What a launch runs: one configuration (the trial worker) or several side by side."""
 
 StopRule = Callable[[list[dict[str, Any]], float], "str | tuple[str, str] | None"]
 """Called while a trial runs with its progress events and seconds since launch; a reason stops it
@@ -89,7 +92,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def torchrun_command(trial_dir: Path, spec: TrialSpec, agents: Agents = Agents()) -> list[str]:
+def torchrun_command(trial_dir: Path, spec: Spec, agents: Agents = Agents()) -> list[str]:
     workload = spec.workload
     # One node: port 0 lets the c10d store pick a free port, so concurrent trials never collide.
     # Several nodes must agree on an endpoint: a free port on the rendezvous host, a unique id.
@@ -102,11 +105,11 @@ def torchrun_command(trial_dir: Path, spec: TrialSpec, agents: Agents = Agents()
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={uuid.uuid4().hex[:12]}",
         "--max-restarts=0",
-        "-m", "autocompile.trial.worker", str(trial_dir.resolve()),
+        "-m", spec.module, str(trial_dir.resolve()),
     ]
 
 
-def trial_environment(trial_dir: Path, spec: TrialSpec, cache_dir: Path | None,
+def trial_environment(trial_dir: Path, spec: Spec, cache_dir: Path | None,
                       resources: Resources = Resources()) -> dict[str, str]:
     """Variables that differ from the tuner's own: cache, threads, import path, devices."""
     cache = (cache_dir or trial_dir / "inductor_cache").resolve()
@@ -123,7 +126,7 @@ def trial_environment(trial_dir: Path, spec: TrialSpec, cache_dir: Path | None,
     }
 
 
-def prepare(trial_dir: Path, spec: TrialSpec, cache_dir: Path | None = None, resources: Resources = Resources(),
+def prepare(trial_dir: Path, spec: Spec, cache_dir: Path | None = None, resources: Resources = Resources(),
             agents: Agents = Agents()) -> tuple[list[str], dict[str, str]]:
     """Write the trial directory; returns the command and its extra environment."""
     trial_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +137,7 @@ def prepare(trial_dir: Path, spec: TrialSpec, cache_dir: Path | None = None, res
     return cmd, extra
 
 
-def replay_text(trial_dir: Path, spec: TrialSpec, cmd: list[str], extra: dict[str, str], cache_dir: Path | None,
+def replay_text(trial_dir: Path, spec: Spec, cmd: list[str], extra: dict[str, str], cache_dir: Path | None,
                 resources: Resources) -> str:
     """``cmd.txt``: the trial's command with its environment, to run again by hand.
 
@@ -149,14 +152,14 @@ def replay_text(trial_dir: Path, spec: TrialSpec, cmd: list[str], extra: dict[st
     replay = " ".join(f"{k}={v}" for k, v in values.items())
     pin = f"taskset -c {','.join(map(str, resources.cpus))} " if resources.cpus else ""
     nodes = f"  # on each of the {spec.workload.nnodes} nodes" if spec.workload.nnodes > 1 else ""
-    worker = shlex.join([sys.executable, "-m", "autocompile.trial.worker", str(trial_dir.resolve())])
+    worker = shlex.join([sys.executable, "-m", spec.module, str(trial_dir.resolve())])
     return (f"cd {shlex.quote(os.getcwd())} && {fresh}{replay} {pin}{shlex.join(cmd)}{nodes}\n"
             f"# one process, no torchrun (world size 1): {fresh}{replay} {worker}\n")
 
 
 def launch(
     trial_dir: Path,
-    spec: TrialSpec,
+    spec: Spec,
     *,
     cache_dir: Path | None = None,
     should_stop: StopRule | None = None,

@@ -68,6 +68,9 @@ class TrainStep:
     """The optimizer the step updates (built here when ``apply`` got a factory): save it with checkpoints."""
     scheduler: Any = None
     """The LR scheduler, stepped once per optimizer step (None: constant LR)."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """Process-global dynamo settings this step was built under (``optimize_ddp``): a process that runs
+    several steps side by side patches them around each one's calls."""
 
     def __call__(self, inputs: Any, targets: Any) -> torch.Tensor:
         return self.fn(inputs, targets)
@@ -157,9 +160,10 @@ def apply(
         for _, unit in targets:
             _wrap_forward(unit, lambda fwd: _autocast(fwd, device.type, dtype))
 
+    settings: dict[str, Any] = {}
     if distributed:
         # DDP reads the mode in __init__ (python reducer) and dynamo when it compiles DDP graphs.
-        torch._dynamo.config.optimize_ddp = OPTIMIZE_DDP[config.ddp.optimize]
+        settings["optimize_ddp"] = torch._dynamo.config.optimize_ddp = OPTIMIZE_DDP[config.ddp.optimize]
     compile_of_ddp = distributed and scope == "module" and config.ddp.wrap_order == "compile_of_ddp"
     compile_model = compiler("model")
 
@@ -291,7 +295,7 @@ def apply(
                                   "distributed": distributed, "optim.impl": config.optim.impl,
                                   "clip": grad_clip_norm, "accum": grad_accum_steps,
                                   "schedule": type(scheduler).__name__ if scheduler is not None else None},
-                     optimizer=optimizer, scheduler=scheduler)
+                     optimizer=optimizer, scheduler=scheduler, settings=settings)
 
 
 def _call(model: Callable[..., Any], inputs: Any) -> Any:

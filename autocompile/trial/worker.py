@@ -33,15 +33,14 @@ import torch.distributed as dist  # noqa: E402
 
 from autocompile.config.knobs import Env, TrialConfig  # noqa: E402
 from autocompile.config.spec import TrialSpec, write_json_atomic  # noqa: E402
+from autocompile.trial.build import NonFiniteLoss, build_candidate, check_finite, warm_up, warmup_steps  # noqa: E402
+from autocompile.trial.build import window_steps as steps_per_window  # noqa: E402
 from autocompile.trial.flops import estimated_flops_per_token, flops_per_item  # noqa: E402
-from autocompile.trial.programs import NothingCompiled, PartiallyCompiled, verify  # noqa: E402
+from autocompile.trial.programs import NothingCompiled, PartiallyCompiled  # noqa: E402
 from autocompile.trial.stats import relative_half_width  # noqa: E402
-from autocompile.trial.step import apply  # noqa: E402
 from autocompile.trial.warmstart import load_artifacts, save_artifacts  # noqa: E402
 from autocompile.workload.data import count_items, item_unit  # noqa: E402
-from autocompile.workload.infer import model_facts  # noqa: E402
 from autocompile.workload.models import build  # noqa: E402
-from autocompile.workload.parts import build_data, build_loss, optimizer_factory, schedule_factory  # noqa: E402
 
 IMPORTS_DONE = time.time()
 log = logging.getLogger("autocompile.trial.worker")
@@ -52,10 +51,6 @@ PEAK_FLOPS = (
     (("H100", "PCIE"), 756e12), (("H100",), 989e12), (("H200",), 989e12), (("H20",), 148e12),
     (("A100",), 312e12), (("L40S",), 362e12), (("L4",), 121e12), (("A10",), 125e12),
 )
-
-
-class NonFiniteLoss(RuntimeError):
-    pass
 
 
 class CompileInTimedPart(RuntimeError):
@@ -121,6 +116,8 @@ def classify(exc: BaseException) -> dict[str, str]:
         kind = "fullgraph_no_frames"  # torch >= 2.13; 2.11 ran such a step eager without a word
     elif "exceeded maximum reuse entries" in reason:
         kind = "region_reuse_limit"  # torch >= 2.13 nested compile regions
+    elif type(exc).__name__ == "NotSameProgram":  # side by side: another program than in its own process
+        kind = "not_same_program"
     elif isinstance(exc, RanksDiverged):
         kind = "ranks_diverged"
     elif type(exc).__name__ in ("FailOnRecompileLimitHit", "RecompileLimitExceeded"):
@@ -170,13 +167,8 @@ class Trial:
         env = Env.detect(self.device.type, self.world_size, workload.shapes_vary)
         config = TrialConfig.from_flat(spec.knobs, env)
         loaded = load_artifacts(spec.measure.artifacts) if spec.measure.artifacts else None
-        torch.manual_seed(workload.seed)
-        model = build(spec.model.target, spec.model.kwargs)
-        facts = {**model_facts(model), **({"vocab_size": spec.model.vocab_size} if spec.model.vocab_size else {}),
-                 "batch_size": workload.batch_size, "seq_len": list(workload.seq_len), "seed": workload.seed,
-                 "rank": self.rank, "world_size": self.world_size, "device": self.device}
-        data = build_data(workload.data, facts)
-        loss_fn = build_loss(workload.loss)
+        built = build_candidate(spec, config, self.device, self.rank, self.world_size)
+        model, step, data, loss_fn = built.model, built.step, built.data, built.loss_fn
         # Per item (token, image) over one batch of each shape, before compile touches the model.
         shapes = len(workload.seq_len)
         counted = [data(i) for i in range(shapes)]
@@ -185,9 +177,6 @@ class Trial:
         flops = {"flops_per_token": fpi, "flops_source": "counted"} if fpi else {
             "flops_per_token": estimated_flops_per_token(model, statistics.fmean(workload.seq_len)),
             "flops_source": "6N estimate"}
-        step = apply(model, optimizer_factory(workload.optimizer), loss_fn, config, device=self.device,
-                     lr_schedule=schedule_factory(workload.lr_schedule), grad_clip_norm=workload.grad_clip_norm,
-                     grad_accum_steps=workload.grad_accum_steps)
         self.timeline["build_done"] = time.time()
         log.info("built %s; compiled: %s", spec.model.name, ", ".join(step.compiled) or "nothing")
 
@@ -198,31 +187,14 @@ class Trial:
             # A CUDA-graph mode whose graphs inductor declines would run as another program.
             torch._inductor.config.triton.cudagraph_or_error = True
 
-        # Warm-up: every shape twice, so first compiles and the automatic-dynamic recompile land here, and
-        # whole optimizer steps (twice when accumulating: micro-steps and the stepping one may compile apart).
-        accum = workload.grad_accum_steps
-        warmup = max(spec.measure.warmup_steps, 2 * shapes, 2 * accum if accum > 1 else 1)
-        warmup = -(-warmup // accum) * accum
-        self.progress("warmup_start", steps=warmup)
-        losses: list[torch.Tensor] = []
-        warm_s = []
-        for i in range(warmup):
-            self.sync()
-            t0 = time.perf_counter()
-            losses.append(step(*data(i)))
-            self.sync()
-            warm_s.append(time.perf_counter() - t0)
-            check_finite(losses[-1:], i)
-            self.progress("warmup_step", step=i, seconds=warm_s[-1])
+        warmup = warmup_steps(spec)
+        warm_up(built, warmup, self.sync, self.progress)
+        losses, warm_s, program = built.losses, built.warm_s, built.program
         self.timeline["warmup_done"] = time.time()
-        program = verify(step, model, config.compile.scope)
         self.progress("compiled", **program)
         artifacts = save_artifacts(self.trial_dir) if self.rank == 0 and config.compile.scope != "none" else None
 
-        # Every window runs each sequence length equally often and whole optimizer steps: windows then
-        # differ by noise only.
-        period = math.lcm(shapes, accum)
-        window_steps = -(-spec.measure.window_steps // period) * period
+        window_steps = steps_per_window(spec, spec.measure.window_steps)
         s = warmup
         rewarm_s, rewarm_steps = 0.0, 0
         for attempt in range(2):
@@ -344,11 +316,6 @@ class Trial:
             mine, gathered = mine.to(self.device), [g.to(self.device) for g in gathered]
         dist.all_gather(gathered, mine)
         return [float(g) for g in gathered]
-
-
-def check_finite(losses: list[torch.Tensor], step: int) -> None:
-    if not all(math.isfinite(float(x)) for x in losses):
-        raise NonFiniteLoss(f"loss is not finite at step {step}")
 
 
 def short_reason(text: str) -> str:

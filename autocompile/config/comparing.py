@@ -1,0 +1,66 @@
+"""How candidates are compared side by side in one process: ``task=compare`` and the study's phases.
+
+``compare.candidates`` are the head-to-head a user asks for, one string of space-separated knob
+overrides each (``"compile.scope=regional amp.dtype=bfloat16"``); knobs a candidate does not name take
+the command line's values, then the knob table's defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from autocompile.config.knobs import KNOBS, KnobError
+
+
+@dataclass
+class CompareSettings:
+    """Side-by-side timing: several candidates in one process, window by window in rotating order."""
+
+    candidates: list[str] = field(default_factory=list)
+    """``task=compare``: one string of space-separated knob overrides per candidate; the first is the one
+    every other is compared against. ``["compile.scope=none", "compile.scope=module"]``."""
+    processes: int = 3
+    """Fresh processes per comparison (build and window order rotated in each): differences between
+    processes widen the interval, so they are measured, not assumed away."""
+    window_steps: int = 10
+    """Steps per timed window."""
+    min_rounds: int = 12
+    """Rounds (one window of each candidate) per process before the stopping rule is consulted."""
+    precision: float = 0.01
+    """A process stops once every candidate's paired 95% interval against the fastest is within this
+    fraction inside it (0.01 = +-1%) ..."""
+    max_timed_s: float = 20.0
+    """... or once this many seconds of windows were timed in it."""
+    settle_steps: int = 1
+    """Untimed steps of a candidate before each of its windows (the switch between programs is not timed)."""
+
+    def __post_init__(self) -> None:
+        if self.processes < 1 or self.window_steps < 1 or self.min_rounds < 2 or self.settle_steps < 0:
+            raise ValueError("compare.processes and compare.window_steps must be >= 1, compare.min_rounds >= 2 and "
+                             "compare.settle_steps >= 0")
+        if not 0 < self.precision < 1 or self.max_timed_s <= 0:
+            raise ValueError(f"compare.precision={self.precision} must be in (0, 1) and compare.max_timed_s="
+                             f"{self.max_timed_s} > 0")
+        for text in self.candidates:
+            overrides(text)
+
+
+def overrides(text: str) -> dict[str, Any]:
+    """``"compile.scope=regional amp.dtype=bfloat16"`` -> knob values (YAML scalars: true, null, 3)."""
+    found: dict[str, Any] = {}
+    for part in str(text).split():
+        key, sep, value = part.partition("=")
+        if not sep or key not in KNOBS:
+            raise KnobError(f"compare.candidates: {part!r} is no knob=value; a candidate is space-separated "
+                            f"overrides such as 'compile.scope=regional amp.dtype=bfloat16' (knobs: "
+                            f"{', '.join(KNOBS)})")
+        found[key] = yaml.safe_load(value)
+    return found
+
+
+def label(text: str) -> str:
+    """A candidate's name in tables: its overrides, or "command line" when it names none."""
+    return " ".join(str(text).split()) or "command line"

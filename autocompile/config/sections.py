@@ -1,0 +1,159 @@
+"""The study's own sections of the configuration (``study.*``, ``objective.*``, ``tracking.*``,
+``launch.*``): typed, with a docstring per field and a fix in every error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autocompile.config.knobs import KNOBS
+
+OBJECTIVES = ("time_to_train", "throughput", "pareto")
+
+
+@dataclass
+class StudySettings:
+    """The Optuna study."""
+
+    name: str = ("${model.name}-bs${workload.batch_size}-seq${ac_join:${workload.seq_len}}"
+                 "-ws${ac_ws:}-${ac_device:${workload.device}}${ac_fixed:}")
+    """Study (and run directory) name; the same name resumes the same study. The default names the
+    model and workload, then what the study fixes (``+compile.mode=max-autotune``, a non-default
+    objective), so each job of a sweep over those is a study of its own."""
+    storage: str = ""
+    """Optuna storage URL (``postgresql://...``), or the path of a journal file (no URL scheme); empty =
+    a journal file in the run directory."""
+    n_trials: int = 20
+    """Trials to finish (complete, pruned or failed), counting those of a resumed study."""
+    timeout_s: float = 0.0
+    """Stop starting trials after this many seconds; 0 = no limit."""
+    seed: int = 0
+    """Sampler seed."""
+    extended: bool = False
+    """Also search the extended knobs (inductor options)."""
+    baselines: bool = True
+    """Measure eager, default torch.compile(model) and regional compile before sampling."""
+    prune: bool = True
+    """Stop trials that cannot beat the best (by compile time, or after the first timed window)."""
+    max_failure_rate: float = 0.8
+    """Stop the study when more than this fraction of its trials failed (after 5 trials)."""
+    heartbeat_s: int = 30
+    """RDB storages: a tuner's heartbeat period; a trial silent for 3 periods is failed and re-queued."""
+    confirm_top: int = 3
+    """After the search, race this many of its best distinct programs against eager and default
+    torch.compile(model), ``repeats`` rounds in fresh processes, interleaved; the winner is decided
+    on those repeats. 0 = no confirmation (the search's single measurements decide)."""
+    repeats: int = 3
+    """Rounds of the confirmation and verdict phases: side by side, the fresh processes that time every
+    candidate in rotating windows (``compare.*`` sets the windows); otherwise each round runs every
+    candidate once in a fresh process of its own. Not counted in n_trials."""
+    side_by_side: bool = True
+    """The phases time their candidates side by side in one process (paired windows, far less noise
+    than one process per candidate); false, or candidates that cannot share a process, fall back to
+    one fresh process per candidate and round, and the report says which ran and why."""
+    verdicts: Any = "all"
+    """Questions answered by measuring the winner's one-knob neighbours in rounds with it: ``all``
+    (every searched knob with a question), ``none``, or a list of knob keys ([amp.placement,compile.mode])."""
+    warm_start: bool = True
+    """Keep the winner's compile artifacts next to best_config.py (which loads them) and measure once
+    more, in a fresh process with them loaded, how much compile time that warm start saves."""
+    repeat_cache: str = "warm"
+    """``warm``: a repeat reuses its configuration's own inductor cache (from its first, cold run), so
+    its steps are timed in a fresh process after a cheap compile; compile time is the cold run's.
+    ``cold``: every repeat compiles cold."""
+
+    def __post_init__(self) -> None:
+        if self.n_trials < 1:
+            raise ValueError(f"study.n_trials={self.n_trials} must be >= 1")
+        if self.confirm_top < 0:
+            raise ValueError(f"study.confirm_top={self.confirm_top} must be >= 0 (0 = no confirmation phase)")
+        if self.repeats < 1:
+            raise ValueError(f"study.repeats={self.repeats} must be >= 1 (2 or more give intervals)")
+        if self.repeat_cache not in ("warm", "cold"):
+            raise ValueError(f"study.repeat_cache={self.repeat_cache!r}: choose warm or cold")
+        if not 0 < self.max_failure_rate <= 1:
+            raise ValueError(f"study.max_failure_rate={self.max_failure_rate} must be in (0, 1]")
+        self.verdicts = self.verdict_keys_checked(self.verdicts)
+
+    @staticmethod
+    def verdict_keys_checked(value: Any) -> Any:
+        if value in ("all", "none"):
+            return value
+        keys = [value] if isinstance(value, str) else list(value)
+        unknown = [k for k in keys if k not in KNOBS or not KNOBS[k][0].question]
+        if unknown:
+            asked = ", ".join(k for k, (spec, _) in KNOBS.items() if spec.question)
+            raise ValueError(f"study.verdicts: {unknown[0]!r} is no knob with a question; use all, none or a "
+                             f"list of: {asked}")
+        return keys
+
+    def verdict_knobs(self) -> list[str] | None:
+        """Knob keys whose verdicts are measured: None = all, [] = none."""
+        return None if self.verdicts == "all" else [] if self.verdicts == "none" else list(self.verdicts)
+
+
+@dataclass
+class LaunchSettings:
+    """Where trials run: parallel slots on this machine, and the agents of multi-node trials."""
+
+    slots: int = 0
+    """Trials at once on this machine, each on its own GPUs (or CPU cores); 0 = visible GPUs //
+    world size on CUDA, 1 on CPU (concurrent CPU trials disturb each other's timings)."""
+    rdzv_host: str = "127.0.0.1"
+    """Rendezvous host of multi-node trials: this machine's address as the other nodes see it."""
+    remote_agent: str = ""
+    """Command template starting the torchrun agent of each further node of a multi-node trial,
+    ``{cmd}`` being the torchrun command (e.g. ``srun --nodes=1 --ntasks=1 {cmd}``); empty = all
+    agents on this machine."""
+    worker: int = 0
+    """Index of this tuner process when several cooperate on one study (a SLURM job array)."""
+
+    def __post_init__(self) -> None:
+        if self.slots < 0:
+            raise ValueError(f"launch.slots={self.slots} must be >= 0 (0 = automatic)")
+
+
+@dataclass
+class ObjectiveSettings:
+    """What "best" means."""
+
+    kind: str = "time_to_train"
+    """time_to_train: compile s + horizon_steps x step s (minimise); throughput: tokens/s (maximise);
+    pareto: tokens/s up and compile s down."""
+    horizon_steps: int = 10000
+    """Training steps the compile time is paid back over (time_to_train): the length of the job."""
+    memory_limit_gb: float = 0.0
+    """Trials above this peak memory are infeasible; 0 = no limit."""
+    loss_rtol: float = 0.02
+    """Per-step losses must stay within this relative distance of the eager reference's."""
+    compile_cv: float = 0.15
+    """Relative sd of one cold compile across fresh processes, carried into time-to-train intervals
+    (measured: one gpt2-tiny program in five fresh processes compiled in 17.9-26.0 s on the 2-core VM)."""
+    loss_steps: int = 28
+    """How many first steps' losses are compared (the default burst: 3 warm-up + 5 x 5 timed steps).
+    Correct programs agree to ~1e-7 there, then drift apart as rounding differences compound (a ViT
+    that overfits its batches: past 2% after ~180 steps); comparing every step would fail the fast
+    configurations, which run more steps in the same timed seconds."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in OBJECTIVES:
+            raise ValueError(f"objective.kind={self.kind!r}: choose one of {', '.join(OBJECTIVES)}")
+        if self.horizon_steps < 1:
+            raise ValueError(f"objective.horizon_steps={self.horizon_steps} must be >= 1")
+        if not 0 <= self.compile_cv < 1:
+            raise ValueError(f"objective.compile_cv={self.compile_cv} must be in [0, 1), e.g. 0.15")
+        if self.loss_steps < 2:
+            raise ValueError(f"objective.loss_steps={self.loss_steps} must be >= 2: the first step's loss is "
+                             "computed before any update, so it cannot tell a step that does not train")
+
+
+@dataclass
+class TrackingSettings:
+    """MLflow."""
+
+    enabled: bool = True
+    """Log the study to MLflow."""
+    uri: str = ""
+    """Tracking URI; empty = sqlite:///<output_root>/mlflow.db (studies accumulate side by side)."""
+    experiment: str = ""
+    """Experiment name; empty = one per model (autocompile/<model>), its studies and multirun jobs side by side."""

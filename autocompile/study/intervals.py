@@ -1,0 +1,125 @@
+"""Intervals for candidates timed side by side: windows paired within rounds, rounds within processes.
+
+The model, per pair of candidates ``a`` and ``b``: the log-ratio of their window step times in round
+``r`` of process ``p`` is ``d[p, r] = mu + u[p] + e[p, r]``, with ``e`` the window-to-window noise
+(independent, sd ``sigma_w``) and ``u`` a random effect per process (sd ``sigma_p``: whatever makes
+one process favour a candidate more than another does, such as where its memory landed). The
+estimate of ``mu`` is the mean of the process means, so every process weighs alike.
+
+Its interval comes from one of two variance estimates, chosen by a preliminary F test of the process
+effect at level 0.25 (Bancroft's "sometimes pool" rule, which keeps the coverage near 95%):
+
+- processes agree (p >= 0.25): the windows are pooled across processes; Var = sigma_w^2 mean(1/R_p) / P
+  with sum(R_p - 1) degrees of freedom;
+- processes disagree (p < 0.25): the process means are the data; Var = var(means) / P with P - 1
+  degrees of freedom, so the interval widens as the processes disagree.
+
+With one process the process effect cannot be seen: the interval is the windows' alone and says so.
+``exp`` of the interval is the ratio ``b / a`` a user reads ("+3.1 %").
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scipy import stats
+
+from autocompile.trial.stats import Ratio
+
+POOLING_LEVEL = 0.25
+"""The F test's level for pooling windows across processes (pool when its p-value is at least this)."""
+
+
+@dataclass(frozen=True)
+class Paired(Ratio):
+    """A side-by-side ratio: ``rounds`` paired windows over ``processes`` processes."""
+
+    processes: int = 1
+    basis: str = ""
+    """How the interval was made: ``windows pooled``, ``process means`` or ``one process``."""
+    process_p: float | None = None
+    """p-value of the F test for a process effect (None with one process)."""
+    log_se: float = 0.0
+    """Standard error of the mean log-ratio, and its degrees of freedom (for combining with compile time)."""
+    df: float = 0.0
+
+    def as_dict(self) -> dict[str, float | int | bool | str | None]:
+        return {**super().as_dict(), "processes": self.processes, "basis": self.basis, "process_p": self.process_p,
+                "log_se": self.log_se, "df": self.df}
+
+
+def paired_windows(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[float]]) -> Paired | None:
+    """``b / a`` from window step times per process (process -> windows, aligned by round); None when no
+    process timed both."""
+    groups = []
+    for p in sorted(a.keys() & b.keys()):
+        n = min(len(a[p]), len(b[p]))
+        logs = [math.log(y / x) for x, y in zip(a[p][:n], b[p][:n], strict=True) if x > 0 and y > 0]
+        if logs:
+            groups.append(logs)
+    if not groups:
+        return None
+    means = [statistics.fmean(g) for g in groups]
+    mu = statistics.fmean(means)
+    rounds = sum(map(len, groups))
+    df_w = sum(len(g) - 1 for g in groups)
+    ms_w = sum((x - m) ** 2 for g, m in zip(groups, means, strict=True) for x in g) / df_w if df_w else math.nan
+    inv_r = statistics.fmean(1 / len(g) for g in groups)
+    if len(groups) == 1:
+        var, df, basis, p_value = ms_w * inv_r, df_w, "one process", None
+    else:
+        s2_means = statistics.variance(means)
+        f = s2_means / (ms_w * inv_r) if ms_w > 0 else math.inf
+        p_value = float(stats.f.sf(f, len(groups) - 1, df_w)) if df_w else 0.0
+        if p_value >= POOLING_LEVEL:
+            var, df, basis = ms_w * inv_r / len(groups), df_w, "windows pooled"
+        else:
+            var, df, basis = s2_means / len(groups), len(groups) - 1, "process means"
+    return _interval(mu, var, df, rounds, len(groups), basis, p_value)
+
+
+def _interval(mu: float, var: float, df: float, rounds: int, processes: int, basis: str,
+              p_value: float | None) -> Paired:
+    se = math.sqrt(var) if var == var and var >= 0 else math.nan
+    if df < 1 or se != se:
+        return Paired(math.expm1(mu), None, None, rounds, processes, basis, p_value, 0.0, 0.0)
+    half = float(stats.t.ppf(0.975, df)) * se
+    return Paired(math.expm1(mu), math.expm1(mu - half), math.expm1(mu + half), rounds, processes, basis, p_value,
+                  se, df)
+
+
+def time_to_train(step: Paired, a: tuple[float, float], b: tuple[float, float], horizon: int,
+                  compile_cv: float, compile_df: int = 4) -> Paired:
+    """``b / a`` of time to train ``horizon`` steps (cold compile + steps), from the paired step ratio and
+    each side's cold compile seconds; ``a`` and ``b`` are (step seconds, compile seconds).
+
+    Delta method on the log scale: the step ratio's variance weighted by the steps' share of the time,
+    plus each compile's (``compile_cv``: relative sd of one cold compile across fresh processes)
+    weighted by the compile's share; degrees of freedom by Welch-Satterthwaite."""
+    (sa, ca), (sb, cb) = a, b
+    ta, tb = ca + horizon * sa, cb + horizon * sb
+    mu = math.log(tb / ta)
+    w_step = (horizon * sa / ta + horizon * sb / tb) / 2
+    parts = [(w_step * step.log_se) ** 2, ((ca / ta) * compile_cv) ** 2, ((cb / tb) * compile_cv) ** 2]
+    dfs = [step.df, compile_df, compile_df]
+    var = sum(parts)
+    if not step.df:
+        return Paired(math.expm1(mu), None, None, step.rounds, step.processes, step.basis, step.process_p)
+    df = var**2 / sum(v**2 / d for v, d in zip(parts, dfs, strict=True) if v > 0) if var > 0 else step.df
+    return _interval(mu, var, df, step.rounds, step.processes, step.basis + " + cold compile", step.process_p)
+
+
+def break_even(step: Paired, a: tuple[float, float], b: tuple[float, float]) -> str | None:
+    """When ``b`` has measurably faster steps but a longer compile than ``a``: after how many steps it
+    pays back, with the range the step interval allows."""
+    (sa, ca), (sb, cb) = a, b
+    if step.high is None or step.low is None or not step.high < 0 or cb <= ca:
+        return None
+    extra = cb - ca
+    steps = extra / (sa - sb) if sa > sb else math.inf
+    few, many = extra / (sa * -step.low), extra / (sa * -step.high)
+    return (f"steps {-step.change:.1%} faster, compile +{extra:.0f} s: at {sa * 1e3:.1f} ms a step it pays back "
+            f"after about {steps:,.0f} steps ({few:,.0f}-{many:,.0f})")

@@ -1,0 +1,165 @@
+"""The phases after the search: confirmation, then verdicts, side by side where the candidates can
+share a process (:mod:`autocompile.study.together`), else in fresh-process rounds
+(:mod:`autocompile.study.confirm`). Which ran, and why, is kept in the study and reported."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autocompile.config.knobs import KNOBS, TrialConfig, describe
+from autocompile.config.settings import Settings
+from autocompile.config.space import SearchSpace
+from autocompile.study import sidebyside
+from autocompile.study.confirm import (
+    Measure,
+    Slot,
+    _done,
+    confirm_plan,
+    cost_estimate,
+    describe_plan,
+    key_of,
+    neighbours,
+    run_plan,
+    verdict_plan,
+    winner_trial,
+)
+from autocompile.study.objective import Objective
+from autocompile.study.racing import phase_trials, step_time
+from autocompile.study.shared import owner
+from autocompile.study.together import MeasureTogether, cold_of, method, set_method
+
+log = logging.getLogger(__name__)
+
+
+def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
+               measure: Measure, together: MeasureTogether | None = None) -> None:
+    """Confirmation, then verdicts; each plan is logged (configurations, rounds, expected cost) first.
+    ``together`` measures one round side by side (None: fresh-process rounds only)."""
+    s = settings.study
+    if s.confirm_top:
+        plan = confirm_plan(study, objective, s.confirm_top, s.repeats)
+        if plan:
+            side = phase_method(study, "confirm", plan, settings, together) == "side_by_side"
+            log.info(describe_plan("confirmation", plan, cost_estimate(study, plan, settings if side else None), side))
+            together_or_fresh(study, "confirm", plan, settings, measure, together)
+        else:
+            log.info("confirmation phase skipped: fewer than two feasible distinct programs completed in the search "
+                     "(infeasible: loss drift or memory over its limit, see the trial table)")
+    wanted = s.verdict_knobs()
+    winner = winner_trial(study, objective) if wanted != [] else None
+    if winner is None:
+        return
+    plan = verdict_plan(study, winner, space, wanted, s.repeats)
+    if len(plan) <= s.repeats:
+        log.info("verdict phase skipped: no searched knob with a question can change at the winner")
+        return
+    undecided = "method.verdict" not in study.user_attrs
+    if together is not None and s.side_by_side and (undecided or method(study, "verdict")["method"] == "side_by_side") \
+            and verdicts_together(study, winner, space, wanted, settings, measure, together):
+        return
+    log.info(describe_plan(f"verdict (at trial {winner.number}, {winner.user_attrs.get('name', '')})", plan,
+                           cost_estimate(study, plan)))
+    for r in range(s.repeats):  # round by round: a neighbour found identical in round 0 needs no more
+        run_plan(study, [slot for slot in verdict_plan(study, winner, space, wanted, s.repeats) if slot.round == r],
+                 measure)
+
+
+def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
+                      settings: Settings, measure: Measure, together: MeasureTogether) -> bool:
+    """The verdict phase side by side: each neighbour once alone and cold (compile time, memory, program;
+    "identical program" stops it there), then the winner and the rest in side-by-side rounds. False when
+    they cannot share a process (the caller runs fresh-process rounds)."""
+    if "method.verdict" not in study.user_attrs:
+        set_method(study, "verdict", "side_by_side")
+    winner_fp = winner.user_attrs["result"].get("fingerprint")
+    found = neighbours(winner, space, wanted)
+    cold = [Slot("verdict", -1, f"{key}={value}", space.params(config.flat()), {
+        "knob": key, "value": value, "reference": winner.user_attrs["config"].get(key, KNOBS[key][1]),
+        "name": describe(config, space.env), "same_as": winner_fp, "same_as_trial": winner.number, "cold_run": True})
+        for key, value, config in found]
+    log.info("verdict phase (at trial %d, %s): %d neighbours once alone (cold), then side by side with the winner "
+             "in %d fresh processes", winner.number, winner.user_attrs.get("name", ""), len(cold),
+             settings.study.repeats)
+    run_plan(study, cold, measure)
+    firsts = {t.user_attrs["label"]: t for t in phase_trials(study, "verdict") if t.user_attrs["round"] == -1}
+    members = [Slot("verdict", 0, "winner", winner.params, {
+        "candidate": winner.number, "name": winner.user_attrs.get("name", ""),
+        "compile_s_cold": winner.user_attrs["result"]["compile_s"], "cold_trial": winner.number})]
+    members += [Slot("verdict", 0, slot.label, slot.params, {k: slot.attrs[k] for k in ("knob", "value", "reference",
+                                                                                         "name")}
+                     | {"cold_trial": firsts[slot.label].number}) for slot in cold
+                if slot.label in firsts and step_time(firsts[slot.label]) is not None]
+    if len(members) < 2:
+        return True  # every neighbour is the winner's program or failed: the verdicts say so
+    plan = [Slot("verdict", r, m.label, m.params, dict(m.attrs))
+            for r in range(settings.study.repeats) for m in members]
+    why = sidebyside.cannot_share([sidebyside.Member(m.label, TrialConfig.from_flat(
+        study.trials[m.attrs["cold_trial"]].user_attrs["config"], settings.env, strict=False),
+        cold_of(study.trials[m.attrs["cold_trial"]])) for m in members], settings) or run_together(
+        study, plan, measure, together)
+    if why:
+        set_method(study, "verdict", "fresh_processes", why)
+        return False
+    return True
+
+
+def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, together: MeasureTogether) -> str | None:
+    """Each round of ``plan`` in one side-by-side process (a resumed study skips the rounds it has).
+    Returns why the candidates could not share a process, or None."""
+    for r in sorted({slot.round for slot in plan}):
+        slots = [slot for slot in plan if slot.round == r and not _done(study, slot.key())]
+        if not slots:
+            continue
+        keys = {slot.key() for slot in slots}
+        waiting = {key_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+        for slot in slots:
+            if slot.key() not in waiting:
+                study.enqueue_trial(slot.params, user_attrs={"phase": slot.phase, "round": slot.round,
+                                                             "label": slot.label, **slot.attrs,
+                                                             "method": "side_by_side"})
+        trials: dict[tuple[str, int, str], optuna.Trial] = {}
+        while len(trials) < len(keys):
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
+                trial = study.ask()
+            trial.set_user_attr("owner", owner())
+            key = (trial.user_attrs.get("phase"), trial.user_attrs.get("round"), trial.user_attrs.get("label"))
+            if key in keys and trial.user_attrs.get("method") == "side_by_side":
+                trials[key] = trial
+            else:
+                measure(trial)  # another queued trial (one an interruption queued again): measured alone
+        why = together([trials[slot.key()] for slot in slots])
+        if why:
+            return why
+    return None
+
+
+def together_or_fresh(study: optuna.Study, phase: str, plan: list[Slot], settings: Settings, measure: Measure,
+                      together: MeasureTogether | None) -> None:
+    """``plan`` side by side when its candidates can share a process, else in fresh-process rounds."""
+    if phase_method(study, phase, plan, settings, together) == "side_by_side":
+        side = [Slot(s.phase, s.round, s.label, s.params, {**s.attrs, "method": "side_by_side"}) for s in plan]
+        why = run_together(study, side, measure, together)  # type: ignore[arg-type]
+        if why is None:
+            return
+        set_method(study, phase, "fresh_processes", why)
+    run_plan(study, plan, measure)
+
+
+def phase_method(study: optuna.Study, phase: str, plan: list[Slot], settings: Settings,
+                 together: MeasureTogether | None) -> str:
+    """Decided once per phase and kept in the study, so a resumed phase goes on the same way."""
+    if f"method.{phase}" not in study.user_attrs:
+        if together is None or not settings.study.side_by_side:
+            set_method(study, phase, "fresh_processes", "study.side_by_side=false")
+        else:
+            members = {s.label: s for s in plan}.values()
+            why = sidebyside.cannot_share([sidebyside.Member(s.label, TrialConfig.from_flat(
+                study.trials[s.attrs["cold_trial"]].user_attrs["config"], settings.env, strict=False),
+                cold_of(study.trials[s.attrs["cold_trial"]])) for s in members], settings)
+            set_method(study, phase, "fresh_processes" if why else "side_by_side", why or "")
+    return method(study, phase)["method"]

@@ -1,0 +1,121 @@
+"""Run candidates side by side: fresh processes that each time every candidate in rotating windows.
+
+The tuner-side half of :mod:`autocompile.trial.sidebyside`: which candidates may share a process, the
+spec of each process (build and window order rotated per process), and the paired intervals of every
+candidate against one of them (:mod:`autocompile.study.intervals`). Used by ``task=compare`` and by
+the confirmation and verdict phases.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autocompile.config.knobs import TrialConfig
+from autocompile.config.settings import Settings
+from autocompile.config.spec import SideBySideSpec
+from autocompile.study.intervals import Paired, paired_windows
+from autocompile.trial.launcher import Agents, Resources, launch
+
+log = logging.getLogger(__name__)
+
+MEMORY_SHARE = 0.8
+"""Candidates share a process when their cold peaks together stay under this share of what is free."""
+
+
+@dataclass
+class Member:
+    """A candidate of a side-by-side process."""
+
+    label: str
+    config: TrialConfig
+    cold: dict[str, Any]
+    """Its cold single-candidate trial's result: fingerprint, compile artifacts, peak memory, compile time."""
+
+
+def cannot_share(members: list[Member], settings: Settings) -> str | None:
+    """Why these candidates cannot share one process (None: they can).
+
+    Found by test on CPU (tests/test_sidebyside.py): every knob of the CPU space scopes to its own
+    candidate, and the fingerprint check catches any that does not. Not testable without a GPU: CUDA
+    graph trees (one memory pool per device, shared by every recorded graph), so those fall back."""
+    if settings.device == "cuda":
+        from autocompile.trial.step import compile_kwargs, uses_cuda_graphs
+
+        graphs = [m.label for m in members if m.config.compile.scope != "none"
+                  and uses_cuda_graphs(compile_kwargs(m.config.compile))]
+        if graphs:
+            return (f"{', '.join(graphs)} record CUDA graphs, whose trees share one memory pool per device "
+                    "(untested side by side)")
+    need = sum(float(m.cold.get("peak_memory_bytes") or 0) for m in members)
+    free = _free_memory(settings.device)
+    if free and need > MEMORY_SHARE * free:
+        return (f"the candidates' peak memory together ({need / 2**30:.1f} GiB) does not fit "
+                f"({free / 2**30:.1f} GiB free)")
+    return None
+
+
+def _free_memory(device: str) -> float:
+    if device == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info()
+        return float(free)
+    import psutil
+
+    # CPU peaks are process RSS, torch's own ~0.5 GiB counted once per candidate: an overestimate.
+    return float(psutil.virtual_memory().available)
+
+
+def spec_for(members: list[Member], settings: Settings, shift: int, threads: int | None = None) -> SideBySideSpec:
+    c = settings.compare
+    return SideBySideSpec(
+        candidates=[settings.trial_spec(m.config, threads) for m in members], labels=[m.label for m in members],
+        expected=[m.cold.get("fingerprint") for m in members],
+        artifacts=[(m.cold.get("compile_artifacts") or {}).get("path") for m in members],
+        window_steps=c.window_steps, min_rounds=c.min_rounds, precision=c.precision, max_timed_s=c.max_timed_s,
+        settle_steps=c.settle_steps, shift=shift, timeout_s=settings.measure.timeout_s)
+
+
+def run_process(out_dir: Path, members: list[Member], settings: Settings, shift: int,
+                resources: Resources | None = None, agents: Agents | None = None) -> dict[str, Any]:
+    """One fresh process timing every member; its ``result.json`` (``candidates`` in members' order)."""
+    resources, agents = resources or Resources(), agents or Agents()
+    spec = spec_for(members, settings, shift, settings.slot_threads(resources))
+    log.info("side by side, process %d: %s", shift, ", ".join(m.label for m in members))
+    return launch(out_dir, spec, resources=resources, agents=agents)
+
+
+def windows(results: list[dict[str, Any]]) -> dict[str, dict[int, list[float]]]:
+    """label -> process -> window step times, from each process's result."""
+    found: dict[str, dict[int, list[float]]] = {}
+    for p, result in enumerate(results):
+        for c in result.get("candidates", []):
+            if c.get("status") == "ok" and c.get("step_s_windows"):
+                found.setdefault(c["label"], {})[p] = c["step_s_windows"]
+    return found
+
+
+def not_shared(results: list[dict[str, Any]]) -> str | None:
+    """A process or candidate that failed beside the others (the reason), or None."""
+    for p, result in enumerate(results):
+        if result.get("status") != "ok":
+            return f"process {p} failed: {result.get('failure')}: {result.get('reason', '')[:200]}"
+        for c in result["candidates"]:
+            if c.get("status") != "ok":
+                return f"{c['label']} failed beside the others ({c.get('failure')}: {c.get('reason', '')[:200]})"
+    return None
+
+
+def step_s(per_process: dict[int, list[float]]) -> float:
+    """A candidate's step time: the mean over processes of each process's geometric mean window."""
+    return statistics.fmean(math.exp(statistics.fmean(map(math.log, w))) for w in per_process.values())
+
+
+def against(base: dict[int, list[float]], other: dict[int, list[float]]) -> Paired | None:
+    """``other / base`` of step time, paired window by window within each process."""
+    return paired_windows(base, other)

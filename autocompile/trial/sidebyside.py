@@ -1,0 +1,263 @@
+"""Several configurations timed side by side in one process: ``python -m autocompile.trial.sidebyside DIR``.
+
+Two fresh processes of one program differ by 4-20 % on a 2-core VM, while two windows of one
+process differ by 2-4 %; comparing candidates across processes carries the first noise twice. Here
+every candidate gets its own model built from the same seed (identical weights and batches), its
+own configuration applied, and its own warm-up (from its cold trial's compile artifacts where it has
+them); each is checked to run exactly its own program (per-unit checks, coverage, and the
+fingerprint of its cold trial). Then windows are timed in rotating order (A B C, B C A, C A B, ...):
+each round's windows see the same machine, neighbours and drift, so the log-ratio of two
+candidates' window step times within a round is paired. Timing stops once every candidate's
+interval against the fastest reaches ``precision`` inside this process, or at ``max_timed_s``.
+The tuner runs a few such processes (rotating the build order too) and puts a random effect per
+process into the interval (:mod:`autocompile.study.intervals`).
+
+What a knob sets for the whole process is scoped to its candidate: ``optimize_ddp`` is patched
+around that candidate's build, warm-up and windows. Compile time and peak memory are not measured
+here (candidates share the process and a warm cache): they come from each candidate's cold trial.
+Torch only, like the trial worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autocompile.config.knobs import Env, TrialConfig
+from autocompile.config.spec import SideBySideSpec, write_json_atomic
+from autocompile.trial.build import Built, build_candidate, check_finite, warm_up, warmup_steps, window_steps
+from autocompile.trial.stats import t975
+from autocompile.trial.warmstart import load_artifacts
+from autocompile.trial.worker import WORKER_START, classify, environment, exit_now
+
+log = logging.getLogger("autocompile.trial.sidebyside")
+LOSSES_KEPT = 64
+"""Per-step losses kept per candidate (the numerics check reads the first few dozen)."""
+
+
+class NotSameProgram(RuntimeError):
+    """Beside the others, a candidate compiled another program than in its own process."""
+
+
+def rotate(items: list[Any], r: int) -> list[Any]:
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+class SideBySide:
+    def __init__(self, spec: SideBySideSpec, out_dir: Path, rank: int) -> None:
+        self.spec = spec
+        self.out_dir = out_dir
+        self.rank = rank
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.device = torch.device(spec.device)
+        self.timeline: dict[str, float] = {"worker_start": WORKER_START}
+
+    def progress(self, event: str, **data: Any) -> None:
+        if self.rank == 0:
+            import json
+
+            with open(self.out_dir / "progress.jsonl", "a") as f:
+                f.write(json.dumps({"event": event, "time": time.time(), **data}) + "\n")
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    @contextmanager
+    def scoped(self, built: Built) -> Iterator[None]:
+        """The process-global settings this candidate's configuration needs, for its calls only."""
+        with torch._dynamo.config.patch(**built.step.settings):
+            yield
+
+    def run(self) -> dict[str, Any]:
+        spec = self.spec
+        torch.set_num_threads(spec.threads)
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        if self.world_size > 1:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        first = spec.candidates[0]
+        env = Env.detect(self.device.type, self.world_size, first.workload.shapes_vary)
+        outcome: dict[int, dict[str, Any]] = {}
+        alive: dict[int, Built] = {}
+        order = rotate(list(range(len(spec.candidates))), spec.shift)
+        for i in order:  # built and warmed up one after the other: each compile is attributed to its candidate
+            label = spec.labels[i]
+            self.progress("candidate_start", candidate=i, label=label)
+            try:
+                alive[i] = self.prepare(i, env)
+                outcome[i] = {"status": "ok", **alive[i].program, "compiled": alive[i].step.compiled,
+                              "warm_s": alive[i].warm_s}
+            except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is data; the others go on
+                outcome[i] = {"status": "failed", **classify(exc)}
+                log.warning("candidate %s: %s", label, outcome[i]["reason"])
+            self.progress("candidate_ready", candidate=i, label=label, status=outcome[i]["status"])
+        self.timeline["warmup_done"] = time.time()
+        windows = self.time_rounds(alive, outcome)
+        self.timeline["timed_done"] = time.time()
+        for i, built in alive.items():
+            if outcome[i]["status"] == "ok":
+                outcome[i]["step_s_windows"] = windows[i]
+                outcome[i]["step_s"] = math.exp(statistics.fmean(math.log(s) for s in windows[i] if s > 0)) \
+                    if windows[i] else None
+                outcome[i]["losses"] = [float(x) for x in torch.stack(built.losses[:LOSSES_KEPT]).float().tolist()]
+        from autocompile.workload.data import item_unit
+
+        inputs, _ = next(iter(alive.values())).data(0) if alive else (None, None)
+        return {
+            "status": "ok",
+            "candidates": [{"label": spec.labels[i], **outcome[i]} for i in range(len(spec.candidates))],
+            "order": order,
+            "rounds": max((len(w) for w in windows.values()), default=0),
+            "window_steps": self.window_steps,
+            "throughput_unit": item_unit(inputs) if inputs is not None else "tokens",
+            "timeline": self.timeline,
+            "environment": environment(self.device, self.rank, spec.threads),
+        }
+
+    def prepare(self, i: int, env: Env) -> Built:
+        """Build, warm up and check candidate ``i``; raise when it does not run its own program."""
+        spec = self.spec
+        cand = spec.candidates[i]
+        if spec.artifacts[i]:
+            load_artifacts(spec.artifacts[i])
+        config = TrialConfig.from_flat(cand.knobs, env)
+        built = build_candidate(cand, config, self.device, self.rank, self.world_size)
+        with self.scoped(built):
+            warm_up(built, warmup_steps(cand), self.sync, lambda *a, **k: None)
+        expected = spec.expected[i]
+        if expected and built.program["fingerprint"] != expected:
+            raise NotSameProgram(f"compiled program {built.program['fingerprint']} beside the other candidates, "
+                                 f"{expected} in its own process: it cannot share a process with them")
+        return built
+
+    @property
+    def window_steps(self) -> int:
+        return window_steps(self.spec.candidates[0], self.spec.window_steps)
+
+    def time_rounds(self, alive: dict[int, Built], outcome: dict[int, dict[str, Any]]) -> dict[int, list[float]]:
+        """Windows in rotating order until the stopping rule. A round in which anything compiled is
+        dropped for every candidate (rounds stay aligned); a candidate that compiles in two rounds fails
+        as ``compile_in_timed_part``."""
+        from torch._dynamo.utils import counters
+
+        spec = self.spec
+        n = self.window_steps
+        windows: dict[int, list[float]] = {i: [] for i in alive if outcome[i]["status"] == "ok"}
+        recompiled: dict[int, int] = dict.fromkeys(windows, 0)
+        timed = 0.0
+        r = 0
+        while self.more_rounds(windows, timed):
+            members = [i for i in rotate(sorted(windows), r + spec.shift) if outcome[i]["status"] == "ok"]
+            if len(members) < 2:
+                break
+            this_round: dict[int, float] = {}
+            compiled_now = False
+            for i in members:
+                built = alive[i]
+                with self.scoped(built):
+                    built.run(spec.settle_steps, self.sync)
+                    frames = counters["frames"]["total"]
+                    t0 = time.perf_counter()
+                    built.run(n, self.sync)
+                    seconds = time.perf_counter() - t0
+                check_finite(built.losses[-n:], built.steps_done)
+                timed += seconds
+                this_round[i] = seconds / n
+                if counters["frames"]["total"] != frames:
+                    compiled_now = True
+                    recompiled[i] += 1
+                    if recompiled[i] > 1:
+                        outcome[i] = {"status": "failed", "failure": "compile_in_timed_part",
+                                      "reason": "frames compiled while timing, in two rounds: no steady state"}
+            if not compiled_now:
+                for i, step_s in self.reduce_max(this_round).items():
+                    windows[i].append(step_s)
+            self.progress("round", round=r, step_s={spec.labels[i]: s for i, s in this_round.items()})
+            r += 1
+        return {i: w for i, w in windows.items() if outcome[i]["status"] == "ok"}
+
+    def more_rounds(self, windows: dict[int, list[float]], timed: float) -> bool:
+        """Rank 0 decides for every rank (the steps of DDP candidates are collective)."""
+        spec = self.spec
+        ok = [w for w in windows.values() if w]
+        rounds = min((len(w) for w in ok), default=0)
+        if rounds < spec.min_rounds:
+            more = timed < spec.max_timed_s * 3  # dropped rounds may delay the minimum; never forever
+        elif timed >= spec.max_timed_s:
+            more = False
+        else:
+            more = worst_half_width(list(windows.values())) > spec.precision
+        if self.world_size == 1:
+            return more
+        flag = torch.tensor([float(more)], device=self.device if self.device.type == "cuda" else "cpu")
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def reduce_max(self, values: dict[int, float]) -> dict[int, float]:
+        """The slowest rank sets the pace of a synchronous job."""
+        if self.world_size == 1:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64,
+                         device=self.device if self.device.type == "cuda" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return dict(zip(keys, t.tolist(), strict=True))
+
+
+def worst_half_width(windows: list[list[float]]) -> float:
+    """The widest 95% half-width (of the mean log-ratio, about relative) of any candidate against the
+    fastest, over the rounds they share."""
+    series = [w for w in windows if w]
+    if len(series) < 2:
+        return 0.0
+    n = min(len(w) for w in series)
+    if n < 2:
+        return math.inf
+    logs = [[math.log(s) for s in w[:n]] for w in series]
+    leader = min(logs, key=statistics.fmean)
+    return max(t975(n - 1) * statistics.stdev(a - b for a, b in zip(other, leader, strict=True)) / math.sqrt(n)
+               for other in logs if other is not leader)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m autocompile.trial.sidebyside DIR", file=sys.stderr)
+        return 2
+    out_dir = Path(argv[0])
+    rank = int(os.environ.get("RANK", 0))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        result = SideBySide(SideBySideSpec.read(out_dir), out_dir, rank).run()
+    except BaseException as exc:
+        failure = {"status": "failed", **classify(exc), "rank": rank}
+        log.error("side-by-side comparison failed: %s", failure["reason"], exc_info=True)
+        write_json_atomic(out_dir / ("result.json" if rank == 0 else f"error.rank{rank}.json"), failure)
+        logging.shutdown()
+        os._exit(1)
+    if rank == 0:
+        write_json_atomic(out_dir / "result.json", result)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    exit_now(main())

@@ -1,0 +1,58 @@
+"""``task=compare``: the head-to-head a user asks for, end to end from the command line on the sleeping
+test model (bfloat16 autocast makes every block sleep 20x longer: certainly slower)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+
+def compare_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autocompile", "+model=custom", "model._target_=tests.models.tiny_lm",
+         "model.vocab_size=64", "workload.batch_size=2", "workload.seq_len=[16]", "workload.device=cpu",
+         "workload.threads=1", "measure.windows=2", "measure.window_steps=2", "measure.warmup_steps=2",
+         "measure.max_timed_s=0.5", "+workload.optimizer.foreach=false", "task=compare", "compare.processes=2",
+         "compare.min_rounds=4", "compare.max_timed_s=0.5", "compare.window_steps=2", f"output_root={tmp_path}",
+         *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_compare_prints_the_pair_and_writes_compare_json(tmp_path: Path) -> None:
+    done = compare_cli(tmp_path, "+model.block_sleep_s=0.001",
+                       'compare.candidates=["compile.scope=none","compile.scope=none amp.dtype=bfloat16",'
+                       '"compile.scope=none"]')
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = tmp_path.glob("*/compare.json")
+    report = json.loads(path.read_text())
+    assert report["method"] == "side_by_side" and report["processes"] == 2
+    assert [c["label"] for c in report["candidates"]] == [
+        "0: compile.scope=none", "1: compile.scope=none amp.dtype=bfloat16", "2: compile.scope=none"]
+    assert len(list(path.parent.glob("compare/*/cold*"))) == 2  # the A/A pair had one cold run
+    slower, same = report["pairs"]
+    assert (slower["a"], slower["b"]) == (0, 1) and slower["low"] > 1.0 and "measurably slower" in slower["verdict"]
+    assert same["step"]["processes"] == 2 and same["step"]["rounds"] >= 8
+    assert all(c["step_s"] and c["compile_s"] is not None for c in report["candidates"])
+    assert "side by side in 2 fresh processes" in done.stdout and "measurably slower" in done.stdout
+
+
+def test_candidates_that_cannot_share_a_process_are_compared_in_fresh_processes(tmp_path: Path) -> None:
+    done = compare_cli(tmp_path, "+model.behaviour=alone",
+                       'compare.candidates=["compile.scope=none","compile.scope=none"]')
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(next(tmp_path.glob("*/compare.json")).read_text())
+    assert report["method"] == "fresh_processes"
+    assert "one instance per process" in report["why"]
+    assert report["pairs"][0]["step"]["basis"] == "fresh-process rounds"
+    assert "not side by side" in done.stdout
+
+
+def test_a_bad_candidate_fails_in_one_line_before_anything_runs(tmp_path: Path) -> None:
+    done = compare_cli(tmp_path, 'compare.candidates=["compile.scope=none","compile.mode=fastest"]')
+    assert done.returncode == 2
+    assert "compare.candidates 'compile.mode=fastest'" in done.stderr and not list(tmp_path.iterdir())
+    done = compare_cli(tmp_path, 'compare.candidates=["compile.scope=none"]')
+    assert done.returncode == 2 and "needs two or more compare.candidates" in done.stderr

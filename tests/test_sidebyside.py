@@ -1,0 +1,135 @@
+"""Candidates timed side by side in one process: each runs its own program, windows are paired within
+rounds, the interval widens when processes disagree, and what cannot share a process falls back."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from autocompile.config.knobs import Env
+from autocompile.config.settings import ObjectiveSettings
+from autocompile.config.spec import SideBySideSpec
+from autocompile.study.intervals import break_even, paired_windows, time_to_train
+from autocompile.study.objective import Objective
+from autocompile.study.racing import confirmed, study_noise
+from autocompile.trial.launcher import launch
+from tests.conftest import make_spec, tiny_lm
+
+EAGER = {"compile.scope": "none"}
+MODULE = {"compile.scope": "module", "compile.backend": "aot_eager"}
+REGIONAL = {"compile.scope": "regional", "compile.backend": "aot_eager"}
+
+
+def side_by_side(tmp_path: Path, knobs: list[dict], *, model=None, expected=None, **kw) -> dict:
+    model = model or tiny_lm()
+    spec = SideBySideSpec([make_spec(k, model=model) for k in knobs], [f"c{i}" for i in range(len(knobs))],
+                          expected=expected or [], min_rounds=kw.pop("min_rounds", 4),
+                          max_timed_s=kw.pop("max_timed_s", 1.0), window_steps=kw.pop("window_steps", 2), **kw)
+    return launch(tmp_path / "sbs", spec)
+
+
+def test_each_candidate_runs_its_own_program_with_identical_weights_and_rounds_stay_aligned(tmp_path: Path) -> None:
+    alone = {name: launch(tmp_path / name, make_spec(k, model=tiny_lm()))
+             for name, k in (("module", MODULE), ("regional", REGIONAL))}
+    result = side_by_side(tmp_path, [EAGER, MODULE, REGIONAL],
+                          expected=[None, alone["module"]["fingerprint"], alone["regional"]["fingerprint"]])
+    assert result["status"] == "ok", result
+    eager, module, regional = result["candidates"]
+    assert [c["status"] for c in result["candidates"]] == ["ok"] * 3, result["candidates"]
+    # Beside the others each compiled exactly what it compiles alone (the check would fail it otherwise).
+    assert module["fingerprint"] == alone["module"]["fingerprint"]
+    assert regional["fingerprint"] == alone["regional"]["fingerprint"]
+    assert module["compiled"] == ["model"] and "blocks.0" in regional["compiled"] and eager["compiled"] == []
+    assert module["coverage"] == 1.0 and regional["coverage"] == 1.0
+    # One window per candidate per round: the rounds pair.
+    counts = {len(c["step_s_windows"]) for c in result["candidates"]}
+    assert len(counts) == 1 and counts.pop() >= 4
+    # Same seed, same batches: the three programs train identically (the eager step is the reference).
+    for c in (module, regional):
+        assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(c["losses"], eager["losses"], strict=True))
+
+
+def test_a_candidate_that_compiles_another_program_beside_the_others_fails_saying_so(tmp_path: Path) -> None:
+    result = side_by_side(tmp_path, [EAGER, MODULE], expected=[None, "0123456789abcdef"])
+    eager, module = result["candidates"]
+    assert eager["status"] == "ok" and module["status"] == "failed"
+    assert module["failure"] == "not_same_program" and "0123456789abcdef" in module["reason"]
+
+
+def test_pairing_tells_a_certainly_slower_candidate_apart(tmp_path: Path) -> None:
+    # The sleeping model sleeps 20x longer per block under autocast: certainly slower.
+    model = tiny_lm()
+    model.kwargs["block_sleep_s"] = 0.001
+    result = side_by_side(tmp_path, [EAGER, {**EAGER, "amp.dtype": "bfloat16"}], model=model)
+    fast, slow = (c["step_s_windows"] for c in result["candidates"])
+    ratio = paired_windows({0: fast}, {0: slow})
+    assert ratio is not None and ratio.low is not None and ratio.low > 1.0  # more than twice as slow
+    assert ratio.basis == "one process" and ratio.processes == 1
+
+
+def test_processes_that_disagree_widen_the_interval() -> None:
+    rng = random.Random(0)
+
+    def windows(offset: float) -> list[float]:
+        return [math.exp(offset + rng.gauss(0, 0.01)) for _ in range(30)]
+
+    base = {p: windows(0.0) for p in range(4)}
+    agree = paired_windows(base, {p: windows(0.02) for p in range(4)})
+    # The same mean effect, but each process favours the candidate differently (+-4%).
+    disagree = paired_windows(base, {p: windows(0.02 + s) for p, s in enumerate((-0.04, 0.04, -0.04, 0.04))})
+    assert agree is not None and disagree is not None
+    assert agree.basis == "windows pooled" and disagree.basis == "process means"
+    assert agree.low > 0  # 2% is measurable when the processes agree
+    assert (disagree.high - disagree.low) > 4 * (agree.high - agree.low)
+    assert disagree.low < 0 < disagree.high  # and not when they disagree by more than that
+
+
+def test_time_to_train_carries_the_cold_compile_spread_and_break_even_is_stated() -> None:
+    step = paired_windows({0: [0.010] * 10 + [0.0101] * 10}, {0: [0.0097] * 10 + [0.0098] * 10})
+    assert step is not None and step.high < 0
+    # A faster step with a longer compile: the time to train over a short horizon is uncertain.
+    short = time_to_train(step, (0.010, 2.0), (0.0097, 20.0), horizon=1000, compile_cv=0.15)
+    long = time_to_train(step, (0.010, 2.0), (0.0097, 20.0), horizon=1_000_000, compile_cv=0.15)
+    assert short.change > 0 and long.change < 0  # 18 s more compile pays back only over a long job
+    assert (short.high - short.low) > (long.high - long.low)
+    text = break_even(step, (0.010, 2.0), (0.0097, 20.0))
+    assert text is not None and "pays back after about" in text
+    assert break_even(step, (0.010, 20.0), (0.0097, 2.0)) is None  # faster and compiles sooner: nothing to pay
+
+
+def sbs_study(windows: dict[str, list[list[float]]]) -> optuna.Study:
+    """A study whose confirmation phase ran side by side: per label, its windows in each process."""
+    study = optuna.create_study(directions=["minimize"])
+    study.set_user_attr("method.confirm", {"method": "side_by_side", "why": ""})
+    configs = {"eager": {"compile.scope": "none"}, "compile": {"compile.scope": "module"}}
+    for number, (label, per_process) in enumerate(windows.items()):
+        for r, w in enumerate(per_process):
+            step = math.exp(statistics.fmean(map(math.log, w)))
+            study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[step], user_attrs={
+                "phase": "confirm", "round": r, "label": f"#{number}", "method": "side_by_side",
+                "result": {"status": "ok", "step_s": step, "step_s_windows": w, "compile_s": 0.0},
+                "identity": label, "constraints": {}, "candidate": number, "config": configs[label], "name": label,
+                "baseline": label, "compile_s_cold": 0.0}))
+    return study
+
+
+def test_a_confirmation_side_by_side_pairs_windows_and_its_noise_floor_pools_only_repeats() -> None:
+    rng = random.Random(1)
+
+    def process(level: float, step: float) -> list[float]:  # one process: its own speed, window noise 2%
+        return [step * level * math.exp(rng.gauss(0, 0.02)) for _ in range(40)]
+
+    levels = [1.0, 1.15, 0.9]  # processes differ by 15%, which pairing cancels
+    study = sbs_study({"eager": [process(v, 0.0103) for v in levels], "compile": [process(v, 0.0100) for v in levels]})
+    outcome = confirmed(study, Objective(ObjectiveSettings(kind="throughput")))
+    gain = outcome["gains"]["eager"]["step"]  # the winner (compile) against eager
+    assert outcome["method"]["method"] == "side_by_side" and gain["processes"] == 3 and gain["rounds"] == 120
+    assert gain["high"] - gain["low"] < 0.03  # a 3% effect, measured to about +-1% despite 15% between processes
+    noise = study_noise(study, Env.detect("cpu", 1, False))
+    assert noise is not None and noise.df == 4 and noise.rel_sd > 0.05  # across processes: the 15%, as it is
+    assert "side by side" in noise.source and "reference is not pooled" in noise.source
