@@ -22,9 +22,11 @@ class CompareSettings:
     candidates: list[str] = field(default_factory=list)
     """``task=compare``: one string of space-separated knob overrides per candidate; the first is the one
     every other is compared against. ``["compile.scope=none", "compile.scope=module"]``."""
-    processes: int = 3
-    """Fresh processes per comparison (build and window order rotated in each): differences between
-    processes widen the interval, so they are measured, not assumed away."""
+    processes: int = 5
+    """Fresh processes per comparison, in ``task=compare`` and in the study's phases (build and window
+    order rotated in each): differences between processes widen the interval, so they are measured, not
+    assumed away. They dominate once a process has timed a few dozen windows, so more, shorter processes
+    narrow the interval more than longer ones (gpt2-tiny on 2 cores: processes disagree by about 1.4%)."""
     window_steps: int = 10
     """Steps per timed window."""
     min_rounds: int = 12
@@ -32,7 +34,7 @@ class CompareSettings:
     precision: float = 0.01
     """A process stops once every candidate's paired 95% interval against the fastest is within this
     fraction inside it (0.01 = +-1%) ..."""
-    max_timed_s: float = 20.0
+    max_timed_s: float = 10.0
     """... or once this many seconds of windows were timed in it."""
     settle_steps: int = 1
     """Untimed steps of a candidate before each of its windows (the switch between programs is not timed)."""

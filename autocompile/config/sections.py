@@ -44,9 +44,9 @@ class StudySettings:
     torch.compile(model), ``repeats`` rounds in fresh processes, interleaved; the winner is decided
     on those repeats. 0 = no confirmation (the search's single measurements decide)."""
     repeats: int = 3
-    """Rounds of the confirmation and verdict phases: side by side, the fresh processes that time every
-    candidate in rotating windows (``compare.*`` sets the windows); otherwise each round runs every
-    candidate once in a fresh process of its own. Not counted in n_trials."""
+    """Rounds of the confirmation and verdict phases when they run in fresh processes (each round every
+    candidate once, in a process of its own). Side by side, ``compare.processes`` processes each time
+    every candidate in rotating windows. Not counted in n_trials."""
     side_by_side: bool = True
     """The phases time their candidates side by side in one process (paired windows, far less noise
     than one process per candidate); false, or candidates that cannot share a process, fall back to

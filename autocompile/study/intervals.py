@@ -6,13 +6,14 @@ The model, per pair of candidates ``a`` and ``b``: the log-ratio of their window
 one process favour a candidate more than another does, such as where its memory landed). The
 estimate of ``mu`` is the mean of the process means, so every process weighs alike.
 
-Its interval comes from one of two variance estimates, chosen by a preliminary F test of the process
-effect at level 0.25 (Bancroft's "sometimes pool" rule, which keeps the coverage near 95%):
+Its interval is the wider of two, so it is never narrower than what the processes show:
 
-- processes agree (p >= 0.25): the windows are pooled across processes; Var = sigma_w^2 mean(1/R_p) / P
-  with sum(R_p - 1) degrees of freedom;
-- processes disagree (p < 0.25): the process means are the data; Var = var(means) / P with P - 1
-  degrees of freedom, so the interval widens as the processes disagree.
+- the windows pooled across processes: Var = sigma_w^2 mean(1/R_p) / P with sum(R_p - 1) degrees of
+  freedom (right when processes agree);
+- the process means as the data: Var = var(means) / P with P - 1 degrees of freedom, which widens as
+  the processes disagree (and carries the process effect whatever its size).
+
+An F test of the process effect is reported beside it (``process_p``).
 
 With one process the process effect cannot be seen: the interval is the windows' alone and says so.
 ``exp`` of the interval is the ratio ``b / a`` a user reads ("+3.1 %").
@@ -28,9 +29,6 @@ from dataclasses import dataclass
 from scipy import stats
 
 from autocompile.trial.stats import Ratio
-
-POOLING_LEVEL = 0.25
-"""The F test's level for pooling windows across processes (pool when its p-value is at least this)."""
 
 
 @dataclass(frozen=True)
@@ -74,11 +72,14 @@ def paired_windows(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[fl
         s2_means = statistics.variance(means)
         f = s2_means / (ms_w * inv_r) if ms_w > 0 else math.inf
         p_value = float(stats.f.sf(f, len(groups) - 1, df_w)) if df_w else 0.0
-        if p_value >= POOLING_LEVEL:
-            var, df, basis = ms_w * inv_r / len(groups), df_w, "windows pooled"
-        else:
-            var, df, basis = s2_means / len(groups), len(groups) - 1, "process means"
+        pooled = (ms_w * inv_r / len(groups), df_w, "windows pooled")
+        means_only = (s2_means / len(groups), len(groups) - 1, "process means")
+        var, df, basis = max(pooled, means_only, key=lambda v: _t(v[1]) * math.sqrt(v[0]) if v[1] >= 1 else math.inf)
     return _interval(mu, var, df, rounds, len(groups), basis, p_value)
+
+
+def _t(df: float) -> float:
+    return float(stats.t.ppf(0.975, df))
 
 
 def _interval(mu: float, var: float, df: float, rounds: int, processes: int, basis: str,
@@ -86,7 +87,7 @@ def _interval(mu: float, var: float, df: float, rounds: int, processes: int, bas
     se = math.sqrt(var) if var == var and var >= 0 else math.nan
     if df < 1 or se != se:
         return Paired(math.expm1(mu), None, None, rounds, processes, basis, p_value, 0.0, 0.0)
-    half = float(stats.t.ppf(0.975, df)) * se
+    half = _t(df) * se
     return Paired(math.expm1(mu), math.expm1(mu - half), math.expm1(mu + half), rounds, processes, basis, p_value,
                   se, df)
 

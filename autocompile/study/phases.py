@@ -44,6 +44,8 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
         plan = confirm_plan(study, objective, s.confirm_top, s.repeats)
         if plan:
             side = phase_method(study, "confirm", plan, settings, together) == "side_by_side"
+            if side:  # side by side, a round is a process: compare.processes of them
+                plan = confirm_plan(study, objective, s.confirm_top, settings.compare.processes)
             log.info(describe_plan("confirmation", plan, cost_estimate(study, plan, settings if side else None), side))
             together_or_fresh(study, "confirm", plan, settings, measure, together)
         else:
@@ -83,7 +85,7 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
         for key, value, config in found]
     log.info("verdict phase (at trial %d, %s): %d neighbours once alone (cold), then side by side with the winner "
              "in %d fresh processes", winner.number, winner.user_attrs.get("name", ""), len(cold),
-             settings.study.repeats)
+             settings.compare.processes)
     run_plan(study, cold, measure)
     firsts = {t.user_attrs["label"]: t for t in phase_trials(study, "verdict") if t.user_attrs["round"] == -1}
     members = [Slot("verdict", 0, "winner", winner.params, {
@@ -96,7 +98,7 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
     if len(members) < 2:
         return True  # every neighbour is the winner's program or failed: the verdicts say so
     plan = [Slot("verdict", r, m.label, m.params, dict(m.attrs))
-            for r in range(settings.study.repeats) for m in members]
+            for r in range(settings.compare.processes) for m in members]
     why = sidebyside.cannot_share([sidebyside.Member(m.label, TrialConfig.from_flat(
         study.trials[m.attrs["cold_trial"]].user_attrs["config"], settings.env, strict=False),
         cold_of(study.trials[m.attrs["cold_trial"]])) for m in members], settings) or run_together(

@@ -54,6 +54,7 @@ def set_method(study: optuna.Study, phase: str, name: str, why: str = "") -> Non
 def cold_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """What a member needs of its cold single-candidate run: program, artifacts, peak memory, compile time."""
     result = dict(trial.user_attrs.get("result") or {})
+    result["trial_dir"] = trial.user_attrs.get("trial_dir")
     artifacts = Path(trial.user_attrs.get("trial_dir", "")) / TRIAL_FILE
     if artifacts.is_file():
         result["compile_artifacts"] = {"path": str(artifacts)}
