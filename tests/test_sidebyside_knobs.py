@@ -1,0 +1,77 @@
+"""Which knobs can share a process, found by test: every candidate timed side by side must compile
+exactly the program it compiles alone (its fingerprint), whatever the knobs of its neighbours."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autocompile.config.spec import SideBySideSpec
+from autocompile.trial.launcher import launch
+from tests.conftest import TINY_GPT2, make_spec
+
+AOT = {"compile.backend": "aot_eager"}
+# One candidate per knob value the CPU space offers beside the defaults, all in one process.
+CANDIDATES: list[dict[str, Any]] = [
+    {"compile.scope": "none"},
+    {"compile.scope": "module", **AOT},
+    {"compile.scope": "module", "compile.fullgraph": True, **AOT},
+    {"compile.scope": "module", "compile.optimizer": True, "compile.compiled_autograd": True, **AOT},
+    {"compile.scope": "module", "amp.dtype": "bfloat16", "amp.placement": "inside", **AOT},
+    {"compile.scope": "regional", "ac.policy": "block", **AOT},
+    {"compile.scope": "regional", "compile.granularity": "sublayer", "compile.rest": "eager", **AOT},
+    {"compile.scope": "train_step", "optim.impl": "foreach", **AOT},
+]
+
+
+def fingerprints_alone_and_together(tmp_path: Path, candidates: list[dict[str, Any]]) -> tuple[list, list]:
+    specs = [make_spec(k, model=TINY_GPT2) for k in candidates]
+    alone = [launch(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
+    assert all(r["status"] == "ok" for r in alone), [(r.get("failure"), r.get("reason")) for r in alone]
+    spec = SideBySideSpec(specs, [f"c{i}" for i in range(len(specs))], expected=[r["fingerprint"] for r in alone],
+                          min_rounds=2, max_timed_s=1.0, window_steps=2)
+    together = launch(tmp_path / "together", spec)
+    assert together["status"] == "ok", together
+    return alone, together["candidates"]
+
+
+@pytest.mark.integration
+def test_every_knob_of_the_cpu_space_compiles_its_own_program_beside_the_others(tmp_path: Path) -> None:
+    alone, together = fingerprints_alone_and_together(tmp_path, CANDIDATES)
+    for knobs, a, t in zip(CANDIDATES, alone, together, strict=True):
+        assert t["status"] == "ok", (knobs, t.get("failure"), t.get("reason"))
+        assert t["fingerprint"] == a["fingerprint"], knobs
+        assert t["compiled"] == a["compiled"], knobs
+    assert len({t["fingerprint"] for t in together}) == len(CANDIDATES)  # each a program of its own
+
+
+@pytest.mark.integration
+def test_inductor_modes_and_options_stay_with_their_candidate(tmp_path: Path) -> None:
+    # Inductor's settings are part of every FX-graph cache key: one leaking into a neighbour's compile
+    # would change that neighbour's fingerprint.
+    candidates = [{"compile.scope": "module"},
+                  {"compile.scope": "module", "compile.mode": "max-autotune-no-cudagraphs"},
+                  {"compile.scope": "module", "compile.options.shape_padding": False}]
+    alone, together = fingerprints_alone_and_together(tmp_path, candidates)
+    assert [t["fingerprint"] for t in together] == [a["fingerprint"] for a in alone]
+    assert len({a["fingerprint"] for a in alone}) == 3
+
+
+@pytest.mark.integration
+def test_ddp_reducers_each_run_their_own_program_on_two_ranks(tmp_path: Path) -> None:
+    # optimize_ddp is the one process-global setting a knob sets: patched around each candidate's calls.
+    candidates = [{"compile.scope": "module", "ddp.optimize": "ddp_optimizer", **AOT},
+                  {"compile.scope": "module", "ddp.optimize": "python_reducer", "compile.compiled_autograd": True,
+                   **AOT},
+                  {"compile.scope": "module", "ddp.wrap_order": "compile_of_ddp", **AOT}]
+    specs = [make_spec(k, model=TINY_GPT2, nproc=2) for k in candidates]
+    alone = [launch(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
+    assert all(r["status"] == "ok" for r in alone), [(r.get("failure"), r.get("reason")) for r in alone]
+    spec = SideBySideSpec(specs, ["ddp_optimizer", "python_reducer", "compile_of_ddp"],
+                          expected=[r["fingerprint"] for r in alone], min_rounds=2, max_timed_s=1.0, window_steps=2)
+    together = launch(tmp_path / "together", spec)
+    assert together["status"] == "ok", together
+    assert [c["status"] for c in together["candidates"]] == ["ok"] * 3, together["candidates"]
+    assert len({len(c["step_s_windows"]) for c in together["candidates"]}) == 1  # ranks agreed on every round
