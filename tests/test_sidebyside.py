@@ -133,3 +133,21 @@ def test_a_confirmation_side_by_side_pairs_windows_and_its_noise_floor_pools_onl
     noise = study_noise(study, Env.detect("cpu", 1, False))
     assert noise is not None and noise.df == 4 and noise.rel_sd > 0.05  # across processes: the 15%, as it is
     assert "side by side" in noise.source and "reference is not pooled" in noise.source
+
+
+def test_one_cache_per_process_holds_every_candidates_cold_cache_once(tmp_path: Path) -> None:
+    from autocompile.config.knobs import TrialConfig
+    from autocompile.study.sidebyside import Member, merge_caches
+
+    env = Env.detect("cpu", 1, False)
+    config = TrialConfig.from_flat({}, env)
+    for name, entry in (("a", "fxgraph/ab/key1"), ("b", "fxgraph/cd/key2")):
+        (tmp_path / name / "inductor_cache" / entry).parent.mkdir(parents=True)
+        (tmp_path / name / "inductor_cache" / entry).write_text(name)
+    members = [Member("a", config, {"trial_dir": str(tmp_path / "a")}),
+               Member("a again", config, {"trial_dir": str(tmp_path / "a")}),  # an A/A comparison
+               Member("b", config, {"trial_dir": str(tmp_path / "b")}), Member("eager", config, {})]
+    cache = tmp_path / "process0" / "inductor_cache"
+    assert merge_caches(members, cache) == {"a", "a again", "b"}
+    assert (cache / "fxgraph/ab/key1").read_text() == "a" and (cache / "fxgraph/cd/key2").read_text() == "b"
+    assert (cache / "fxgraph/ab/key1").stat().st_ino == (tmp_path / "a/inductor_cache/fxgraph/ab/key1").stat().st_ino

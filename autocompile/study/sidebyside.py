@@ -100,20 +100,20 @@ def merge_caches(members: list[Member], cache: Path) -> set[str]:
     named by their hash and written by rename, never in place). A warm cache directory makes a warm
     start cheap (gpt2-tiny on 2 cores: about 4 s against 16 s with ``load_cache_artifacts`` alone, whose
     first step still traces and partitions). Returns the labels whose cache was found."""
-    import os
     import shutil
 
     found = set()
     shutil.rmtree(cache, ignore_errors=True)
     cache.mkdir(parents=True)
+    merged: set[Path] = set()
     for m in members:
         src = Path(m.cold.get("trial_dir") or "") / "inductor_cache"
-        if m.cold.get("trial_dir") and src.is_dir():
-            try:
-                shutil.copytree(src, cache, dirs_exist_ok=True, copy_function=os.link)
-            except OSError:  # another file system: copy
-                shutil.copytree(src, cache, dirs_exist_ok=True)
-            found.add(m.label)
+        if not m.cold.get("trial_dir") or not src.is_dir():
+            continue
+        found.add(m.label)
+        if src.resolve() not in merged:  # an A/A comparison names one cold run twice
+            merged.add(src.resolve())
+            shutil.copytree(src, cache, dirs_exist_ok=True, copy_function=_link_or_copy)
     return found
 
 
@@ -146,3 +146,17 @@ def step_s(per_process: dict[int, list[float]]) -> float:
 def against(base: dict[int, list[float]], other: dict[int, list[float]]) -> Paired | None:
     """``other / base`` of step time, paired window by window within each process."""
     return paired_windows(base, other)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard link (another file system: copy); an entry another candidate's cache already holds is the
+    same content (entries are named by their hash): kept."""
+    import os
+    import shutil
+
+    if os.path.exists(dst):
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
