@@ -97,9 +97,12 @@ def test_time_to_train_carries_the_cold_compile_spread_and_break_even_is_stated(
     long = time_to_train(step, (0.010, 2.0), (0.0097, 20.0), horizon=1_000_000, compile_cv=0.15)
     assert short.change > 0 and long.change < 0  # 18 s more compile pays back only over a long job
     assert (short.high - short.low) > (long.high - long.low)
-    text = break_even(step, (0.010, 2.0), (0.0097, 20.0))
-    assert text is not None and "pays back after about" in text
+    text = break_even(step, (0.010, 2.0), (0.0097, 20.0), ("eager", "compiled"))
+    assert text is not None and text.startswith("compiled: steps 3.0% faster, compile +18 s")
+    assert "pays back after" in text
     assert break_even(step, (0.010, 20.0), (0.0097, 2.0)) is None  # faster and compiles sooner: nothing to pay
+    slower = paired_windows({0: [0.0097] * 10 + [0.0098] * 10}, {0: [0.010] * 10 + [0.0101] * 10})
+    assert break_even(slower, (0.0097, 20.0), (0.010, 2.0), ("compiled", "eager")).startswith("compiled: steps")
 
 
 def sbs_study(windows: dict[str, list[list[float]]]) -> optuna.Study:

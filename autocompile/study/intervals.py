@@ -113,14 +113,21 @@ def time_to_train(step: Paired, a: tuple[float, float], b: tuple[float, float], 
     return _interval(mu, var, df, step.rounds, step.processes, step.basis + " + cold compile", step.process_p)
 
 
-def break_even(step: Paired, a: tuple[float, float], b: tuple[float, float]) -> str | None:
-    """When ``b`` has measurably faster steps but a longer compile than ``a``: after how many steps it
-    pays back, with the range the step interval allows."""
+def break_even(step: Paired, a: tuple[float, float], b: tuple[float, float],
+               names: tuple[str, str] = ("a", "b")) -> str | None:
+    """When one side has measurably faster steps but the longer compile: after how many steps it pays
+    back, with the range the step interval allows. ``step`` is ``b / a``; ``a`` and ``b`` are (step
+    seconds, compile seconds)."""
     (sa, ca), (sb, cb) = a, b
-    if step.high is None or step.low is None or not step.high < 0 or cb <= ca:
+    if step.high is None or step.low is None or not step.measurable:
         return None
-    extra = cb - ca
-    steps = extra / (sa - sb) if sa > sb else math.inf
-    few, many = extra / (sa * -step.low), extra / (sa * -step.high)
-    return (f"steps {-step.change:.1%} faster, compile +{extra:.0f} s: at {sa * 1e3:.1f} ms a step it pays back "
-            f"after about {steps:,.0f} steps ({few:,.0f}-{many:,.0f})")
+    if step.high < 0 and cb > ca:  # b steps faster, compiles longer
+        fast, slow_step, extra, gain = names[1], sa, cb - ca, (-step.low, -step.change, -step.high)
+    elif step.low > 0 and ca > cb:  # a steps faster (b / a - 1 > 0), compiles longer
+        fast, slow_step, extra = names[0], sb, ca - cb
+        gain = tuple(1 - 1 / (1 + x) for x in (step.high, step.change, step.low))
+    else:
+        return None
+    most, mid, least = (extra / (slow_step * g) for g in gain)
+    return (f"{fast}: steps {gain[1]:.1%} faster, compile +{extra:.0f} s: at {slow_step * 1e3:.1f} ms a step it "
+            f"pays back after about {mid:,.0f} steps ({most:,.0f}-{least:,.0f})")

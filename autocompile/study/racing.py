@@ -234,7 +234,8 @@ def verdicts(study: Study) -> list[Effect]:
             how = f"paired windows side by side in {ratio.processes} processes ({ratio.basis})"
             mine = statistics.fmean(steps.values())
             theirs = statistics.fmean(winner[r] for r in steps if r in winner) if steps.keys() & winner.keys() else 0
-            pays = break_even(ratio, (theirs, cold), (mine, result["compile_s"])) if theirs else None
+            pays = break_even(ratio, (theirs, cold), (mine, result["compile_s"]), ("the winner", str(value))) \
+                if theirs else None
         effects.append(Effect(key, question, ref, value, ratio.change, half, result["compile_s"] - cold,
                               ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high, how=how,
                               pays_back=pays or ""))
