@@ -24,11 +24,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scipy import stats
 
-from autocompile.trial.stats import Ratio
+from autocompile.trial.stats import Ratio, clean_rounds
 
 
 @dataclass(frozen=True)
@@ -43,19 +43,23 @@ class Paired(Ratio):
     log_se: float = 0.0
     """Standard error of the mean log-ratio, and its degrees of freedom (for combining with compile time)."""
     df: float = 0.0
+    dropped: int = 0
+    """Rounds left out because a window of either side stalled (``trial.stats.STALL``)."""
 
     def as_dict(self) -> dict[str, float | int | bool | str | None]:
         return {**super().as_dict(), "processes": self.processes, "basis": self.basis, "process_p": self.process_p,
-                "log_se": self.log_se, "df": self.df}
+                "log_se": self.log_se, "df": self.df, "dropped": self.dropped}
 
 
 def paired_windows(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[float]]) -> Paired | None:
     """``b / a`` from window step times per process (process -> windows, aligned by round); None when no
     process timed both."""
     groups = []
+    dropped = 0
     for p in sorted(a.keys() & b.keys()):
-        n = min(len(a[p]), len(b[p]))
-        logs = [math.log(y / x) for x, y in zip(a[p][:n], b[p][:n], strict=True) if x > 0 and y > 0]
+        rounds = clean_rounds(a[p], b[p])  # a stalled window says nothing about either program
+        dropped += min(len(a[p]), len(b[p])) - len(rounds)
+        logs = [math.log(b[p][r] / a[p][r]) for r in rounds if a[p][r] > 0 and b[p][r] > 0]
         if logs:
             groups.append(logs)
     if not groups:
@@ -75,7 +79,7 @@ def paired_windows(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[fl
         pooled = (ms_w * inv_r / len(groups), df_w, "windows pooled")
         means_only = (s2_means / len(groups), len(groups) - 1, "process means")
         var, df, basis = max(pooled, means_only, key=lambda v: _t(v[1]) * math.sqrt(v[0]) if v[1] >= 1 else math.inf)
-    return _interval(mu, var, df, rounds, len(groups), basis, p_value)
+    return replace(_interval(mu, var, df, rounds, len(groups), basis, p_value), dropped=dropped)
 
 
 def _t(df: float) -> float:

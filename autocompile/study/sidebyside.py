@@ -20,6 +20,7 @@ from autocompile.config.settings import Settings
 from autocompile.config.spec import SideBySideSpec
 from autocompile.study.intervals import Paired, paired_windows
 from autocompile.trial.launcher import Agents, Resources, launch
+from autocompile.trial.stats import stalled
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,10 @@ def not_shared(results: list[dict[str, Any]]) -> str | None:
 
 
 def step_s(per_process: dict[int, list[float]]) -> float:
-    """A candidate's step time: the mean over processes of each process's geometric mean window."""
-    return statistics.fmean(math.exp(statistics.fmean(map(math.log, w))) for w in per_process.values())
+    """A candidate's step time: the mean over processes of each process's geometric mean window (stalled
+    windows left out)."""
+    return statistics.fmean(math.exp(statistics.fmean(math.log(x) for k, x in enumerate(w) if k not in stalled(w)))
+                            for w in per_process.values())
 
 
 def against(base: dict[int, list[float]], other: dict[int, list[float]]) -> Paired | None:

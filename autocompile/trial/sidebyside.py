@@ -37,7 +37,7 @@ import torch.distributed as dist
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import SideBySideSpec, write_json_atomic
 from autocompile.trial.build import Built, build_candidate, check_finite, warm_up, warmup_steps, window_steps
-from autocompile.trial.stats import t975
+from autocompile.trial.stats import clean_rounds, stalled, t975
 from autocompile.trial.warmstart import load_artifacts
 from autocompile.trial.worker import WORKER_START, classify, environment, exit_now
 
@@ -113,8 +113,9 @@ class SideBySide:
         for i, built in alive.items():
             if outcome[i]["status"] == "ok":
                 outcome[i]["step_s_windows"] = windows[i]
-                outcome[i]["step_s"] = math.exp(statistics.fmean(math.log(s) for s in windows[i] if s > 0)) \
-                    if windows[i] else None
+                kept = [s for k, s in enumerate(windows[i]) if k not in stalled(windows[i])]
+                outcome[i]["step_s"] = math.exp(statistics.fmean(math.log(s) for s in kept)) if kept else None
+                outcome[i]["stalled_windows"] = len(windows[i]) - len(kept)
                 outcome[i]["losses"] = [float(x) for x in torch.stack(built.losses[:LOSSES_KEPT]).float().tolist()]
         from autocompile.workload.data import item_unit
 
@@ -196,7 +197,7 @@ class SideBySide:
         """Rank 0 decides for every rank (the steps of DDP candidates are collective)."""
         spec = self.spec
         ok = [w for w in windows.values() if w]
-        rounds = min((len(w) for w in ok), default=0)
+        rounds = len(clean_rounds(*ok)) if ok else 0
         if rounds < spec.min_rounds:
             more = timed < spec.max_timed_s * 3  # dropped rounds may delay the minimum; never forever
         elif timed >= spec.max_timed_s:
@@ -226,10 +227,11 @@ def worst_half_width(windows: list[list[float]]) -> float:
     series = [w for w in windows if w]
     if len(series) < 2:
         return 0.0
-    n = min(len(w) for w in series)
+    rounds = clean_rounds(*series)
+    n = len(rounds)
     if n < 2:
         return math.inf
-    logs = [[math.log(s) for s in w[:n]] for w in series]
+    logs = [[math.log(w[r]) for r in rounds] for w in series]
     leader = min(logs, key=statistics.fmean)
     return max(t975(n - 1) * statistics.stdev(a - b for a, b in zip(other, leader, strict=True)) / math.sqrt(n)
                for other in logs if other is not leader)

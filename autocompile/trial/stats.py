@@ -106,3 +106,24 @@ def pooled_noise(groups: Iterable[Sequence[float]], source: str) -> Noise | None
     if df == 0:
         return None
     return Noise(math.sqrt(ss / df), df, source)
+
+
+STALL = 1.5
+"""A window slower than this many times its candidate's median window in the same process is a stall:
+the process was not running (on the 2-core VM, another job took the cores: windows 30x slower were
+seen), not a property of the program, whose windows vary by 2-4 %."""
+
+
+def stalled(windows: Sequence[float]) -> set[int]:
+    """Indices of the stalled windows of one candidate in one process."""
+    if len(windows) < 3:
+        return set()
+    median = statistics.median(windows)
+    return {i for i, w in enumerate(windows) if w > STALL * median}
+
+
+def clean_rounds(*series: Sequence[float]) -> list[int]:
+    """The rounds (indices shared by every series) in which no series stalled."""
+    n = min(map(len, series), default=0)
+    dropped = set().union(*(stalled(s[:n]) for s in series)) if series else set()
+    return [r for r in range(n) if r not in dropped]
