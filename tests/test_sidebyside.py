@@ -101,6 +101,7 @@ def test_time_to_train_carries_the_cold_compile_spread_and_break_even_is_stated(
     assert text is not None and text.startswith("compiled: steps 3.0% faster, compile +18 s")
     assert "pays back after" in text
     assert break_even(step, (0.010, 20.0), (0.0097, 2.0)) is None  # faster and compiles sooner: nothing to pay
+    assert break_even(step, (0.010, 0.01), (0.0097, 0.04)) is None  # two eager programs: no compile to pay back
     slower = paired_windows({0: [0.0097] * 10 + [0.0098] * 10}, {0: [0.010] * 10 + [0.0101] * 10})
     assert break_even(slower, (0.0097, 20.0), (0.010, 2.0), ("compiled", "eager")).startswith("compiled: steps")
 

@@ -33,7 +33,7 @@ def print_comparison(report: dict[str, Any]) -> None:
                     if ttt.get("low") is not None else f"{ttt['change']:+.1%}")
         out.print(f"{row['label']} vs {base}: {p['verdict']}; time to train {p['horizon_steps']:,} steps {ttt_text} "
                   f"({p['step']['rounds']} paired windows, {p['step']['processes']} processes, {p['step']['basis']}"
-                  + (f"; {p['step']['dropped']} stalled rounds left out" if p["step"].get("dropped") else "") + ")")
+                  + (f"; {p['step']['dropped']} stalled round(s) left out" if p["step"].get("dropped") else "") + ")")
     for f in report.get("failed", []):
         out.print(f"[red]{f['label']} not compared: {f['reason']}")
     out.print(f"compare.json: {report['run_dir']}/compare.json")

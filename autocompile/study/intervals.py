@@ -117,13 +117,17 @@ def time_to_train(step: Paired, a: tuple[float, float], b: tuple[float, float], 
     return _interval(mu, var, df, step.rounds, step.processes, step.basis + " + cold compile", step.process_p)
 
 
+MIN_EXTRA_COMPILE_S = 0.5
+"""A compile this much longer or less is no cost to pay back (eager runs differ by tenths of a second)."""
+
+
 def break_even(step: Paired, a: tuple[float, float], b: tuple[float, float],
                names: tuple[str, str] = ("a", "b")) -> str | None:
     """When one side has measurably faster steps but the longer compile: after how many steps it pays
     back, with the range the step interval allows. ``step`` is ``b / a``; ``a`` and ``b`` are (step
     seconds, compile seconds)."""
     (sa, ca), (sb, cb) = a, b
-    if step.high is None or step.low is None or not step.measurable:
+    if step.high is None or step.low is None or not step.measurable or abs(cb - ca) < MIN_EXTRA_COMPILE_S:
         return None
     if step.high < 0 and cb > ca:  # b steps faster, compiles longer
         fast, slow_step, extra, gain = names[1], sa, cb - ca, (-step.low, -step.change, -step.high)

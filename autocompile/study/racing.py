@@ -232,7 +232,7 @@ def verdicts(study: Study) -> list[Effect]:
         pays = None
         if isinstance(ratio, Paired):
             how = f"paired windows side by side in {ratio.processes} processes ({ratio.basis}" + (
-                f"; {ratio.dropped} stalled rounds left out)" if ratio.dropped else ")")
+                f"; {ratio.dropped} stalled round(s) left out)" if ratio.dropped else ")")
             mine = statistics.fmean(steps.values())
             theirs = statistics.fmean(winner[r] for r in steps if r in winner) if steps.keys() & winner.keys() else 0
             pays = break_even(ratio, (theirs, cold), (mine, result["compile_s"]), ("the winner", str(value))) \

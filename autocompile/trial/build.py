@@ -31,6 +31,39 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
+def start_process(threads: int, device: torch.device, world_size: int) -> torch.device:
+    """What every timing process sets before it builds anything: its threads, a recompile limit that
+    fails loudly (a hit limit silently runs the rest eagerly), the process group of its ranks, and its
+    own GPU. Returns the device with its index."""
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    if world_size > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.reset_peak_memory_stats()
+    return device
+
+
+def append_progress(directory: Any, event: str, **data: Any) -> None:
+    """One line of ``progress.jsonl``, which the launcher reads while the process runs."""
+    import json
+
+    with open(directory / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"event": event, "time": time.time(), **data}) + "\n")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 @dataclass
 class Built:
     """A configuration applied to its own model, with its data and the losses it has produced."""

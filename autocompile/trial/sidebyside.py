@@ -36,7 +36,17 @@ import torch.distributed as dist
 
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import SideBySideSpec, write_json_atomic
-from autocompile.trial.build import Built, build_candidate, check_finite, warm_up, warmup_steps, window_steps
+from autocompile.trial.build import (
+    Built,
+    append_progress,
+    build_candidate,
+    check_finite,
+    start_process,
+    synchronize,
+    warm_up,
+    warmup_steps,
+    window_steps,
+)
 from autocompile.trial.stats import clean_rounds, stalled, t975
 from autocompile.trial.warmstart import load_artifacts
 from autocompile.trial.worker import WORKER_START, classify, environment, exit_now
@@ -66,14 +76,10 @@ class SideBySide:
 
     def progress(self, event: str, **data: Any) -> None:
         if self.rank == 0:
-            import json
-
-            with open(self.out_dir / "progress.jsonl", "a") as f:
-                f.write(json.dumps({"event": event, "time": time.time(), **data}) + "\n")
+            append_progress(self.out_dir, event, **data)
 
     def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize(self.device)
 
     @contextmanager
     def scoped(self, built: Built) -> Iterator[None]:
@@ -83,14 +89,7 @@ class SideBySide:
 
     def run(self) -> dict[str, Any]:
         spec = self.spec
-        torch.set_num_threads(spec.threads)
-        torch._dynamo.config.fail_on_recompile_limit_hit = True
-        if self.world_size > 1:
-            if self.device.type == "cuda":
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
-        if self.device.type == "cuda":
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = start_process(spec.threads, self.device, self.world_size)
         first = spec.candidates[0]
         env = Env.detect(self.device.type, self.world_size, first.workload.shapes_vary)
         outcome: dict[int, dict[str, Any]] = {}

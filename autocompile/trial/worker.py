@@ -16,7 +16,6 @@ import time
 WORKER_START = time.time()
 
 import atexit  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -33,7 +32,16 @@ import torch.distributed as dist  # noqa: E402
 
 from autocompile.config.knobs import Env, TrialConfig  # noqa: E402
 from autocompile.config.spec import TrialSpec, write_json_atomic  # noqa: E402
-from autocompile.trial.build import NonFiniteLoss, build_candidate, check_finite, warm_up, warmup_steps  # noqa: E402
+from autocompile.trial.build import (  # noqa: E402
+    NonFiniteLoss,
+    append_progress,
+    build_candidate,
+    check_finite,
+    start_process,
+    synchronize,
+    warm_up,
+    warmup_steps,
+)
 from autocompile.trial.build import window_steps as steps_per_window  # noqa: E402
 from autocompile.trial.flops import estimated_flops_per_token, flops_per_item  # noqa: E402
 from autocompile.trial.programs import NothingCompiled, PartiallyCompiled  # noqa: E402
@@ -143,26 +151,14 @@ class Trial:
 
     def progress(self, event: str, **data: Any) -> None:
         if self.rank == 0:
-            with open(self.trial_dir / "progress.jsonl", "a") as f:
-                f.write(json.dumps({"event": event, "time": time.time(), **data}) + "\n")
+            append_progress(self.trial_dir, event, **data)
 
     def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize(self.device)
 
     def run(self) -> dict[str, Any]:
         spec, workload = self.spec, self.spec.workload
-        torch.set_num_threads(spec.threads)
-        # A hit limit silently runs the rest eagerly: make it a failure the study can see.
-        torch._dynamo.config.fail_on_recompile_limit_hit = True
-        if self.world_size > 1:
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            if self.device.type == "cuda":
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            dist.init_process_group(backend)
-        if self.device.type == "cuda":
-            self.device = torch.device("cuda", torch.cuda.current_device())
-            torch.cuda.reset_peak_memory_stats()
+        self.device = start_process(spec.threads, self.device, self.world_size)
 
         env = Env.detect(self.device.type, self.world_size, workload.shapes_vary)
         config = TrialConfig.from_flat(spec.knobs, env)
