@@ -26,6 +26,7 @@ from autocompile.config.space import BASELINES, SearchSpace, identity
 from autocompile.report.summary import build_report, print_report, write_artifacts
 from autocompile.report.view import StudyView
 from autocompile.study.confirm import alone_on_the_machine, measure_repeat, run_phases
+from autocompile.study.estimate import Remaining, announce
 from autocompile.study.objective import Objective
 from autocompile.study.racing import REPEAT_PHASES, study_noise
 from autocompile.study.shared import (
@@ -72,7 +73,11 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     study = open_study(settings.study.name, storage, objective.directions, settings.study.seed)
     check_measured_on(study, settings.measured_on())
     recover_interrupted(study)
-    ensure_reference(study, settings, run_dir)
+    remaining = Remaining(study, space, objective, settings)
+    with StudyView(settings.study.n_trials, objective) as view:  # the reference's progress while it runs
+        view.running("reference", "numerics reference (eager, fp32): its steps set the study's estimate",
+                     run_dir / "reference")
+        ensure_reference(study, settings, run_dir)
     if settings.study.baselines:
         queue_baselines(study, space)
     (run_dir / "config.yaml").write_text(config_yaml)
@@ -83,16 +88,18 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)
     log.info("study %s: %d distinct configurations in the space, %d trials asked, %d slot(s); storage %s",
              study.study_name, space.size(), settings.study.n_trials, len(slots), settings.study.storage or run_dir)
+    announce(remaining.update(), settings)
 
     INTERRUPT.clear()  # a study interrupted earlier in this process (a test) must not stop this one
     budget = Budget(study, settings, INTERRUPT)
     tracking = threading.Lock()  # one writer at a time into the tracking store
-    with StudyView(settings.study.n_trials, objective) as view:
+    with StudyView(settings.study.n_trials, objective, remaining) as view:
 
         def slot_loop(resources: Resources) -> None:
             while (trial := budget.next_trial(view)) is not None:
                 try:
                     run_trial(study, trial, space, objective, settings, run_dir, view, resources, agents)
+                    view.finished(trial.number)
                 except BaseException as exc:
                     # Ctrl-C, the stop flag or an error: the trial measured nothing; left RUNNING, it would
                     # hold a slot of the budget and a twin waiting on it until this process is gone.
@@ -131,8 +138,13 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     if not interrupted and budget.stop_reason != "failure guard":
         # After the search: the best programs and the baselines again, in rounds; then the verdicts.
         def measure(trial: optuna.Trial) -> None:
+            a = trial.user_attrs
+            phases_view.running(trial.number, f"{a.get('phase')} round {a.get('round')}: {a.get('label')}",
+                                run_dir / "trials" / f"{trial.number:04d}")
             try:
                 run_trial(study, trial, space, objective, settings, run_dir, NO_VIEW, slots[0], agents)
+                phases_view.finished(trial.number)
+                phases_view.refresh(study.get_trials(deepcopy=False))  # and the time left
             except BaseException as exc:
                 stopping = isinstance(exc, (KeyboardInterrupt, Interrupted))
                 budget.release("the tuner was interrupted" if stopping else f"the tuner failed: {exc!r}",
@@ -142,7 +154,9 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
 
         try:
             if settings.study.confirm_top or settings.study.verdict_knobs() != []:
-                with alone_on_the_machine(study, run_dir):
+                with alone_on_the_machine(study, run_dir), \
+                        StudyView(settings.study.n_trials, objective, remaining) as phases_view:
+                    phases_view.refresh(study.get_trials(deepcopy=False))
                     run_phases(study, space, objective, settings, measure)
         except (KeyboardInterrupt, Interrupted):
             budget.interrupt()

@@ -155,6 +155,7 @@ class Trial:
 
     def run(self) -> dict[str, Any]:
         spec, workload = self.spec, self.spec.workload
+        self.progress("started")  # the process is up: the tuner's view says "building the model"
         torch.set_num_threads(spec.threads)
         # A hit limit silently runs the rest eagerly: make it a failure the study can see.
         torch._dynamo.config.fail_on_recompile_limit_hit = True
