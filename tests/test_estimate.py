@@ -53,10 +53,10 @@ def add(study: optuna.Study, space: SearchSpace, knobs: dict[str, Any], wall_s: 
     """A finished trial as the tuner records it."""
     config = TrialConfig.from_flat({**space.fixed, **knobs}, space.env, strict=False)
     result = {"status": "ok", "wall_s": wall_s, "compile_s": compile_s, "step_s": step_s, "step_s_cv": 0.01,
-              "tokens_per_s": 1000.0, "fingerprint": identity(config, space.env)}
+              "tokens_per_s": 1000.0, "first_step_s": compile_s + step_s, "fingerprint": identity(config, space.env)}
     study.add_trial(create_trial(state=TrialState.COMPLETE, values=[compile_s + 10_000 * step_s], user_attrs={
         "config": config.active(space.env), "identity": identity(config, space.env), "name": str(knobs),
-        "result": result, "trial_dir": f"/tmp/t{len(study.trials)}", "phase": "search", **attrs}))
+        "result": result, "trial_dir": f"/nonexistent/t{len(study.trials)}", "phase": "search", **attrs}))
 
 
 def test_durations_read_as_a_person_says_them() -> None:
@@ -154,3 +154,23 @@ def test_the_live_view_shows_the_time_left_and_each_running_trials_phase(setting
     with view.live.console.capture() as capture:
         view.live.console.print(view.render())
     assert "trial 4" not in capture.get()
+
+
+def test_a_warm_repeat_logs_its_compile_under_its_own_key_and_compile_s_stays_cold(
+        settings_for: Compose, tmp_path: Path) -> None:
+    from autocompile.report.plots import trial_rows
+    from autocompile.study.tracking import MlflowTracker
+
+    settings = settings_for(*TINY, f"output_root={tmp_path}")
+    study, space, _ = parts(settings)
+    add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=20.0)
+    add(study, space, {"compile.scope": "module"}, wall_s=12.0, compile_s=2.5, phase="confirm", round=0, label="#0",
+        compile_cache="warm", compile_s_cold=20.0)
+    tracker = MlflowTracker(settings, study, tmp_path / "run")
+    runs = {n: tracker.client.get_run(run_id).data.metrics for n, (run_id, _) in tracker.children.items()}
+    assert runs[0]["compile_s"] == 20.0 and "compile_s_warm" not in runs[0]
+    assert runs[1]["compile_s"] == 20.0 and runs[1]["compile_s_warm"] == 2.5  # cold beside cold, warm apart
+    assert "first_step_s" not in runs[1] and runs[1]["first_step_s_warm"] == pytest.approx(2.51)
+    assert runs[1]["time_to_train_s"] == pytest.approx(20.0 + settings.objective.horizon_steps * 0.01)
+    rows = {r["trial"]: r for r in trial_rows(study.get_trials(), settings.objective.horizon_steps)}
+    assert rows[1]["compile_s"] == 20.0  # the trials table too

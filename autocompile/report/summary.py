@@ -274,7 +274,7 @@ def no_result_lines(report: Report) -> list[str]:
     if not c["measured"]:
         if report.stop_reason == "interrupted":
             return ["[yellow]Interrupted before any trial finished: nothing measured yet; rerun the same command "
-                    f"to resume ({c['interrupted'] + c.get('queued', 0)} configuration(s) queued for it).",
+                    f"to resume ({c.get('queued', 0)} configuration(s) queued for it).",
                     f"  {report.run_dir}"]
         return [f"[red]Nothing measured ({report.stop_reason}): no trial finished a measurement."]
     lines = [f"[red]No feasible result: nothing to recommend. What ended the {c['measured']} measured trial(s):"]

@@ -103,14 +103,15 @@ class StudyView:
     """Live terminal view of a study: recent trials, what each running one is doing, overall progress
     and the time left."""
 
-    def __init__(self, n_trials: int, objective: Any, remaining: Any = None, rows: int = 15) -> None:
+    def __init__(self, n_trials: int, objective: Any, remaining: Any = None, rows: int = 15,
+                 show_table: bool = True) -> None:
         from rich.live import Live
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.objective = objective
         self.rows = rows
-        self.remaining = remaining
-        """``estimate.Remaining`` (or None): the "~N min left" beside the bar."""
+        self.remaining = remaining  # estimate.Remaining (or None): the "~N min left" beside the bar
+        self.show_table = show_table  # False after the search: its table is on the screen already
         self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.description}"))
         self.task = self.progress.add_task("", total=n_trials)
@@ -125,6 +126,8 @@ class StudyView:
 
     def __exit__(self, *exc: object) -> None:
         self.live.__exit__(*exc)
+        if not self.live.console.is_terminal:
+            self.live.console.print()  # in a log the last frame ends its line: what follows starts a new one
 
     def running(self, number: int | str, name: str, trial_dir: Path | None = None) -> None:
         """Trial ``number`` (or ``reference``) runs; with its directory, its progress events are shown."""
@@ -188,4 +191,4 @@ class StudyView:
             table.add_row(*row)
         if self.remaining is not None:
             self.progress.update(self.task, description=self.remaining.text())
-        return Group(*([table] if lines else []), *self.running_lines(), self.progress)
+        return Group(*([table] if lines and self.show_table else []), *self.running_lines(), self.progress)

@@ -74,10 +74,12 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     check_measured_on(study, settings.measured_on())
     recover_interrupted(study)
     remaining = Remaining(study, space, objective, settings)
-    with StudyView(settings.study.n_trials, objective) as view:  # the reference's progress while it runs
-        view.running("reference", "numerics reference (eager, fp32): its steps set the study's estimate",
-                     run_dir / "reference")
-        ensure_reference(study, settings, run_dir)
+    if reference(study) is None:
+        with StudyView(settings.study.n_trials, objective) as view:  # the reference's progress while it runs
+            view.running("reference", "numerics reference (eager, fp32): its steps set the study's estimate",
+                         run_dir / "reference")
+            ensure_reference(study, settings, run_dir)
+            view.finished("reference")
     if settings.study.baselines:
         queue_baselines(study, space)
     (run_dir / "config.yaml").write_text(config_yaml)
@@ -99,7 +101,6 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
             while (trial := budget.next_trial(view)) is not None:
                 try:
                     run_trial(study, trial, space, objective, settings, run_dir, view, resources, agents)
-                    view.finished(trial.number)
                 except BaseException as exc:
                     # Ctrl-C, the stop flag or an error: the trial measured nothing; left RUNNING, it would
                     # hold a slot of the budget and a twin waiting on it until this process is gone.
@@ -109,6 +110,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
                     if isinstance(exc, Interrupted):
                         return
                     raise
+                finally:
+                    view.finished(trial.number)
                 with tracking:
                     tracker.log_trial(study.trials[trial.number])
 
@@ -143,19 +146,20 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
                                 run_dir / "trials" / f"{trial.number:04d}")
             try:
                 run_trial(study, trial, space, objective, settings, run_dir, NO_VIEW, slots[0], agents)
-                phases_view.finished(trial.number)
                 phases_view.refresh(study.get_trials(deepcopy=False))  # and the time left
             except BaseException as exc:
                 stopping = isinstance(exc, (KeyboardInterrupt, Interrupted))
                 budget.release("the tuner was interrupted" if stopping else f"the tuner failed: {exc!r}",
                                trial.number)
                 raise
+            finally:
+                phases_view.finished(trial.number)
             tracker.log_trial(study.trials[trial.number])
 
         try:
             if settings.study.confirm_top or settings.study.verdict_knobs() != []:
                 with alone_on_the_machine(study, run_dir), \
-                        StudyView(settings.study.n_trials, objective, remaining) as phases_view:
+                        StudyView(settings.study.n_trials, objective, remaining, show_table=False) as phases_view:
                     phases_view.refresh(study.get_trials(deepcopy=False))
                     run_phases(study, space, objective, settings, measure)
         except (KeyboardInterrupt, Interrupted):
@@ -331,7 +335,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
 
     trial_dir = run_dir / "trials" / f"{trial.number:04d}"
     trial.set_user_attr("trial_dir", str(trial_dir))
-    view.running(trial.number, name)
+    view.running(trial.number, name, trial_dir)
     spec = settings.trial_spec(config, settings.slot_threads(resources))
     result = launch(trial_dir, spec, cache_dir=settings.cache_dir, should_stop=rule, resources=resources,
                     agents=agents)
