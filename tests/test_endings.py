@@ -23,14 +23,14 @@ def test_a_normal_study_says_its_cost_first_then_what_it_measured(tmp_path: Path
     out = run.stdout
     # Said before the first trial starts, from the reference's measured wall time.
     estimate = out.index("estimate: about")
-    assert estimate < out.index("trials finished in")
+    assert estimate < out.index("3 trials in")
     assert "search ~" in out[estimate:]
     assert "study.n_trials, study.verdicts and measure.max_timed_s trade it down" in out
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
     counts = summary["counts"]
     assert counts["trials"] == 3 and counts["queued"] == 0 and counts["interrupted"] == 0
     assert counts["measured"] >= 1 and summary["best"] is not None
-    assert "3 trials finished in" in out and "Best" in out and "nothing measured yet" not in out
+    assert "3 trials in" in out and "Best" in out and "nothing measured yet" not in out
 
     # Every trial's progress events read as the phases a user waits through, in order.
     (trial_dir,) = [p for p in tmp_path.glob("*/trials/*") if (p / "progress.jsonl").is_file()][:1]
@@ -83,7 +83,7 @@ def test_a_study_interrupted_before_any_result_says_nothing_was_measured_and_how
     # The queued baseline is not a trial that ran: 0 finished, 1 interrupted, the rest queued.
     assert counts["trials"] == 0 and counts["measured"] == 0 and counts["interrupted"] == 1
     assert counts["queued"] >= 1
-    assert "0 trials finished in" in log and "1 interrupted (measured nothing, queued again)" in log
+    assert "0 trials in" in log and "1 interrupted (measured nothing, queued again)" in log
     assert f"{counts['queued']} queued and never started" in log
     assert ("Interrupted before any trial finished: nothing measured yet; rerun the same command to resume "
             f"({counts['queued']} configuration(s) queued for it)") in log

@@ -253,7 +253,7 @@ def print_report(report: Report, console: Console | None = None) -> None:
 def counts_line(report: Report) -> str:
     """What happened to every trial of the search: measured (and how it ended), copied, stopped, never started."""
     c = report.counts
-    parts = [f"{c['trials']} trials finished in {report.wall_s:.0f} s ({report.stop_reason}): {c['measured']} measured "
+    parts = [f"{c['trials']} trials in {report.wall_s:.0f} s ({report.stop_reason}): {c['measured']} measured "
              f"({c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed, {c['infeasible']} of the "
              f"complete infeasible)"]
     if c["duplicates_skipped"]:
