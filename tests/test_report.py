@@ -55,6 +55,8 @@ def non_default(config: dict[str, Any]) -> dict[str, Any]:
      "measure.timeout_s=60", "output_root=/tmp/a b"),
     ("+model=gpt2-tiny", "model.name=mine", "~model.n_positions", "+model.n_inner=128"),
     ("+model=gpt2", "workload=varlen"),
+    ("+model=gpt2", "workload.seq_len=[128]"),  # the default workload's length, not GPT-2's own
+    ("+model=llama", "workload.batch_size=2"),
     ("+model=bert-tiny", "workload.grad_accum_steps=2", "workload.grad_clip_norm=1.0"),  # its config sets the data
     ("+model=gpt2-tiny", "workload.optimizer._target_=torch.optim.SGD", "+workload.optimizer.momentum=0.9",
      "workload.lr_schedule._target_=torch.optim.lr_scheduler.StepLR", "+workload.lr_schedule.step_size=3"),
@@ -77,6 +79,23 @@ def test_measure_command_composes_back_to_the_same_workload(settings_for: Compos
     assert again.measure == settings.measure
     assert again.output_root == settings.output_root
     assert again.fixed_knobs == non_default(config)
+
+
+@pytest.mark.parametrize(("model", "seq_len"), [
+    ("gpt2", [1024]), ("llama", [2048]), ("bert", [512]), ("gpt2-tiny", [128]), ("llama-tiny", [128]),
+    ("bert-tiny", [128])])
+def test_each_model_trains_at_its_usual_shape_unless_the_command_says_otherwise(
+        settings_for: Compose, model: str, seq_len: list[int]) -> None:
+    assert settings_for(f"+model={model}", "workload.device=cpu").workload.seq_len == seq_len
+    assert settings_for(f"+model={model}", "workload.device=cpu", "workload.seq_len=[64]").workload.seq_len == [64]
+    assert settings_for(f"+model={model}", "workload.device=cpu", "workload=varlen").workload.seq_len == [96, 128]
+    # Only the shape: the rest of the workload is the default one (bert keeps its masked-token data).
+    assert settings_for(f"+model={model}", "workload.device=cpu").workload.batch_size == 8
+
+
+def test_vit_trains_on_224_pixel_images_and_its_tiny_variant_on_32(settings_for: Compose) -> None:
+    assert settings_for("+model=vit", "workload.device=cpu").model.kwargs["image_size"] == 224
+    assert settings_for("+model=vit-tiny", "workload.device=cpu").model.kwargs["image_size"] == 32
 
 
 def test_measure_command_says_only_what_differs_and_names_the_composed_model(settings_for: Compose) -> None:

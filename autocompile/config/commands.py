@@ -44,12 +44,13 @@ def measure_command(settings: Settings, config: dict[str, Any], threads: int | N
 def measure_overrides(settings: Settings, config: dict[str, Any], threads: int | None = None) -> list[str]:
     """Hydra overrides composing the study's model, workload and measurement plus ``config``: only
     what differs from the defaults, so the command stays readable."""
-    args = model_overrides(settings.model, model_choice(settings.model))
+    choice = model_choice(settings.model)
+    args = model_overrides(settings.model, choice)
     args.append("task=measure")
     if settings.output_root != Path(_BaseConfig.output_root):
         # The warm inductor cache (measure.cache=warm) and the study's run directory live there.
         args.append(f"output_root={hydra_value(str(settings.output_root))}")
-    w, defaults = settings.workload, workload_defaults()
+    w, defaults = settings.workload, workload_defaults(choice)
     for f in fields(Workload):
         value = getattr(w, f.name)
         if f.name == "device":
@@ -122,10 +123,23 @@ def model_overrides(spec: ModelSpec, choice: str) -> list[str]:
     return args
 
 
-def workload_defaults() -> dict[str, Any]:
-    """What ``workload`` composes to without overrides: the schema under conf/workload/default.yaml."""
-    path = config_dir() / "workload" / "default.yaml"
-    return {**asdict(Workload()), **(yaml.safe_load(path.read_text()) if path.is_file() else {})}
+def workload_defaults(model: str | None = None) -> dict[str, Any]:
+    """What ``workload`` composes to without overrides: the schema under conf/workload/default.yaml,
+    under the workload the model's config picks (``override /workload: gpt2``: its training shape)."""
+    found = {**asdict(Workload())}
+    for name in ("default", *([preset] if model and (preset := workload_preset(model)) else [])):
+        path = config_dir() / "workload" / f"{name}.yaml"
+        found |= {k: v for k, v in (yaml.safe_load(path.read_text()) or {}).items() if k != "defaults"}
+    return found
+
+
+def workload_preset(choice: str) -> str | None:
+    """The workload config that ``+model=choice`` selects in its defaults list, if any."""
+    node = yaml.safe_load((config_dir() / "model" / f"{choice}.yaml").read_text()) or {}
+    for entry in node.get("defaults") or []:
+        if isinstance(entry, dict) and "override /workload" in entry:
+            return str(entry["override /workload"])
+    return None
 
 
 UNQUOTED = re.compile(r"[A-Za-z0-9_./:@%+-]+")

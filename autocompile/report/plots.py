@@ -21,6 +21,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.report.effects import Effect
+from autocompile.study.shared import warm_repeat
 from autocompile.workload.data import rate_label
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ def trial_rows(trials: Sequence[FrozenTrial], horizon_steps: int) -> list[Row]:
         attrs = t.user_attrs
         r = attrs.get("result") or {}
         ok = t.state == TrialState.COMPLETE and r.get("status") == "ok"
+        # A repeat timed after a warm cache: its configuration's cold compile, like every other row.
+        compile_s = attrs.get("compile_s_cold", r.get("compile_s")) if warm_repeat(attrs) else r.get("compile_s")
         rows.append({
             "trial": t.number, "name": attrs.get("name", ""), "state": t.state.name,
             "baseline": attrs.get("baseline") or "",
@@ -51,8 +54,8 @@ def trial_rows(trials: Sequence[FrozenTrial], horizon_steps: int) -> list[Row]:
             "throughput_unit": r.get("throughput_unit", "tokens"),
             "step_ms": r["step_s"] * 1e3 if ok else None,
             "step_cv": r.get("step_s_cv") if ok else None,
-            "compile_s": r.get("compile_s") if ok else None,
-            "time_to_train_s": r["compile_s"] + horizon_steps * r["step_s"] if ok else None,
+            "compile_s": compile_s if ok else None,
+            "time_to_train_s": compile_s + horizon_steps * r["step_s"] if ok else None,
             "objective": t.values[0] if t.values else None,
             "peak_memory_mb": r["peak_memory_bytes"] / 2**20 if ok and r.get("peak_memory_bytes") else None,
             "graph_breaks": r.get("graph_breaks") if ok else None,
@@ -108,7 +111,10 @@ def study_note(report: Any) -> str:
              f"({report.stop_reason})."]
     best = report.best
     if best is None:
-        lines.append("No trial completed: the failure reasons are in the child runs and `tables/trials.md`.")
+        groups = getattr(report, "failures", None) or []
+        lines.append("No feasible result." + ("".join(f"\n- {len(g['trials'])} x {g['outcome']}: {g['reason']}"
+                                                   for g in groups) if groups else " Nothing was measured.")
+                     + "\n\nEach trial's reason is in its child run and in `tables/trials.md`.")
     else:
         r = best["result"]
         lines.append(f"**Best: trial {best['number']}** `{best['name']}`: {r['tokens_per_s']:,.0f} {rate_label(r)}, "

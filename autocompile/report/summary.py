@@ -24,7 +24,7 @@ from autocompile.report.snippet import snippet
 from autocompile.report.view import console as make_console
 from autocompile.study.objective import Objective
 from autocompile.study.racing import confirmed, phase, phase_trials, study_noise, verdicts
-from autocompile.study.shared import feasible, interrupted, is_search, journal_file, measured_trials
+from autocompile.study.shared import counted, feasible, interrupted, is_search, journal_file, measured_trials
 from autocompile.trial.warmstart import warm_line
 from autocompile.workload.data import rate_label
 
@@ -58,6 +58,8 @@ class Report:
     phases_wall_s: dict[str, float] = field(default_factory=dict)
     warm_start: dict[str, Any] | None = None
     """The winner's compile artifacts and the compile time a warm start with them saved (``warmstart``)."""
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    """Measured trials that did not complete feasibly, grouped by what ended them (most frequent first)."""
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -68,6 +70,7 @@ class Report:
             "pareto": self.pareto, "effects": [e.as_dict() for e in self.effects],
             "noise": self.noise, "confirmed": self.confirmed, "verdicts": [e.as_dict() for e in self.verdicts],
             "recommended": self.recommended, "phases_wall_s": self.phases_wall_s, "warm_start": self.warm_start,
+            "failures": self.failures,
             "run_dir": self.run_dir, "measure_command": self.measure_command, "commands": self.commands,
         }
 
@@ -86,7 +89,8 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     complete = [entry(t, objective) for t in measured
                 if t.state == TrialState.COMPLETE and feasible(t)]
     counts = {
-        "trials": len([t for t in trials if t.state != TrialState.RUNNING and is_search(t)]),
+        "trials": sum(counted(t) for t in trials),
+        "queued": sum(t.state == TrialState.WAITING and is_search(t) for t in trials),
         "measured": len(measured),
         "complete": sum(t.state == TrialState.COMPLETE for t in measured),
         "infeasible": sum(t.state == TrialState.COMPLETE for t in measured) - len(complete),
@@ -115,12 +119,33 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         effects=verdict_effects or knob_effects(complete, compiled_programs(trials), rel_sd), run_dir=str(run_dir),
         commands=look_commands(settings, run_dir), noise=noise.as_dict() if noise else None, confirmed=outcome,
         verdicts=verdict_effects, recommended=recommended, phases_wall_s=phases_wall(trials),
+        failures=failure_groups(measured, complete),
     )
     if recommended is not None:
         threads = (recommended["result"].get("environment") or {}).get("threads")
         report.measure_command = measure_command(settings, recommended["config"], threads)
         report.snippet = snippet(settings, recommended, space, report.measure_command)
     return report
+
+
+def failure_groups(measured: list[optuna.trial.FrozenTrial], complete: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What ended the measured trials that did not complete feasibly: one group per (outcome, reason)."""
+    feasible_numbers = {e["number"] for e in complete}
+    groups: dict[tuple[str, str], list[int]] = {}
+    for t in measured:
+        if t.number in feasible_numbers:
+            continue
+        result = t.user_attrs.get("result") or {}
+        if t.state == TrialState.COMPLETE:
+            kind = "infeasible"
+            why = ", ".join(f"{k} over its limit" for k, v in (t.user_attrs.get("constraints") or {}).items() if v > 0)
+            why = why or t.user_attrs.get("numerics", "")
+        else:
+            kind = "pruned" if t.state == TrialState.PRUNED else result.get("failure") or "failed"
+            why = t.user_attrs.get("reason") or result.get("reason") or ""
+        groups.setdefault((kind, " ".join(why.split())[:300]), []).append(t.number)
+    return [{"outcome": kind, "reason": why, "trials": numbers}
+            for (kind, why), numbers in sorted(groups.items(), key=lambda g: -len(g[1]))]
 
 
 def phases_wall(trials: list[optuna.trial.FrozenTrial]) -> dict[str, float]:
@@ -190,16 +215,12 @@ def write_artifacts(report: Report, run_dir: Path) -> None:
 
 def print_report(report: Report, console: Console | None = None) -> None:
     console = console or make_console()
-    c = report.counts
     console.rule(f"[bold]autocompile: {report.study_name}")
-    console.print(f"{c['trials']} trials in {report.wall_s:.0f} s ({report.stop_reason}): {c['complete']} complete, "
-                  f"{c['pruned']} pruned, {c['failed']} failed, {c['infeasible']} infeasible; "
-                  f"{c['duplicates_skipped']} duplicates not measured again ({c['same_program']} of them compiled "
-                  f"a program already measured), {c['interrupted']} interrupted; then "
-                  f"{c['confirm_repeats']} confirmation and {c['verdict_repeats']} verdict repeats")
+    console.print(counts_line(report))
     best = report.best
     if best is None:
-        console.print("[red]No trial completed: nothing to recommend. Failure reasons are in the trial table.")
+        for line in no_result_lines(report):
+            console.print(line)
         return
     r = best["result"]
     console.print(f"\n[bold green]Best[/] (trial {best['number']}): {best['name']}")
@@ -225,6 +246,46 @@ def print_report(report: Report, console: Console | None = None) -> None:
     console.print(f"Measure it again: {report.measure_command}")
     for what, command in report.commands.items():
         console.print(f"{what}: {command}")
+    if report.stop_reason == "interrupted":
+        console.print("[yellow]Interrupted: the results above are partial; rerun the same command to resume.")
+
+
+def counts_line(report: Report) -> str:
+    """What happened to every trial of the search: measured (and how it ended), copied, stopped, never started."""
+    c = report.counts
+    parts = [f"{c['trials']} trials in {report.wall_s:.0f} s ({report.stop_reason}): {c['measured']} measured "
+             f"({c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed, {c['infeasible']} of the "
+             f"complete infeasible)"]
+    if c["duplicates_skipped"]:
+        parts.append(f"{c['duplicates_skipped']} duplicates not measured again ({c['same_program']} of them "
+                     "stopped after compiling a program already measured)")
+    if c["interrupted"]:
+        parts.append(f"{c['interrupted']} interrupted (measured nothing, queued again)")
+    if c.get("queued"):
+        parts.append(f"{c['queued']} queued and never started")
+    if c["confirm_repeats"] or c["verdict_repeats"]:
+        parts.append(f"then {c['confirm_repeats']} confirmation and {c['verdict_repeats']} verdict repeats")
+    return "; ".join(parts)
+
+
+def no_result_lines(report: Report) -> list[str]:
+    """The closing message of a study without a feasible result: why, in the terms of what happened."""
+    c = report.counts
+    if not c["measured"]:
+        if report.stop_reason == "interrupted":
+            return ["[yellow]Interrupted before any trial finished: nothing measured yet; rerun the same command "
+                    f"to resume ({c.get('queued', 0)} configuration(s) queued for it).",
+                    f"  {report.run_dir}"]
+        return [f"[red]Nothing measured ({report.stop_reason}): no trial finished a measurement."]
+    lines = [f"[red]No feasible result: nothing to recommend. What ended the {c['measured']} measured trial(s):"]
+    for group in report.failures:
+        numbers = ", ".join(map(str, group["trials"][:8])) + (" ..." if len(group["trials"]) > 8 else "")
+        lines.append(f"  {len(group['trials'])} x {group['outcome']}: {group['reason'] or '(no reason recorded)'} "
+                     f"(trial {numbers})")
+    lines.append(f"  Each trial's logs: {report.run_dir}/trials/NNNN/ (stderr.log, result.json)")
+    if report.stop_reason == "interrupted":
+        lines.append("Interrupted: rerun the same command to resume the study.")
+    return lines
 
 
 def noise_line(noise: dict[str, Any] | None) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autocompile.trial.timeline import wall_split
@@ -72,21 +75,50 @@ def measurement_table(result: dict[str, Any], name: str) -> Table:
     return table
 
 
-class StudyView:
-    """Live terminal view of a study: recent trials, best so far, overall progress."""
+def progress_text(events: list[dict[str, Any]], elapsed: float) -> str:
+    """Where a running trial is, from its worker's progress events: starting, compiling, timing window k."""
+    total = next((e.get("steps") for e in events if e["event"] == "warmup_start"), None)
+    last = events[-1] if events else {"event": ""}
+    kind = last["event"]
+    if kind == "started":
+        what = "building the model"
+    elif kind == "warmup_start":
+        what = f"warm-up (compile): step 1/{total}"
+    elif kind == "warmup_step":
+        done = last["step"] + 1
+        what = (f"warm-up (compile): step {done + 1}/{total} (step {done}: {last['seconds']:.1f} s)"
+                if total is None or done < total else "checking what it compiled")
+    elif kind == "compiled":
+        what = "timing: window 1"
+    elif kind == "window":
+        what = f"timing: window {last['window'] + 2} (window {last['window'] + 1}: {last['step_s'] * 1e3:.1f} ms/step)"
+    elif kind == "rewarm":
+        what = "late compiles in the timed part: timing again"
+    else:
+        what = "starting: process, imports"
+    return f"{what}, {elapsed:.0f} s"
 
-    def __init__(self, n_trials: int, objective: Any, rows: int = 15) -> None:
+
+class StudyView:
+    """Live terminal view of a study: recent trials, what each running one is doing, overall progress
+    and the time left."""
+
+    def __init__(self, n_trials: int, objective: Any, remaining: Any = None, rows: int = 15,
+                 show_table: bool = True) -> None:
         from rich.live import Live
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.objective = objective
         self.rows = rows
+        self.remaining = remaining  # estimate.Remaining (or None): the "~N min left" beside the bar
+        self.show_table = show_table  # False after the search: its table is on the screen already
         self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.description}"))
         self.task = self.progress.add_task("", total=n_trials)
         self.trials: list[Any] = []
-        self.current = ""
-        self.live = Live(self.render(), console=console(), refresh_per_second=2, transient=False)
+        self.watching: dict[int | str, tuple[str, Path | None, float]] = {}
+        # Rendered again at every refresh: the running trials' progress files are read as they grow.
+        self.live = Live(console=console(), refresh_per_second=2, transient=False, get_renderable=self.render)
 
     def __enter__(self) -> StudyView:
         self.live.__enter__()
@@ -94,18 +126,36 @@ class StudyView:
 
     def __exit__(self, *exc: object) -> None:
         self.live.__exit__(*exc)
+        if not self.live.console.is_terminal:
+            self.live.console.print()  # in a log the last frame ends its line: what follows starts a new one
 
-    def running(self, number: int, name: str) -> None:
-        self.current = f"running trial {number}: {name}"
-        self.progress.update(self.task, description=self.current)
-        self.live.update(self.render())
+    def running(self, number: int | str, name: str, trial_dir: Path | None = None) -> None:
+        """Trial ``number`` (or ``reference``) runs; with its directory, its progress events are shown."""
+        self.watching[number] = (name, trial_dir, time.time())
+        self.live.refresh()
+
+    def finished(self, number: int | str) -> None:
+        self.watching.pop(number, None)
+        self.live.refresh()
+
+    def running_lines(self) -> list[str]:
+        from autocompile.trial.launcher import read_progress
+
+        lines = []
+        for number, (name, trial_dir, since) in list(self.watching.items()):
+            label = f"trial {number}" if isinstance(number, int) else str(number)
+            doing = progress_text(read_progress(trial_dir), time.time() - since) if trial_dir else "waiting"
+            lines.append(f"[bold]{label}[/] {escape(name)}: {escape(doing)}")
+        return lines
 
     def refresh(self, trials: list[Any]) -> None:
         from autocompile.study.shared import counted
 
         self.trials = trials
-        self.progress.update(self.task, completed=sum(counted(t) for t in trials), description="")
-        self.live.update(self.render())
+        self.progress.update(self.task, completed=sum(counted(t) for t in trials))
+        if self.remaining is not None:
+            self.remaining.update()
+        self.live.refresh()
 
     def render(self) -> Any:
         from rich.console import Group
@@ -139,4 +189,6 @@ class StudyView:
                           (t.user_attrs.get("reason") or "")[:60], marker))
         for row in lines[-self.rows:]:
             table.add_row(*row)
-        return Group(table, self.progress)
+        if self.remaining is not None:
+            self.progress.update(self.task, description=self.remaining.text())
+        return Group(*([table] if lines and self.show_table else []), *self.running_lines(), self.progress)

@@ -291,6 +291,12 @@ def interrupted(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.FAIL and bool(trial.user_attrs.get("interrupted"))
 
 
+def warm_repeat(attrs: dict[str, Any]) -> bool:
+    """A repeat of the phases timed after its configuration's warm inductor cache: its compile_s is not
+    a cold compile (reports and tracking show its configuration's cold one, ``compile_s_cold``)."""
+    return attrs.get("phase", "search") != "search" and attrs.get("compile_cache") in ("warm", "shared warm")
+
+
 def counted(trial: FrozenTrial) -> bool:
     """Finished search trials count towards n_trials, except those a dead tuner interrupted (re-measured).
     Repeats of the confirmation and verdict phases have budgets of their own (study.repeats...)."""

@@ -61,13 +61,18 @@ def cold_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     return result
 
 
+def process_dir(run_dir: Path, phase: str, r: int) -> Path:
+    """Where round ``r`` of a side-by-side phase runs (its spec, logs, progress and result)."""
+    return run_dir / "phases" / f"{phase}-round{r}"
+
+
 def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: SearchSpace, objective: Objective,
                      settings: Settings, run_dir: Path, resources: Any, agents: Any) -> str | None:
     """One side-by-side process timing ``trials`` (the candidates of one round); each told alone. Returns
     why they could not share the process (a candidate failed beside the others), or None."""
     r = trials[0].user_attrs["round"]
     phase = trials[0].user_attrs["phase"]
-    out = run_dir / "phases" / f"{phase}-round{r}"
+    out = process_dir(run_dir, phase, r)
     members = []
     beats = []
     for trial in trials:

@@ -36,7 +36,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -45,11 +45,8 @@ from autocompile.config.knobs import KNOBS
 from autocompile.config.settings import Settings
 from autocompile.config.spec import PARTS
 from autocompile.study.mlflow_store import artifact_location, open_client
-from autocompile.study.shared import file_lock, is_orphaned, journal_file, owner, pid_namespace
+from autocompile.study.shared import file_lock, is_orphaned, journal_file, owner, pid_namespace, warm_repeat
 from autocompile.workload.data import rate_label
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +57,8 @@ TRIAL_FILES = ("trial.json", "result.json", "cmd.txt", "stdout.log", "stderr.log
 RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.FAIL: "FAILED", TrialState.PRUNED: "KILLED"}
 METRICS = ("tokens_per_s", "step_s", "step_s_cv", "compile_s", "first_step_s", "mfu", "graph_count",
            "graph_breaks", "recompiles_timed", "wall_s", "compiled_coverage")
+WARM_KEYS = ("compile_s", "first_step_s")
+"""Measured after a warm cache in a repeat: logged as ``compile_s_warm``..., never beside cold compiles."""
 INACTIVE = "n/a"
 """Param value of a knob that does not apply to the trial (e.g. compile.mode of an eager trial)."""
 PARENT_FILES = ("summary.json", "best_config.yaml", "best_config.py")
@@ -310,12 +309,19 @@ class MlflowTracker:
         trial_dir = Path(attrs.get("trial_dir", "")) if attrs.get("trial_dir") else None
         tags["mlflow.note.content"] = self.note(trial, status, reason, result, trial_dir)
 
-        metrics = [(k, result[k], 0) for k in METRICS if isinstance(result.get(k), (int, float))]
+        warm = warm_repeat(attrs)
+        if warm:  # compile_s is always a cold compile: the warm one of a repeat gets a key of its own
+            result = {**result, **{f"{k}_warm": result[k] for k in WARM_KEYS if k in result}}
+            result = {k: v for k, v in result.items() if k not in WARM_KEYS}
+            if isinstance(attrs.get("compile_s_cold"), (int, float)):
+                result["compile_s"] = attrs["compile_s_cold"]  # its configuration's cold run, as Optuna's value
+        metrics = [(k, result[k], 0) for k in (*METRICS, *(f"{k}_warm" for k in WARM_KEYS))
+                   if isinstance(result.get(k), (int, float))]
         if isinstance(result.get("peak_memory_bytes"), (int, float)):
             metrics.append(("peak_memory_mb", result["peak_memory_bytes"] / 2**20, 0))
         for i, v in enumerate(trial.values or []):
             metrics.append((f"objective_{i}" if len(trial.values) > 1 else "objective", v, 0))
-        if status == "ok" and "step_s" in result:
+        if status == "ok" and "step_s" in result and "compile_s" in result:
             metrics.append(("time_to_train_s", result["compile_s"]
                             + self.settings.objective.horizon_steps * result["step_s"], 0))
             metrics += [(f"speedup_vs_{name}", value, 0) for name, value in self.speedups(result).items()]
@@ -324,7 +330,8 @@ class MlflowTracker:
         if trial_dir is not None and "duplicate_of" not in attrs:
             # What the worker reported while it ran: the story of a pruned trial (how far it got).
             events = read_progress(trial_dir)
-            metrics += [("warmup_step_s", e["seconds"], e["step"]) for e in events if e["event"] == "warmup_step"]
+            metrics += [("warmup_step_s_warm" if warm else "warmup_step_s", e["seconds"], e["step"])
+                        for e in events if e["event"] == "warmup_step"]
             metrics += [("step_s_window", e["step_s"], e["window"]) for e in events if e["event"] == "window"]
 
         start = int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None
@@ -346,7 +353,9 @@ class MlflowTracker:
         lines = [f"**Trial {trial.number}: {status}**" + (f" — {reason}" if reason else "")]
         if status == "ok" and "tokens_per_s" in result:
             lines.append(f"{result['tokens_per_s']:,.0f} {rate_label(result)}, {result['step_s'] * 1e3:.2f} ms/step, "
-                         f"compile {result['compile_s']:.1f} s")
+                         f"compile {result['compile_s']:.1f} s"
+                         + (" from a warm cache (`compile_s_warm`; `compile_s` is its cold run's)"
+                            if warm_repeat(trial.user_attrs) else ""))
         config = trial.user_attrs.get("config") or {}
         lines.append("Configuration: `" + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults") + "`")
         cmd = trial_dir / "cmd.txt" if trial_dir is not None else None

@@ -26,6 +26,7 @@ from autocompile.config.space import BASELINES, SearchSpace, identity
 from autocompile.report.summary import build_report, print_report, write_artifacts
 from autocompile.report.view import StudyView
 from autocompile.study.confirm import alone_on_the_machine, measure_repeat
+from autocompile.study.estimate import Remaining, announce
 from autocompile.study.objective import Objective
 from autocompile.study.phases import run_phases
 from autocompile.study.racing import REPEAT_PHASES, study_noise
@@ -47,7 +48,7 @@ from autocompile.study.shared import (
     tell,
     wait_finished,
 )
-from autocompile.study.together import measure_together
+from autocompile.study.together import measure_together, process_dir
 from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
 from autocompile.trial.reference import ensure_reference, reference
 from autocompile.trial.warmstart import take_home
@@ -74,23 +75,31 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     study = open_study(settings.study.name, storage, objective.directions, settings.study.seed)
     check_measured_on(study, settings.measured_on())
     recover_interrupted(study)
+    remaining = Remaining(study, space, objective, settings)
     if settings.study.baselines:
         queue_baselines(study, space)
     (run_dir / "config.yaml").write_text(config_yaml)
     from autocompile.study.tracking import tracker_for
 
     tracker = tracker_for(settings, study, run_dir)
-    # Measured once the tuner's own start (imports, Optuna, MLflow) is over: nothing else runs beside it.
-    ensure_reference(study, settings, run_dir)
+    if reference(study) is None:
+        # Measured once the tuner's own start (imports, Optuna, MLflow) is over, like every trial: only the
+        # live view's refresh runs beside it.
+        with StudyView(settings.study.n_trials, objective) as view:
+            view.running("reference", "numerics reference (eager, fp32): its steps set the study's estimate",
+                         run_dir / "reference")
+            ensure_reference(study, settings, run_dir)
+            view.finished("reference")
     slots = settings.slots()
     agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)
     log.info("study %s: %d distinct configurations in the space, %d trials asked, %d slot(s); storage %s",
              study.study_name, space.size(), settings.study.n_trials, len(slots), settings.study.storage or run_dir)
+    announce(remaining.update(), settings)
 
     INTERRUPT.clear()  # a study interrupted earlier in this process (a test) must not stop this one
     budget = Budget(study, settings, INTERRUPT)
     tracking = threading.Lock()  # one writer at a time into the tracking store
-    with StudyView(settings.study.n_trials, objective) as view:
+    with StudyView(settings.study.n_trials, objective, remaining) as view:
 
         def slot_loop(resources: Resources) -> None:
             while (trial := budget.next_trial(view)) is not None:
@@ -105,6 +114,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
                     if isinstance(exc, Interrupted):
                         return
                     raise
+                finally:
+                    view.finished(trial.number)
                 with tracking:
                     tracker.log_trial(study.trials[trial.number])
 
@@ -134,31 +145,46 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     if not interrupted and budget.stop_reason != "failure guard":
         # After the search: the best programs and the baselines again, in rounds; then the verdicts.
         def measure(trial: optuna.Trial) -> None:
+            a = trial.user_attrs
+            phases_view.running(trial.number, f"{a.get('phase')} round {a.get('round')}: {a.get('label')}",
+                                run_dir / "trials" / f"{trial.number:04d}")
             try:
                 run_trial(study, trial, space, objective, settings, run_dir, NO_VIEW, slots[0], agents)
+                phases_view.refresh(study.get_trials(deepcopy=False))  # and the time left
             except BaseException as exc:
                 stopping = isinstance(exc, (KeyboardInterrupt, Interrupted))
                 budget.release("the tuner was interrupted" if stopping else f"the tuner failed: {exc!r}",
                                trial.number)
                 raise
+            finally:
+                phases_view.finished(trial.number)
             tracker.log_trial(study.trials[trial.number])
 
         def together(trials: list[optuna.Trial]) -> str | None:
+            a = trials[0].user_attrs
+            key = f"{a.get('phase')} round {a.get('round')}"
+            phases_view.running(key, f"{key} side by side: {', '.join(t.user_attrs.get('label', '') for t in trials)}",
+                                process_dir(run_dir, a.get("phase"), a.get("round")))
             try:
                 why = measure_together(study, trials, space, objective, settings, run_dir, slots[0], agents)
+                phases_view.refresh(study.get_trials(deepcopy=False))  # and the time left
             except BaseException as exc:
                 stopping = isinstance(exc, (KeyboardInterrupt, Interrupted))
                 for trial in trials:
                     budget.release("the tuner was interrupted" if stopping else f"the tuner failed: {exc!r}",
                                    trial.number)
                 raise
+            finally:
+                phases_view.finished(key)
             for trial in trials:
                 tracker.log_trial(study.trials[trial.number])
             return why
 
         try:
             if settings.study.confirm_top or settings.study.verdict_knobs() != []:
-                with alone_on_the_machine(study, run_dir):
+                with alone_on_the_machine(study, run_dir), \
+                        StudyView(settings.study.n_trials, objective, remaining, show_table=False) as phases_view:
+                    phases_view.refresh(study.get_trials(deepcopy=False))
                     run_phases(study, space, objective, settings, measure, together)
         except (KeyboardInterrupt, Interrupted):
             budget.interrupt()
@@ -333,7 +359,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
 
     trial_dir = run_dir / "trials" / f"{trial.number:04d}"
     trial.set_user_attr("trial_dir", str(trial_dir))
-    view.running(trial.number, name)
+    view.running(trial.number, name, trial_dir)
     spec = settings.trial_spec(config, settings.slot_threads(resources))
     result = launch(trial_dir, spec, cache_dir=settings.cache_dir, should_stop=rule, resources=resources,
                     agents=agents)

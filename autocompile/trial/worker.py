@@ -158,6 +158,7 @@ class Trial:
 
     def run(self) -> dict[str, Any]:
         spec, workload = self.spec, self.spec.workload
+        self.progress("started")  # the process is up: the tuner's view says "building the model"
         self.device = start_process(spec.threads, self.device, self.world_size)
 
         env = Env.detect(self.device.type, self.world_size, workload.shapes_vary)

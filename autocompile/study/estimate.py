@@ -1,0 +1,311 @@
+"""What a study will cost on this machine, said before anything long starts and refined as it runs.
+
+One run of a configuration costs about what the numerics reference cost (process start, imports,
+model build, warm-up, timed part: its wall time) plus, when it compiles, the compile time: measured
+by the study's own compiled trials once there are some, before that estimated from the model's
+size. The search is ``study.n_trials`` such runs (the queued baselines included), the phases after
+it are their plans (:func:`phase_costs`, the one place that reads how the phases run), and the
+winner's warm start one more run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autocompile.config.knobs import KNOBS, TrialConfig
+from autocompile.config.settings import Settings
+from autocompile.config.space import BASELINES, SearchSpace
+from autocompile.study.objective import Objective
+from autocompile.study.shared import FINISHED, counted, interrupted, measured_trials
+
+log = logging.getLogger(__name__)
+
+COMPILE_S_PER_MODULE = 0.8
+"""Cold inductor compile per module of the model (gpt2-tiny: 25 modules, 19.7 s on the 2-core CPU of
+benchmarks/results/cpu-2core): the prior until the study's first compiled trial measures it."""
+BACKEND_SHARE = {"inductor": 1.0, "aot_eager": 0.08, "eager": 0.03}
+"""A backend's compile time relative to inductor's (aot_eager: 1-2 s where inductor takes 20 s)."""
+WARM_COMPILE_SHARE = 0.15
+"""What is left of a compile with a warm inductor cache (2.8 s of 23 s cold, DESIGN.md section 4)."""
+BOOKKEEPING_S = 1.0
+"""Per run, the tuner's own work around it: Optuna, MLflow logging."""
+HINT = "study.n_trials, study.verdicts and measure.max_timed_s trade it down"
+
+
+@dataclass
+class RunCosts:
+    """Seconds of wall time one run of a configuration costs on this machine."""
+
+    eager_s: float
+    """A run that compiles nothing: the reference's wall time, or the study's eager trials'."""
+    cold_s: float
+    """A run that compiles with a cold cache (a search trial, a verdict neighbour's first run)."""
+    warm_s: float
+    """A repeat that compiles from its configuration's warm cache."""
+    basis: str
+    """Where the compile share comes from, in words."""
+
+
+@dataclass
+class StudyEstimate:
+    """The study's expected wall time, by part."""
+
+    search_s: float
+    """The search trials still to run."""
+    confirm_s: float
+    """The confirmation phase."""
+    verdict_s: float
+    """The verdict phase."""
+    warm_start_s: float
+    """The winner's warm-start measurement."""
+    trials_left: int
+    """Search trials still to run."""
+    costs: RunCosts
+    """The per-run costs behind it."""
+
+    @property
+    def total_s(self) -> float:
+        return self.search_s + self.confirm_s + self.verdict_s + self.warm_start_s
+
+    def line(self) -> str:
+        """``about 2 h 40 min on this machine: search ~1 h 50 min (20 trials), ...``."""
+        parts = [f"search ~{duration(self.search_s)} ({self.trials_left} trials at ~{duration(self.costs.cold_s)} "
+                 f"each, {self.costs.basis})"]
+        parts += [f"{name} ~{duration(s)}" for name, s in (("confirmation", self.confirm_s),
+                                                           ("verdicts", self.verdict_s),
+                                                           ("warm start", self.warm_start_s)) if s]
+        return f"about {duration(self.total_s)} on this machine: {', '.join(parts)}; {HINT}"
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``2 h 40 min``."""
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def compile_prior_s(settings: Settings) -> tuple[float, str]:
+    """Cold compile time before anything was compiled: modules of the model x a measured rate."""
+    import torch
+
+    from autocompile.workload.models import build
+
+    backend = settings.fixed_knobs.get("compile.backend", KNOBS["compile.backend"][1])
+    if settings.fixed_knobs.get("compile.scope") == "none":
+        return 0.0, "nothing compiled"
+    try:
+        with torch.device("meta"):  # no memory, no init: only the module count is read
+            modules = sum(1 for m in build(settings.model.target, settings.model.kwargs).modules()
+                          if not list(m.children()))
+    except Exception:  # noqa: BLE001 - user code; the estimate still stands on the reference
+        modules = 25
+    return (modules * COMPILE_S_PER_MODULE * BACKEND_SHARE.get(backend, 1.0),
+            f"compile estimated from the model's {modules} modules")
+
+
+def compiles(trial: FrozenTrial) -> bool:
+    return (trial.user_attrs.get("config") or {}).get("compile.scope", "none") != "none"
+
+
+def run_costs(study: optuna.Study, settings: Settings, prior: tuple[float, str]) -> RunCosts | None:
+    """Per-run costs from the study's own trials where it has them, else the reference and ``prior``."""
+    measured = [t for t in measured_trials(study) if "wall_s" in t.user_attrs["result"]]
+    ref = study.user_attrs.get("reference") or {}
+    eager = [t.user_attrs["result"]["wall_s"] for t in measured if not compiles(t)]
+    eager_s = statistics.median(eager) if eager else ref.get("wall_s")
+    cold = [t.user_attrs["result"] for t in measured if compiles(t)]
+    if cold:
+        # Pruned and failed trials included: the next trials will be stopped about as often.
+        cold_s = statistics.median(r["wall_s"] for r in cold)
+        ok = [r["compile_s"] for r in cold if r.get("status") == "ok"]
+        compile_s = statistics.median(ok) if ok else cold_s - (eager_s or 0.0)
+        eager_s = eager_s if eager_s is not None else max(cold_s - compile_s, 1.0)
+        basis = f"measured on {len(cold)} compiled trial(s)"
+    elif eager_s is not None:
+        compile_s, basis = prior
+        cold_s = eager_s + compile_s
+    else:
+        return None  # no reference yet
+    return RunCosts(eager_s=eager_s + BOOKKEEPING_S, cold_s=cold_s + BOOKKEEPING_S,
+                    warm_s=eager_s + WARM_COMPILE_SHARE * compile_s + BOOKKEEPING_S, basis=basis)
+
+
+def phase_costs(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
+                costs: RunCosts) -> tuple[float, float]:
+    """Seconds left of the confirmation and the verdict phase: the one place that reads how the phases
+    run (:mod:`autocompile.study.phases`): side by side, or in fresh-process rounds."""
+    from autocompile.study.together import method
+
+    if settings.study.side_by_side and all(
+            f"method.{p}" not in study.user_attrs or method(study, p)["method"] == "side_by_side"
+            for p in ("confirm", "verdict")):
+        return _side_by_side_costs(study, space, objective, settings, costs)
+    return _fresh_phase_costs(study, space, objective, settings, costs)
+
+
+def process_s(costs: RunCosts, compiled: int, settings: Settings) -> float:
+    """One side-by-side process: its start and builds (an eager run), each compiled candidate's warm start
+    from its cold cache, and the timing budget (measured on gpt2-tiny: 20 s for three candidates, one
+    compiled; 16 s for three eager ones)."""
+    return costs.eager_s + compiled * (costs.warm_s - costs.eager_s) + settings.compare.max_timed_s
+
+
+def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
+                        costs: RunCosts) -> tuple[float, float]:
+    """Side by side: ``compare.processes`` processes per phase, minus those done; verdict neighbours
+    first run once cold."""
+    from autocompile.study.confirm import confirm_plan, neighbours, winner_trial
+    from autocompile.study.racing import phase_trials
+
+    s, processes = settings.study, settings.compare.processes
+    trials = study.get_trials(deepcopy=False)
+    wanted = s.verdict_knobs()
+    searching = sum(counted(t) for t in trials) < s.n_trials or not any(t.state == TrialState.COMPLETE for t in trials)
+    if searching:
+        winner: Any = SimpleNamespace(user_attrs={"config": TrialConfig.from_flat(
+            {**space.fixed, **BASELINES["compile"]}, space.env, strict=False).active(space.env)})
+        members = s.confirm_top + 2
+        confirm_s = processes * process_s(costs, members - 1, settings) if s.confirm_top else 0.0
+    else:
+        plan = confirm_plan(study, objective, s.confirm_top, processes) if s.confirm_top else []
+        labels = {slot.label: slot for slot in plan}
+        compiled = sum(1 for slot in labels.values() if (study.trials[slot.attrs["cold_trial"]].user_attrs.get(
+            "config") or {}).get("compile.scope", "none") != "none")
+        done = {t.user_attrs["round"] for t in phase_trials(study, "confirm")}
+        confirm_s = (processes - len(done)) * process_s(costs, compiled, settings) if labels else 0.0
+        winner = winner_trial(study, objective) if wanted != [] else None
+    if winner is None or wanted == []:
+        return confirm_s, 0.0
+    found = neighbours(winner, space, wanted)
+    if not found:
+        return confirm_s, 0.0
+    finished = phase_trials(study, "verdict") if not searching else []
+    cold_left = len(found) - sum(1 for t in finished if t.user_attrs.get("cold_run"))
+    rounds_done = {t.user_attrs["round"] for t in finished if not t.user_attrs.get("cold_run")}
+    compiled = (winner.user_attrs["config"].get("compile.scope", "none") != "none") * (len(found) + 1)
+    verdict_s = max(cold_left, 0) * costs.cold_s + (processes - len(rounds_done)) * process_s(costs, compiled, settings)
+    return confirm_s, verdict_s
+
+
+def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
+                costs: RunCosts) -> tuple[float, float]:
+    """Seconds left of the phases in fresh-process rounds. Once the search is over, the repeats of their
+    plans not yet run, at the cost the phases log (``cost_estimate``); before, the plans' sizes at
+    ``costs``, the verdicts counted at the default compile's neighbours."""
+    from autocompile.study.confirm import (
+        confirm_plan,
+        cost_estimate,
+        key_of,
+        neighbours,
+        verdict_plan,
+        winner_trial,
+    )
+
+    s = settings.study
+    trials = study.get_trials(deepcopy=False)
+    wanted = s.verdict_knobs()
+    if sum(counted(t) for t in trials) < s.n_trials or not any(t.state == TrialState.COMPLETE for t in trials):
+        stand_in = SimpleNamespace(user_attrs={"config": TrialConfig.from_flat(
+            {**space.fixed, **BASELINES["compile"]}, space.env, strict=False).active(space.env)})
+        n = len(neighbours(stand_in, space, wanted)) if wanted != [] else 0  # type: ignore[arg-type]
+        confirm_s = (s.confirm_top + 2) * s.repeats * costs.warm_s if s.confirm_top else 0.0
+        # Round 0: the winner warm, each neighbour cold; then every member warm in each further round.
+        return confirm_s, (n * costs.cold_s + (s.repeats * (n + 1) - n) * costs.warm_s) if n else 0.0
+
+    done = {key_of(t) for t in trials if t.state in FINISHED and not interrupted(t)}
+
+    def left_s(plan: list[Any]) -> float:
+        todo = [slot for slot in plan if slot.key() not in done]
+        found = cost_estimate(study, todo) if todo else 0.0
+        return found if math.isfinite(found) else sum(costs.warm_s if x.warm else costs.cold_s for x in todo)
+
+    confirm_s = left_s(confirm_plan(study, objective, s.confirm_top, s.repeats)) if s.confirm_top else 0.0
+    winner = winner_trial(study, objective) if wanted != [] else None
+    plan = verdict_plan(study, winner, space, wanted, s.repeats) if winner is not None else []
+    return confirm_s, left_s(plan) if len(plan) > s.repeats else 0.0
+
+
+def search_left_s(study: optuna.Study, settings: Settings, costs: RunCosts) -> tuple[float, int]:
+    """Seconds and number of the search trials still to run: queued eager baselines at the eager cost,
+    everything else as a compiled trial (an eager sample is a copy of the eager baseline: free)."""
+    trials = study.get_trials(deepcopy=False)
+    left = max(settings.study.n_trials - sum(counted(t) for t in trials), 0)
+    queued_eager = sum(1 for t in trials if t.state == TrialState.WAITING and t.user_attrs.get("baseline") == "eager")
+    eager = min(queued_eager, left) if settings.fixed_knobs.get("compile.scope") != "none" else left
+    return eager * costs.eager_s + (left - eager) * costs.cold_s, left
+
+
+def estimate(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
+             prior: tuple[float, str]) -> StudyEstimate | None:
+    """The study's remaining cost as of now; None before the reference has run (nothing to go on)."""
+    costs = run_costs(study, settings, prior)
+    if costs is None:
+        return None
+    search_s, left = search_left_s(study, settings, costs)
+    confirm_s, verdict_s = phase_costs(study, space, objective, settings, costs)
+    warm_start_s = costs.warm_s if settings.study.warm_start and (
+        settings.fixed_knobs.get("compile.scope") != "none") else 0.0
+    return StudyEstimate(search_s=search_s, confirm_s=confirm_s, verdict_s=verdict_s, warm_start_s=warm_start_s,
+                         trials_left=left, costs=costs)
+
+
+def announce(found: StudyEstimate | None, settings: Settings) -> None:
+    """The estimate before the search starts, and a warning when it will not fit ``study.timeout_s``."""
+    if found is None:
+        return
+    log.info("estimate: %s", found.line())
+    timeout = settings.study.timeout_s
+    if timeout and found.total_s > timeout:
+        fit = int(max(timeout, 0) // found.costs.cold_s)
+        log.warning("the estimate (%s) exceeds study.timeout_s=%g (%s): the search stops starting trials at the "
+                    "timeout, after about %d of its %d trials, and the phases after it still run",
+                    duration(found.total_s), timeout, duration(timeout), min(fit, found.trials_left),
+                    found.trials_left)
+
+
+class Remaining:
+    """The live view's "~N min left": the estimate at the last trial boundary, counted down since."""
+
+    def __init__(self, study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings) -> None:
+        self.args = (study, space, objective, settings)
+        self.prior = compile_prior_s(settings)
+        self.at: tuple[float, float] | None = None
+        self.finished = -1
+
+    def update(self) -> StudyEstimate | None:
+        """Estimate again when a trial finished since the last time (cheap otherwise)."""
+        study = self.args[0]
+        done = sum(t.state in FINISHED for t in study.get_trials(deepcopy=False))
+        if done == self.finished:
+            return None
+        self.finished = done
+        try:
+            found = estimate(*self.args, prior=self.prior)
+        except Exception as exc:  # noqa: BLE001 - an estimate must never stop the study
+            log.debug("no estimate: %r", exc)
+            return None
+        if found is not None:
+            self.at = (found.total_s, time.time())
+        return found
+
+    def seconds(self) -> float | None:
+        if self.at is None:
+            return None
+        total, since = self.at
+        return max(total - (time.time() - since), 0.0)
+
+    def text(self) -> str:
+        left = self.seconds()
+        return f"~{duration(left)} left" if left is not None else ""

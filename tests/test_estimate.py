@@ -1,0 +1,203 @@
+"""The study's cost estimate: from the reference before any trial, from the study's own trials as it
+runs, the phases from their plans once the search is over, a warning when it exceeds the timeout."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState, create_trial
+
+from autocompile.app import available_models
+from autocompile.config.knobs import TrialConfig
+from autocompile.config.settings import Settings, register, settings_from
+from autocompile.config.space import SearchSpace, identity
+from autocompile.report.view import StudyView
+from autocompile.study.estimate import (
+    COMPILE_S_PER_MODULE,
+    Remaining,
+    announce,
+    compile_prior_s,
+    duration,
+    estimate,
+)
+from autocompile.study.objective import Objective
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.device=cpu",
+        "study.n_trials=5", "study.confirm_top=2", "study.repeats=3")
+Compose = Callable[..., Settings]
+
+
+@pytest.fixture
+def settings_for() -> Iterator[Compose]:
+    from hydra import compose, initialize_config_dir
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        yield lambda *overrides: settings_from(compose("config", overrides=list(overrides)), available_models())
+
+
+def parts(settings: Settings) -> tuple[optuna.Study, SearchSpace, Objective]:
+    objective = Objective(settings.objective)
+    study = optuna.create_study(directions=objective.directions)
+    return study, SearchSpace(settings.env, settings.fixed_knobs), objective
+
+
+def add(study: optuna.Study, space: SearchSpace, knobs: dict[str, Any], wall_s: float, compile_s: float,
+        step_s: float = 0.01, **attrs: Any) -> None:
+    """A finished trial as the tuner records it."""
+    config = TrialConfig.from_flat({**space.fixed, **knobs}, space.env, strict=False)
+    result = {"status": "ok", "wall_s": wall_s, "compile_s": compile_s, "step_s": step_s, "step_s_cv": 0.01,
+              "tokens_per_s": 1000.0, "first_step_s": compile_s + step_s, "fingerprint": identity(config, space.env)}
+    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[compile_s + 10_000 * step_s], user_attrs={
+        "config": config.active(space.env), "identity": identity(config, space.env), "name": str(knobs),
+        "result": result, "trial_dir": f"/nonexistent/t{len(study.trials)}", "phase": "search", **attrs}))
+
+
+def test_durations_read_as_a_person_says_them() -> None:
+    assert [duration(s) for s in (45, 600, 9600, float("nan"))] == ["45 s", "10 min", "2 h 40 min", "?"]
+
+
+def test_before_any_trial_the_reference_and_the_model_size_set_the_estimate(settings_for: Compose) -> None:
+    settings = settings_for(*TINY)
+    study, space, objective = parts(settings)
+    prior = compile_prior_s(settings)
+    assert estimate(study, space, objective, settings, prior) is None  # no reference yet: nothing to go on
+    # tiny_lm: an embedding, two linear blocks, a head: 4 modules.
+    assert prior == (4 * COMPILE_S_PER_MODULE, "compile estimated from the model's 4 modules")
+    study.set_user_attr("reference", {"status": "ok", "wall_s": 10.0})
+    found = estimate(study, space, objective, settings, prior)
+    assert found is not None
+    assert found.costs.eager_s == pytest.approx(11.0)  # the reference's wall time and the tuner's bookkeeping
+    assert found.costs.cold_s == pytest.approx(11.0 + prior[0])
+    assert found.trials_left == 5 and found.search_s == pytest.approx(5 * found.costs.cold_s)
+    # Side by side (the default): 5 processes, each starting (an eager run), warming up the 3 compiled of the
+    # (confirm_top + 2) candidates from their cold caches, and timing for compare.max_timed_s.
+    assert found.confirm_s == pytest.approx(5 * (found.costs.eager_s + 3 * (found.costs.warm_s - found.costs.eager_s)
+                                                 + 10.0))
+    fresh = settings_for(*TINY, "study.side_by_side=false")  # (confirm_top + 2) x repeats, each a process
+    assert estimate(study, *parts(fresh)[1:], fresh, prior).confirm_s == pytest.approx(
+        (2 + 2) * 3 * found.costs.warm_s)
+    assert found.verdict_s > found.costs.cold_s  # the default compile's neighbours, in rounds
+    assert found.total_s == pytest.approx(found.search_s + found.confirm_s + found.verdict_s + found.warm_start_s)
+    assert found.line().startswith(f"about {duration(found.total_s)} on this machine: search ~")
+    # A cheaper backend compiles in a fraction of inductor's time; an eager study compiles nothing.
+    assert compile_prior_s(settings_for(*TINY, "compile.backend=aot_eager"))[0] < prior[0] / 10
+    assert compile_prior_s(settings_for(*TINY, "compile.scope=none"))[0] == 0.0
+    none = settings_for(*TINY, "study.verdicts=none", "study.confirm_top=0")
+    bare = estimate(study, *parts(none)[1:], none, compile_prior_s(none))
+    assert bare is not None and bare.confirm_s == bare.verdict_s == 0.0
+
+
+def test_measured_trials_replace_the_prior_and_the_search_counts_down(settings_for: Compose) -> None:
+    settings = settings_for(*TINY)
+    study, space, objective = parts(settings)
+    study.set_user_attr("reference", {"status": "ok", "wall_s": 10.0})
+    add(study, space, {"compile.scope": "none"}, wall_s=9.0, compile_s=0.0, baseline="eager")
+    add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=28.0, baseline="compile")
+    add(study, space, {"compile.scope": "regional"}, wall_s=30.0, compile_s=20.0, baseline="regional")
+    found = estimate(study, space, objective, settings, compile_prior_s(settings))
+    assert found is not None and found.costs.basis == "measured on 2 compiled trial(s)"
+    assert found.costs.eager_s == pytest.approx(10.0) and found.costs.cold_s == pytest.approx(36.0)
+    assert found.trials_left == 2 and found.search_s == pytest.approx(2 * 36.0)
+
+
+def test_after_the_search_fresh_process_rounds_count_down_their_plans(settings_for: Compose) -> None:
+    settings = settings_for(*TINY, "study.n_trials=3", "study.verdicts=none", "study.side_by_side=false")
+    study, space, objective = parts(settings)
+    study.set_user_attr("reference", {"status": "ok", "wall_s": 10.0})
+    add(study, space, {"compile.scope": "none"}, wall_s=9.0, compile_s=0.0, baseline="eager")
+    add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=28.0, baseline="compile")
+    add(study, space, {"compile.scope": "regional"}, wall_s=30.0, compile_s=20.0, step_s=0.001)
+    prior = compile_prior_s(settings)
+    first = estimate(study, space, objective, settings, prior)
+    assert first is not None and first.search_s == 0.0
+    # 3 candidates (regional is best, then both baselines) x 3 rounds, warm: wall less compile, median 10 s.
+    assert first.confirm_s == pytest.approx(9 * 10.0)
+    regional = study.trials[2]
+    add(study, space, {"compile.scope": "regional"}, wall_s=11.0, compile_s=2.0, phase="confirm", round=0,
+        label=f"#{regional.number}")
+    after = estimate(study, space, objective, settings, prior)
+    assert after is not None and after.confirm_s < first.confirm_s  # one repeat done, eight to go
+
+
+def test_an_estimate_over_the_timeout_is_said_before_the_study_starts(settings_for: Compose,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    settings = settings_for(*TINY, "study.timeout_s=60")
+    study, space, objective = parts(settings)
+    study.set_user_attr("reference", {"status": "ok", "wall_s": 10.0})
+    with caplog.at_level(logging.INFO, logger="autocompile.study.estimate"):
+        announce(estimate(study, space, objective, settings, compile_prior_s(settings)), settings)
+    assert "estimate: about" in caplog.text
+    assert "exceeds study.timeout_s=60 (60 s): the search stops starting trials at the timeout" in caplog.text
+
+
+def test_the_live_view_shows_the_time_left_and_each_running_trials_phase(settings_for: Compose,
+                                                                         tmp_path: Path) -> None:
+    settings = settings_for(*TINY)
+    study, space, objective = parts(settings)
+    study.set_user_attr("reference", {"status": "ok", "wall_s": 10.0})
+    remaining = Remaining(study, space, objective, settings)
+    trial_dir = tmp_path / "0004"
+    trial_dir.mkdir()
+    (trial_dir / "progress.jsonl").write_text(
+        '{"event": "started", "time": 0}\n{"event": "warmup_start", "steps": 3, "time": 1}\n'
+        '{"event": "warmup_step", "step": 0, "seconds": 12.5, "time": 2}\n')
+    view = StudyView(5, objective, remaining)
+    view.running(4, "compile.scope=regional", trial_dir)
+    view.refresh(study.get_trials(deepcopy=False))
+    with view.live.console.capture() as capture:
+        view.live.console.print(view.render())
+    text = capture.get()
+    assert "trial 4 compile.scope=regional: warm-up (compile): step 2/3 (step 1: 12.5 s)" in text
+    assert "left" in text and remaining.seconds() is not None
+    view.finished(4)
+    with view.live.console.capture() as capture:
+        view.live.console.print(view.render())
+    assert "trial 4" not in capture.get()
+
+
+def test_a_warm_repeat_logs_its_compile_under_its_own_key_and_compile_s_stays_cold(
+        settings_for: Compose, tmp_path: Path) -> None:
+    from autocompile.report.plots import trial_rows
+    from autocompile.study.tracking import MlflowTracker
+
+    settings = settings_for(*TINY, f"output_root={tmp_path}")
+    study, space, _ = parts(settings)
+    add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=20.0)
+    add(study, space, {"compile.scope": "module"}, wall_s=12.0, compile_s=2.5, phase="confirm", round=0, label="#0",
+        compile_cache="warm", compile_s_cold=20.0)
+    tracker = MlflowTracker(settings, study, tmp_path / "run")
+    runs = {n: tracker.client.get_run(run_id).data.metrics for n, (run_id, _) in tracker.children.items()}
+    assert runs[0]["compile_s"] == 20.0 and "compile_s_warm" not in runs[0]
+    assert runs[1]["compile_s"] == 20.0 and runs[1]["compile_s_warm"] == 2.5  # cold beside cold, warm apart
+    assert "first_step_s" not in runs[1] and runs[1]["first_step_s_warm"] == pytest.approx(2.51)
+    assert runs[1]["time_to_train_s"] == pytest.approx(20.0 + settings.objective.horizon_steps * 0.01)
+    rows = {r["trial"]: r for r in trial_rows(study.get_trials(), settings.objective.horizon_steps)}
+    assert rows[1]["compile_s"] == 20.0  # the trials table too
+
+
+def test_after_the_search_side_by_side_processes_count_down(settings_for: Compose) -> None:
+    settings = settings_for(*TINY, "study.n_trials=3", "study.verdicts=none")
+    study, space, objective = parts(settings)
+    study.set_user_attr("reference", {"status": "ok", "wall_s": 10.0})
+    add(study, space, {"compile.scope": "none"}, wall_s=9.0, compile_s=0.0, baseline="eager")
+    add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=28.0, baseline="compile")
+    add(study, space, {"compile.scope": "regional"}, wall_s=30.0, compile_s=20.0, step_s=0.001)
+    prior = compile_prior_s(settings)
+    first = estimate(study, space, objective, settings, prior)
+    assert first is not None
+    costs = first.costs
+    one = costs.eager_s + 2 * (costs.warm_s - costs.eager_s) + 10.0  # 3 candidates, 2 of them compiled
+    assert first.confirm_s == pytest.approx(5 * one)
+    study.set_user_attr("method.confirm", {"method": "side_by_side", "why": ""})
+    for number in (0, 1, 2):  # the first process timed all three
+        add(study, space, study.trials[number].user_attrs["config"], wall_s=20.0, compile_s=0.0, phase="confirm",
+            round=0, label=f"#{number}", method="side_by_side")
+    after = estimate(study, space, objective, settings, prior)
+    assert after is not None and after.confirm_s == pytest.approx(4 * one)
