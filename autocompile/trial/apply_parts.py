@@ -122,7 +122,7 @@ def outer_autocast(amp: AmpKnobs, scope: str, device: torch.device) -> Context:
 
 def inner_autocast(amp: AmpKnobs, scope: str) -> torch.dtype | None:
     """The autocast dtype ``train_step`` enters inside its compiled function (``amp.placement=inside``), or None."""
-    return AMP_DTYPES[amp.dtype] if autocast_inside(amp, scope) else None
+    return AMP_DTYPES[amp.dtype] if scope == "train_step" and autocast_inside(amp, scope) else None
 
 
 def apply_optimize_ddp(ddp: DdpKnobs, distributed: bool) -> dict[str, Any]:
