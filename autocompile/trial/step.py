@@ -173,7 +173,7 @@ def apply(
         compiled, checked = [*compiled, "train_step"], [("train_step", model)]
     else:
         fn = eager_step(micro, outer, autograd)
-        checked = [("DistributedDataParallel(model)", model)] if of_ddp else targets
+        checked = [("DistributedDataParallel(model)", model)] if of_ddp else list(targets)
     return TrainStep(fn=fn, model=runner, compiled=compiled, units=checked, roles=_roles(compiled), log=log,
                      eager_parts={"amp.dtype": amp.dtype, "ac.policy": config.ac.policy, "distributed": distributed,
                                   "optim.impl": config.optim.impl, "clip": grad_clip_norm, "accum": grad_accum_steps,
