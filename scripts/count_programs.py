@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autocompile.config.knobs import KNOBS, Env, TrialConfig
 from autocompile.config.space import SearchSpace
 from autocompile.config.spec import Workload
-from autocompile.trial.programs import verify
+from autocompile.trial.programs import listening, verify
 from autocompile.trial.step import apply, lm_loss
 from autocompile.trial.units import Structure
 from autocompile.workload.data import SyntheticTokens
@@ -55,7 +55,8 @@ def fingerprint(target: str, kwargs: dict[str, Any], vocab: int, knobs: dict[str
     # A factory, as the worker passes it: optim.impl builds the optimizer with its foreach/fused flag.
     step = apply(model, torch.optim.AdamW, lm_loss, config)
     data = SyntheticTokens(vocab, 2, [16], seed=0)
-    step(*data.batch(0))  # one step compiles forward, backward, optimizer and compiled autograd
+    with listening(step.log):  # inductor's cache keys, named while it compiles
+        step(*data.batch(0))  # one step compiles forward, backward, optimizer and compiled autograd
     return verify(step, model, config.compile.scope)["fingerprint"]
 
 

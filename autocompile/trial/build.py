@@ -18,7 +18,7 @@ import torch
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.spec import TrialSpec
-from autocompile.trial.programs import verify
+from autocompile.trial.programs import listening, verify
 from autocompile.trial.step import TrainStep, apply
 from autocompile.workload.infer import model_facts
 from autocompile.workload.models import build
@@ -131,16 +131,18 @@ def window_steps(spec: TrialSpec, wanted: int) -> int:
 
 
 def warm_up(built: Built, steps: int, sync: Callable[[], None], progress: Progress) -> None:
-    """Run the warm-up steps one by one (timed each), then check which program was compiled."""
+    """Run the warm-up steps one by one (timed each), then check which program was compiled. Inductor's cache
+    keys are collected into this candidate's log while it compiles (here), and only then."""
     progress("warmup_start", steps=steps)
-    for i in range(steps):
-        sync()
-        t0 = time.perf_counter()
-        built.run(1)
-        sync()
-        built.warm_s.append(time.perf_counter() - t0)
-        check_finite(built.losses[-1:], i)
-        progress("warmup_step", step=i, seconds=built.warm_s[-1])
+    with listening(built.step.log):
+        for i in range(steps):
+            sync()
+            t0 = time.perf_counter()
+            built.run(1)
+            sync()
+            built.warm_s.append(time.perf_counter() - t0)
+            check_finite(built.losses[-1:], i)
+            progress("warmup_step", step=i, seconds=built.warm_s[-1])
     built.program = verify(built.step, built.model, built.config.compile.scope)
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,7 @@ class Graph:
 
 @dataclass
 class CompileLog:
-    """Every graph compiled in this process, and inductor's cache keys (hits and misses)."""
+    """Every graph one step compiled, and inductor's cache keys (hits and misses) while :func:`listening`."""
 
     graphs: list[Graph] = field(default_factory=list)
     aten: list[str] = field(default_factory=list)
@@ -50,9 +51,6 @@ class CompileLog:
     inductor_keys: list[str] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=dict)
     """Calls into each unit's compiled forward, by unit name (units whose entry is counted)."""
-
-    def __post_init__(self) -> None:
-        _LISTENER.keys = self.inductor_keys  # the newest log listens (one step is built per process)
 
     def record(self, role: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
         ids = {id(t) for t in example_inputs if isinstance(t, nn.Parameter)}
@@ -88,6 +86,8 @@ class CompileLog:
 
 
 class _KeyListener(logging.Handler):
+    """Collects the key each ``fx graph cache hit/miss for key %s`` line of inductor names."""
+
     def __init__(self, keys: list[str]) -> None:
         super().__init__(logging.DEBUG)
         self.keys = keys
@@ -97,20 +97,33 @@ class _KeyListener(logging.Handler):
             self.keys.append(str(record.args[0]))  # type: ignore[index]
 
 
-def _listen() -> _KeyListener:
-    # Inductor names each graph's cache key in one log line (INFO in recent torch, DEBUG in older):
-    # listening costs nothing at run time and works with a warm cache (hits are named too), unlike
-    # listing the cache directory.
-    listener = _KeyListener([])
-    codecache = logging.getLogger("torch._inductor.codecache")
+CODECACHE = "torch._inductor.codecache"
+"""The logger inductor names each graph's FX-graph cache key on."""
+
+
+@contextmanager
+def listening(log: CompileLog) -> Iterator[CompileLog]:
+    """Inductor's cache keys into ``log`` while the block runs; the codecache logger's level, propagate flag
+    and handlers as they were afterwards (importing autocompile leaves logging alone).
+
+    Wrap the calls that compile: compilation is lazy, so the warm-up steps, not ``apply``. A process that
+    builds several steps one after another (side by side) wraps each one's warm-up with its own log, so
+    every key is attributed to the step that compiled it. Inductor names each key in one log line (INFO in
+    recent torch, DEBUG in older): listening costs nothing at run time and works with a warm cache (hits
+    are named too), unlike listing the cache directory."""
+    codecache = logging.getLogger(CODECACHE)
+    level, propagate = codecache.level, codecache.propagate
+    listener = _KeyListener(log.inductor_keys)
     codecache.addHandler(listener)
     if codecache.getEffectiveLevel() > logging.DEBUG:
         codecache.setLevel(logging.DEBUG)
         codecache.propagate = False  # keep its other lines out of the trial's log
-    return listener
-
-
-_LISTENER = _listen()
+    try:
+        yield log
+    finally:
+        codecache.removeHandler(listener)
+        codecache.setLevel(level)
+        codecache.propagate = propagate
 
 
 def _counter(group: str, name: str) -> int:

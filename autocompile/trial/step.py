@@ -14,10 +14,8 @@ same code::
 
 from __future__ import annotations
 
-import functools
 import itertools
-import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -27,23 +25,31 @@ import torch.distributed as dist
 from torch import nn
 
 from autocompile.config.knobs import CompileKnobs, TrialConfig
-from autocompile.trial import units
-from autocompile.trial.programs import CompileLog, Recorder
-from autocompile.workload.losses import lm_loss
-from autocompile.workload.optim import (
-    OptimizerLike,
-    ScheduleLike,
-    build_optimizer,
-    build_schedule,
-    clipper,
-    use_tensor_lr,
+from autocompile.trial.apply_parts import (
+    Compilers,
+    Context,
+    apply_ac,
+    apply_autocast,
+    apply_compiled_update,
+    apply_ddp,
+    apply_optim,
+    apply_optimize_ddp,
+    clipping,
+    compile_targets,
+    compiled_autograd,
+    compiles_ddp,
+    grad_scaler,
+    inner_autocast,
+    outer_autocast,
+    place_and_compile,
+    step_compiled,
 )
+from autocompile.trial.programs import CompileLog
+from autocompile.workload.losses import lm_loss
+from autocompile.workload.optim import OptimizerLike, ScheduleLike
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 __all__ = ["TrainStep", "apply", "lm_loss"]
-
-AMP_DTYPES = {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
-OPTIMIZE_DDP = {"ddp_optimizer": True, "no_optimization": False, "python_reducer": "python_reducer"}
 
 
 @dataclass
@@ -101,6 +107,12 @@ def uses_cuda_graphs(kwargs: dict[str, Any]) -> bool:
     return bool(options.get("triton.cudagraphs", False))
 
 
+def marks_cuda_graph_steps(kwargs: dict[str, Any], scope: str, device: torch.device) -> bool:
+    """Whether each call starts a new CUDA-graph generation: something is compiled for CUDA in a mode whose
+    graph trees reuse output memory on the next replay."""
+    return device.type == "cuda" and scope != "none" and uses_cuda_graphs(kwargs)
+
+
 def apply(
     model: nn.Module,
     optimizer: OptimizerLike,
@@ -131,110 +143,95 @@ def apply(
     if grad_accum_steps < 1 or grad_clip_norm < 0:
         raise ValueError(f"grad_accum_steps={grad_accum_steps} must be >= 1 and grad_clip_norm={grad_clip_norm} >= 0")
     device = torch.device(device)
-    if distributed is None:
-        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    knobs = config.compile
-    scope = knobs.scope
-    kwargs = compile_kwargs(knobs)
+    distributed = _process_group_of_many() if distributed is None else distributed
+    knobs, amp = config.compile, config.amp
     log = CompileLog()
+    compilers = Compilers(log, compile_kwargs(knobs))
 
-    def compiler(role: str, **overrides: Any) -> Callable[[Any], Any]:
-        """``torch.compile`` with this role's recorder: one backend object per role, so same-class
-        units share their graph (a new backend object per unit would recompile each one)."""
-        merged = {**kwargs, **overrides}
-        backend = Recorder(log, role, merged["backend"], merged.get("mode"), merged.get("options"), merged["dynamic"])
-        return functools.partial(torch.compile, backend=backend, fullgraph=merged["fullgraph"],
-                                 dynamic=merged["dynamic"])
+    apply_ac(model, config.ac)
+    targets = compile_targets(model, knobs)
+    apply_autocast(targets, amp, knobs.scope, device)
+    settings = apply_optimize_ddp(config.ddp, distributed)
+    of_ddp = compiles_ddp(config.ddp, knobs.scope, distributed)
+    compile_model = compilers("model")
+    compiled = place_and_compile(model, [] if of_ddp else targets, config.placement, device, compile_model, log)
+    runner, ddp = apply_ddp(model, compile_model, of_ddp, ddp_kwargs) if distributed else (model, None)
+    compiled += ["DistributedDataParallel(model)"] if of_ddp else []
 
-    dtype = AMP_DTYPES[config.amp.dtype]
-    inside = dtype is not None and scope != "none" and config.amp.placement == "inside"
-    compiled: list[str] = []
+    optimizer, scheduler = apply_optim(optimizer, model, config.optim, lr_schedule, step_compiled(knobs), device)
+    scaler = grad_scaler(amp, device)
+    clip, names = apply_compiled_update(optimizer, clipping(optimizer, grad_clip_norm), knobs, config.optim, compilers)
+    autograd, autograd_names = compiled_autograd(knobs, compilers)
+    compiled += names + autograd_names
 
-    if config.ac.policy == "block":
-        for _, block in units.blocks(model):
-            if any(True for _ in block.children()):  # a leaf (a head) has no activations worth recomputing
-                _wrap_forward(block, _checkpointed)
-
-    targets = _compile_units(model, knobs) if scope in ("module", "regional") else []
-    if inside and scope != "train_step":
-        for _, unit in targets:
-            _wrap_forward(unit, lambda fwd: _autocast(fwd, device.type, dtype))
-
-    settings: dict[str, Any] = {}
-    if distributed:
-        # DDP reads the mode in __init__ (python reducer) and dynamo when it compiles DDP graphs.
-        settings["optimize_ddp"] = torch._dynamo.config.optimize_ddp = OPTIMIZE_DDP[config.ddp.optimize]
-    compile_of_ddp = distributed and scope == "module" and config.ddp.wrap_order == "compile_of_ddp"
-    compile_model = compiler("model")
-
-    def compile_units() -> None:
-        # Through ``forward``, not ``module.compile()``: that compiles ``_call_impl``, and when the
-        # forward is defined inside torch (nn.Sequential, nn.TransformerEncoderLayer, nn.Linear)
-        # dynamo finds no frame of its own to trace and the unit silently runs eager. An instance
-        # attribute keeps the state dict free of ``_orig_mod.``.
-        for name, unit in targets:
-            _compile_forward(unit, compile_model, functools.partial(log.counted, name))
-            compiled.append(name)
-
-    if targets and not compile_of_ddp and config.placement.order == "compile_then_to":
-        compile_units()
-        model.to(device)
+    micro = Micro(runner, loss_fn, scaled_backward(scaler, grad_accum_steps),
+                  optimizer_update(optimizer, scaler, clip, unscale=grad_clip_norm > 0), grad_accum_steps, ddp,
+                  scheduler, marks_cuda_graph_steps(compilers.kwargs, knobs.scope, device))
+    outer = outer_autocast(amp, knobs.scope, device)
+    if knobs.scope == "train_step":
+        fn = train_step(micro, outer, inner_autocast(amp, knobs.scope), device.type, compilers("train_step"))
+        compiled, checked = [*compiled, "train_step"], [("train_step", model)]
     else:
-        model.to(device)
-        if not compile_of_ddp:
-            compile_units()
-    runner: nn.Module = model
-    ddp: nn.parallel.DistributedDataParallel | None = None
-    checked = list(targets)
-    if distributed:
-        runner = ddp = nn.parallel.DistributedDataParallel(model, **(ddp_kwargs or {}))
-        if compile_of_ddp:
-            runner = compile_model(runner)
-            compiled.append("DistributedDataParallel(model)")
-            checked = [("DistributedDataParallel(model)", model)]
+        fn = eager_step(micro, outer, autograd)
+        checked = [("DistributedDataParallel(model)", model)] if of_ddp else list(targets)
+    return TrainStep(fn=fn, model=runner, compiled=compiled, units=checked, roles=_roles(compiled), log=log,
+                     eager_parts={"amp.dtype": amp.dtype, "ac.policy": config.ac.policy, "distributed": distributed,
+                                  "optim.impl": config.optim.impl, "clip": grad_clip_norm, "accum": grad_accum_steps,
+                                  "schedule": type(scheduler).__name__ if scheduler is not None else None},
+                     optimizer=optimizer, scheduler=scheduler, settings=settings)
 
-    # Built once the parameters are on their device (fused kernels check it), with the knob's implementation.
-    optimizer = build_optimizer(optimizer, model.parameters(), config.optim.impl)
-    step_compiled = scope == "train_step" or (knobs.optimizer and scope in ("module", "regional"))
-    if lr_schedule is not None and step_compiled and config.optim.tensor_lr:
-        use_tensor_lr(optimizer, device)
-    scheduler = build_schedule(lr_schedule, optimizer)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    clip = clipper(params, grad_clip_norm) if grad_clip_norm > 0 else None
-    clip_compiled = clip is not None and scope in ("module", "regional") and config.optim.clip == "compiled"
 
-    scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
-    if knobs.optimizer and scope in ("module", "regional"):
-        # The compiled-optimizer recipe: the backend alone, no mode or fullgraph (it breaks by design).
-        compile_optimizer = compiler("optimizer", mode=None, options=None, fullgraph=False, dynamic=None)
-        # Clipping inside the compiled step: GradScaler unscales before calling it, as it must.
-        optimizer.step = compile_optimizer(  # type: ignore[method-assign]
-            _clip_then(clip, optimizer.step) if clip_compiled else optimizer.step)
-        compiled.append("optimizer.step+clip_grad_norm_" if clip_compiled else "optimizer.step")
-        clip = None if clip_compiled else clip  # it runs inside the step now
-    elif clip_compiled:
-        clip = compiler("clip", mode=None, options=None, fullgraph=False, dynamic=None)(clip)
-        compiled.append("clip_grad_norm_")
-    # Regional "inside" keeps an outer autocast for the uncompiled rest (embeddings, head), so
-    # both placements compute in the same precision and differ only in where the context sits.
-    outer = functools.partial(torch.autocast, device.type, dtype=dtype) if dtype is not None and not (
-        inside and scope != "regional") else nullcontext
-    compiled_autograd: Callable[[], AbstractContextManager[Any]] = nullcontext
-    if knobs.compiled_autograd and scope in ("module", "regional"):
-        backward = compiler("autograd", fullgraph=False)
-        compiled_autograd = functools.partial(torch._dynamo.compiled_autograd._enable, backward())
-        compiled.append("compiled_autograd")
+@dataclass
+class Micro:
+    """What every call of the step shares: the forward, the backward and update, and which call of each
+    ``accum`` steps the optimizer."""
 
+    runner: nn.Module
+    loss_fn: LossFn
+    backward: Callable[[torch.Tensor], None]
+    update: Callable[[], None]
+    accum: int
+    ddp: nn.parallel.DistributedDataParallel | None
+    scheduler: Any
+    cuda_graphs: bool
+    """CUDA graph trees reuse output memory on the next replay: each step starts a new generation."""
+    calls: Iterator[int] = field(default_factory=itertools.count)
+
+    def begin(self) -> bool:
+        """Start a call; whether it is the last micro-batch of an optimizer step."""
+        last = next(self.calls) % self.accum == self.accum - 1
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        return last
+
+    def sync(self, last: bool) -> AbstractContextManager[Any]:
+        """Micro-steps that do not step the optimizer keep their gradients local (DDP's ``no_sync``)."""
+        return self.ddp.no_sync() if self.ddp is not None and not last else nullcontext()
+
+    def end(self, last: bool) -> None:
+        """The schedule steps once per optimizer step, in eager code."""
+        if last and self.scheduler is not None:
+            self.scheduler.step()
+
+
+def scaled_backward(scaler: torch.amp.GradScaler | None, grad_accum_steps: int) -> Callable[[torch.Tensor], None]:
+    """The backward of one micro-batch: its loss divided over the accumulated ones, scaled for float16."""
     def backward(loss: torch.Tensor) -> None:
         scaled = loss / grad_accum_steps if grad_accum_steps > 1 else loss
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
 
-    def update(clip_here: Callable[[], Any] | None) -> None:
-        if clip_here is not None or "optimizer.step+clip_grad_norm_" in compiled:
-            if scaler is not None:
-                scaler.unscale_(optimizer)  # clipping sees true gradients
-            if clip_here is not None:
-                clip_here()
+    return backward
+
+
+def optimizer_update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+                     clip: Callable[[], Any] | None, unscale: bool) -> Callable[[], None]:
+    """The update after the last micro-batch: unscale (float16, when gradients are clipped here or inside the
+    compiled step, so clipping sees true gradients), clip (``clip``: what is left to call here), step, zero."""
+    def update() -> None:
+        if unscale and scaler is not None:
+            scaler.unscale_(optimizer)
+        if clip is not None:
+            clip()
         if scaler is None:
             optimizer.step()
         else:
@@ -242,60 +239,63 @@ def apply(
             scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
-    # CUDA graph trees reuse output memory on the next replay: each step starts a new generation,
-    # and a loss that is a graph output (train_step) is copied out before it can be overwritten.
-    cuda_graphs = device.type == "cuda" and scope != "none" and uses_cuda_graphs(kwargs)
-    mark_step = torch.compiler.cudagraph_mark_step_begin if cuda_graphs else lambda: None
-    micro = itertools.count()
+    return update
 
-    def sync_context(last: bool) -> AbstractContextManager[Any]:
-        # Micro-steps that do not step the optimizer keep their gradients local (DDP's no_sync).
-        return ddp.no_sync() if ddp is not None and not last else nullcontext()
 
-    if scope == "train_step":
-        def whole_step(inputs: Any, targets: Any, last: bool) -> torch.Tensor:
-            with torch.autocast(device.type, dtype=dtype) if inside else nullcontext():
-                loss = loss_fn(_call(runner, inputs), targets)
-            backward(loss)
-            if last:  # a Python bool: dynamo specialises, one graph per value
-                update(clip)
-            return loss.detach()
+def eager_step(micro: Micro, outer: Context, autograd: Context) -> Callable[[Any, Any], torch.Tensor]:
+    """The step of the scopes that compile parts (``none``, ``module``, ``regional``): the loop in eager code,
+    forward and backward under compiled autograd's context when it is on."""
+    def step(inputs: Any, targets: Any) -> torch.Tensor:
+        last = micro.begin()
+        with micro.sync(last), autograd():
+            with outer():
+                loss = micro.loss_fn(_call(micro.runner, inputs), targets)
+            micro.backward(loss)
+            if last:
+                micro.update()
+        micro.end(last)
+        return loss.detach()
 
-        compiled_step = compiler("train_step")(whole_step)
-        compiled.append("train_step")
-        checked = [("train_step", model)]
+    return step
 
-        def step(inputs: Any, targets: Any) -> torch.Tensor:
-            last = next(micro) % grad_accum_steps == grad_accum_steps - 1
-            mark_step()
-            with sync_context(last), outer():
-                loss = compiled_step(inputs, targets, last)
-            if last and scheduler is not None:
-                scheduler.step()
-            return loss.clone() if cuda_graphs else loss
-    else:
-        def step(inputs: Any, targets: Any) -> torch.Tensor:
-            last = next(micro) % grad_accum_steps == grad_accum_steps - 1
-            mark_step()
-            with sync_context(last), compiled_autograd():
-                with outer():
-                    loss = loss_fn(_call(runner, inputs), targets)
-                backward(loss)
-                if last:
-                    update(clip)
-            if last and scheduler is not None:
-                scheduler.step()
-            return loss.detach()
 
+def train_step(micro: Micro, outer: Context, inner: torch.dtype | None, device_type: str,
+               compile_step: Callable[[Any], Any]) -> Callable[[Any, Any], torch.Tensor]:
+    """``compile.scope=train_step``: forward, loss, backward and update in one compiled function (its graph
+    breaks at ``backward``); ``inner`` the autocast dtype inside it (``amp.placement=inside``). A loss that is
+    a CUDA-graph output is copied out before the next replay can overwrite it."""
+    runner, loss_fn, backward, update = micro.runner, micro.loss_fn, micro.backward, micro.update
+
+    def whole_step(inputs: Any, targets: Any, last: bool) -> torch.Tensor:
+        with torch.autocast(device_type, dtype=inner) if inner is not None else nullcontext():
+            loss = loss_fn(_call(runner, inputs), targets)
+        backward(loss)
+        if last:  # a Python bool: dynamo specialises, one graph per value
+            update()
+        return loss.detach()
+
+    compiled_step = compile_step(whole_step)
+
+    def step(inputs: Any, targets: Any) -> torch.Tensor:
+        last = micro.begin()
+        with micro.sync(last), outer():
+            loss = compiled_step(inputs, targets, last)
+        micro.end(last)
+        return loss.clone() if micro.cuda_graphs else loss
+
+    return step
+
+
+def _process_group_of_many() -> bool:
+    """``distributed``'s default: a process group of more than one rank is initialised."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _roles(compiled: list[str]) -> set[str]:
+    """The compiled parts other than the model's units, each of which must produce a graph."""
     roles = {"optimizer"} if any(c.startswith("optimizer.step") for c in compiled) else set()
     roles |= {"autograd"} if "compiled_autograd" in compiled else set()
-    roles |= {"clip"} if "clip_grad_norm_" in compiled else set()
-    return TrainStep(fn=step, model=runner, compiled=compiled, units=checked, roles=roles, log=log,
-                     eager_parts={"amp.dtype": config.amp.dtype, "ac.policy": config.ac.policy,
-                                  "distributed": distributed, "optim.impl": config.optim.impl,
-                                  "clip": grad_clip_norm, "accum": grad_accum_steps,
-                                  "schedule": type(scheduler).__name__ if scheduler is not None else None},
-                     optimizer=optimizer, scheduler=scheduler, settings=settings)
+    return roles | ({"clip"} if "clip_grad_norm_" in compiled else set())
 
 
 def _call(model: Callable[..., Any], inputs: Any) -> Any:
@@ -305,68 +305,3 @@ def _call(model: Callable[..., Any], inputs: Any) -> Any:
     if isinstance(inputs, (tuple, list)):
         return model(*inputs)
     return model(inputs)
-
-
-def _clip_then(clip: Callable[[], Any], step: Callable[..., Any]) -> Callable[..., Any]:
-    def clip_and_step(*args: Any, **kwargs: Any) -> Any:
-        clip()
-        return step(*args, **kwargs)
-
-    return clip_and_step
-
-
-def _compile_units(model: nn.Module, knobs: CompileKnobs) -> list[tuple[str, nn.Module]]:
-    """The modules whose ``forward`` is compiled in place."""
-    if knobs.scope == "module":
-        return [("model", model)]
-    if knobs.granularity == "nested":
-        # One marked function bound to every block, as the decorator on the class would be (one
-        # region traced once, reused by each block), without changing the class for other users.
-        for _, block in units.blocks(model):
-            region = torch.compiler.nested_compile_region(type(block).forward)
-            block.forward = types.MethodType(region, block)  # type: ignore[method-assign]
-        return [("model", model)]
-    found = units.blocks(model)
-    if knobs.granularity == "sublayer":
-        # A block without parts of its own (a Linear head in a ModuleList) is its own unit.
-        found = [(f"{name}.{sub}", m) if sub else (name, m) for name, block in found
-                 for sub, m in (units.sublayers(block) or [("", block)])]
-    # Accelerate's compile_regions: the rest of the model (embeddings, final norm, head) compiled too.
-    return found + (units.rest(model) if knobs.rest == "compiled" else [])
-
-
-def _compile_forward(unit: nn.Module, compile_fn: Callable[[Any], Any],
-                     count: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Compile the function behind ``unit.forward`` and bind it back. Not the bound method itself:
-    torch wraps every bound method in one shared helper frame, so units of different classes would
-    recompile that one frame until the recompile limit. The class's function is one code object per
-    class, shared by its instances (one graph for all blocks); a wrapper of ours is compiled as is."""
-    own = unit.__dict__.get("forward")
-    if own is not None and not isinstance(own, types.MethodType):
-        unit.forward = count(compile_fn(own))  # type: ignore[method-assign]
-    else:
-        function = own.__func__ if own is not None else type(unit).forward
-        unit.forward = count(types.MethodType(compile_fn(function), unit))  # type: ignore[method-assign]
-
-
-def _wrap_forward(module: nn.Module, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    module.forward = wrapper(module.forward)  # type: ignore[method-assign]
-
-
-def _checkpointed(fwd: Callable[..., Any]) -> Callable[..., Any]:
-    # A plain function, not functools.partial(checkpoint, ...): dynamo skipped the frame of a block
-    # whose forward was such a partial, so regional compile silently compiled nothing (torch 2.13).
-    @functools.wraps(fwd)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        return torch.utils.checkpoint.checkpoint(fwd, *args, use_reentrant=False, **kwargs)
-
-    return forward
-
-
-def _autocast(fwd: Callable[..., Any], device_type: str, dtype: torch.dtype | None) -> Callable[..., Any]:
-    @functools.wraps(fwd)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(device_type, dtype=dtype):
-            return fwd(*args, **kwargs)
-
-    return forward
