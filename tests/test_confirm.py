@@ -61,7 +61,7 @@ def test_side_by_side_phases_pair_windows_and_verdict_neighbours_run_once_cold_f
     study_with(tmp_path, {"amp.dtype": "bfloat16"})
     done = tune_cli(tmp_path, "study.name=t", "+model.block_sleep_s=0.002", "compile.scope=none", *FIXED,
                     "study.n_trials=2", "study.prune=false", "study.confirm_top=3", "study.repeats=2",
-                    "study.verdicts=all", "compare.min_rounds=4", "compare.max_timed_s=1")
+                    "study.verdicts=all", "compare.processes=2", "compare.min_rounds=4", "compare.max_timed_s=1")
     assert done.returncode == 0, done.stderr[-3000:]
     study = reload(tmp_path)
     assert study.user_attrs["method.confirm"]["method"] == study.user_attrs["method.verdict"]["method"] == \

