@@ -107,13 +107,19 @@ def test_measured_trials_replace_the_prior_and_the_search_counts_down(settings_f
     assert found.trials_left == 2 and found.search_s == pytest.approx(2 * 36.0)
 
 
-def test_after_the_search_fresh_process_rounds_count_down_their_plans(settings_for: Compose) -> None:
-    settings = settings_for(*TINY, "study.n_trials=3", "study.verdicts=none", "study.side_by_side=false")
+def searched(settings: Settings) -> tuple[optuna.Study, SearchSpace, Objective]:
+    """A study whose search is over: both baselines and regional (the best) measured."""
     study, space, objective = parts(settings)
     study.set_user_attr("reference", {"status": "ok", "wall_s": 10.0})
     add(study, space, {"compile.scope": "none"}, wall_s=9.0, compile_s=0.0, baseline="eager")
     add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=28.0, baseline="compile")
     add(study, space, {"compile.scope": "regional"}, wall_s=30.0, compile_s=20.0, step_s=0.001)
+    return study, space, objective
+
+
+def test_after_the_search_fresh_process_rounds_count_down_their_plans(settings_for: Compose) -> None:
+    settings = settings_for(*TINY, "study.n_trials=3", "study.verdicts=none", "study.side_by_side=false")
+    study, space, objective = searched(settings)
     prior = compile_prior_s(settings)
     first = estimate(study, space, objective, settings, prior)
     assert first is not None and first.search_s == 0.0
@@ -184,11 +190,7 @@ def test_a_warm_repeat_logs_its_compile_under_its_own_key_and_compile_s_stays_co
 
 def test_after_the_search_side_by_side_processes_count_down(settings_for: Compose) -> None:
     settings = settings_for(*TINY, "study.n_trials=3", "study.verdicts=none")
-    study, space, objective = parts(settings)
-    study.set_user_attr("reference", {"status": "ok", "wall_s": 10.0})
-    add(study, space, {"compile.scope": "none"}, wall_s=9.0, compile_s=0.0, baseline="eager")
-    add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=28.0, baseline="compile")
-    add(study, space, {"compile.scope": "regional"}, wall_s=30.0, compile_s=20.0, step_s=0.001)
+    study, space, objective = searched(settings)
     prior = compile_prior_s(settings)
     first = estimate(study, space, objective, settings, prior)
     assert first is not None
