@@ -4,7 +4,7 @@ runs, the phases from their plans once the search is over, a warning when it exc
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +12,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from autocompile.app import available_models
 from autocompile.config.knobs import TrialConfig
-from autocompile.config.settings import Settings, register, settings_from
+from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace, identity
 from autocompile.report.view import StudyView
 from autocompile.study.estimate import (
@@ -30,16 +29,7 @@ from autocompile.study.objective import Objective
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.device=cpu",
         "study.n_trials=5", "study.confirm_top=2", "study.repeats=3")
-Compose = Callable[..., Settings]
-
-
-@pytest.fixture
-def settings_for() -> Iterator[Compose]:
-    from hydra import compose, initialize_config_dir
-
-    register()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        yield lambda *overrides: settings_from(compose("config", overrides=list(overrides)), available_models())
+Compose = Callable[..., Settings]  # what conftest.settings_for yields
 
 
 def parts(settings: Settings) -> tuple[optuna.Study, SearchSpace, Objective]:

@@ -40,9 +40,10 @@ class CompareSettings:
     """Untimed steps of a candidate before each of its windows (the switch between programs is not timed)."""
 
     def __post_init__(self) -> None:
-        if self.processes < 1 or self.window_steps < 1 or self.min_rounds < 2 or self.settle_steps < 0:
-            raise ValueError("compare.processes and compare.window_steps must be >= 1, compare.min_rounds >= 2 and "
-                             "compare.settle_steps >= 0")
+        for key, value, least in (("processes", self.processes, 1), ("window_steps", self.window_steps, 1),
+                                  ("min_rounds", self.min_rounds, 2), ("settle_steps", self.settle_steps, 0)):
+            if value < least:
+                raise ValueError(f"compare.{key}={value} must be >= {least}")
         if not 0 < self.precision < 1 or self.max_timed_s <= 0:
             raise ValueError(f"compare.precision={self.precision} must be in (0, 1) and compare.max_timed_s="
                              f"{self.max_timed_s} > 0")

@@ -29,7 +29,7 @@ from autocompile.config.knobs import describe
 from autocompile.config.settings import Settings
 from autocompile.config.spec import write_json_atomic
 from autocompile.study import sidebyside
-from autocompile.study.intervals import Paired, break_even, time_to_train
+from autocompile.study.intervals import Paired, break_even, paired_windows, t_quantile, time_to_train
 from autocompile.trial.launcher import launch
 from autocompile.trial.stats import paired_ratio
 
@@ -90,14 +90,16 @@ def timed(members: list[sidebyside.Member], settings: Settings, out: Path
 
 
 def pair(base: dict[int, list[float]], other: dict[int, list[float]], method: str) -> Paired | None:
+    """``other / base`` of step time: paired windows side by side, else paired fresh-process rounds."""
     if method == "side_by_side":
-        return sidebyside.against(base, other)
+        return paired_windows(base, other)
     ratio = paired_ratio({r: v[0] for r, v in other.items()}, {r: v[0] for r, v in base.items()})
     if ratio is None:
         return None
-    se = (math.log1p(ratio.high) - math.log1p(ratio.change)) / 1.96 if ratio.high is not None else 0.0
+    df = ratio.rounds - 1
+    se = (math.log1p(ratio.high) - math.log1p(ratio.change)) / t_quantile(df) if ratio.high is not None else 0.0
     return Paired(ratio.change, ratio.low, ratio.high, ratio.rounds, ratio.rounds, "fresh-process rounds", None,
-                  se, ratio.rounds - 1)
+                  se, df)
 
 
 def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],

@@ -196,7 +196,7 @@ def describe_plan(name: str, plan: list[Slot], seconds: float, side_by_side: boo
 def run_plan(study: optuna.Study, plan: list[Slot], measure: Measure) -> None:
     """Measure every slot of ``plan`` not measured yet (a resumed study skips what it has)."""
     for slot in plan:
-        while not _done(study, slot.key()):
+        while not slot_done(study, slot.key()):
             waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             if not any(key_of(t) == slot.key() for t in waiting):
                 study.enqueue_trial(slot.params, user_attrs={"phase": slot.phase, "round": slot.round,
@@ -209,7 +209,7 @@ def run_plan(study: optuna.Study, plan: list[Slot], measure: Measure) -> None:
             measure(trial)
 
 
-def _done(study: optuna.Study, key: tuple[str, int, str]) -> bool:
+def slot_done(study: optuna.Study, key: tuple[str, int, str]) -> bool:
     return any(key_of(t) == key for t in phase_trials(study, key[0]))
 
 

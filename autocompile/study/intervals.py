@@ -78,11 +78,17 @@ def paired_windows(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[fl
         p_value = float(stats.f.sf(f, len(groups) - 1, df_w)) if df_w else 0.0
         pooled = (ms_w * inv_r / len(groups), df_w, "windows pooled")
         means_only = (s2_means / len(groups), len(groups) - 1, "process means")
-        var, df, basis = max(pooled, means_only, key=lambda v: _t(v[1]) * math.sqrt(v[0]) if v[1] >= 1 else math.inf)
+        var, df, basis = max(pooled, means_only, key=_half_width)
     return replace(_interval(mu, var, df, rounds, len(groups), basis, p_value), dropped=dropped)
 
 
-def _t(df: float) -> float:
+def _half_width(estimate: tuple[float, float, str]) -> float:
+    var, df, _ = estimate
+    return t_quantile(df) * math.sqrt(var) if df >= 1 else math.inf
+
+
+def t_quantile(df: float) -> float:
+    """The 97.5% quantile of Student's t (a two-sided 95% interval)."""
     return float(stats.t.ppf(0.975, df))
 
 
@@ -91,7 +97,7 @@ def _interval(mu: float, var: float, df: float, rounds: int, processes: int, bas
     se = math.sqrt(var) if var == var and var >= 0 else math.nan
     if df < 1 or se != se:
         return Paired(math.expm1(mu), None, None, rounds, processes, basis, p_value, 0.0, 0.0)
-    half = _t(df) * se
+    half = t_quantile(df) * se
     return Paired(math.expm1(mu), math.expm1(mu - half), math.expm1(mu + half), rounds, processes, basis, p_value,
                   se, df)
 

@@ -17,13 +17,13 @@ from autocompile.study import sidebyside
 from autocompile.study.confirm import (
     Measure,
     Slot,
-    _done,
     confirm_plan,
     cost_estimate,
     describe_plan,
     key_of,
     neighbours,
     run_plan,
+    slot_done,
     verdict_plan,
     winner_trial,
 )
@@ -99,10 +99,7 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
         return True  # every neighbour is the winner's program or failed: the verdicts say so
     plan = [Slot("verdict", r, m.label, m.params, dict(m.attrs))
             for r in range(settings.compare.processes) for m in members]
-    why = sidebyside.cannot_share([sidebyside.Member(m.label, TrialConfig.from_flat(
-        study.trials[m.attrs["cold_trial"]].user_attrs["config"], settings.env, strict=False),
-        cold_of(study.trials[m.attrs["cold_trial"]])) for m in members], settings) or run_together(
-        study, plan, measure, together)
+    why = why_apart(study, members, settings) or run_together(study, plan, measure, together)
     if why:
         set_method(study, "verdict", "fresh_processes", why)
         return False
@@ -113,7 +110,7 @@ def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, togeth
     """Each round of ``plan`` in one side-by-side process (a resumed study skips the rounds it has).
     Returns why the candidates could not share a process, or None."""
     for r in sorted({slot.round for slot in plan}):
-        slots = [slot for slot in plan if slot.round == r and not _done(study, slot.key())]
+        slots = [slot for slot in plan if slot.round == r and not slot_done(study, slot.key())]
         if not slots:
             continue
         keys = {slot.key() for slot in slots}
@@ -159,9 +156,15 @@ def phase_method(study: optuna.Study, phase: str, plan: list[Slot], settings: Se
         if together is None or not settings.study.side_by_side:
             set_method(study, phase, "fresh_processes", "study.side_by_side=false")
         else:
-            members = {s.label: s for s in plan}.values()
-            why = sidebyside.cannot_share([sidebyside.Member(s.label, TrialConfig.from_flat(
-                study.trials[s.attrs["cold_trial"]].user_attrs["config"], settings.env, strict=False),
-                cold_of(study.trials[s.attrs["cold_trial"]])) for s in members], settings)
+            why = why_apart(study, list({s.label: s for s in plan}.values()), settings)
             set_method(study, phase, "fresh_processes" if why else "side_by_side", why or "")
     return method(study, phase)["method"]
+
+
+def why_apart(study: optuna.Study, slots: list[Slot], settings: Settings) -> str | None:
+    """Why the candidates of ``slots`` cannot share a process (:func:`sidebyside.cannot_share`), each
+    described by its cold run."""
+    env = settings.env  # detected once: it reads the model's structure
+    return sidebyside.cannot_share([sidebyside.Member(s.label, TrialConfig.from_flat(
+        study.trials[s.attrs["cold_trial"]].user_attrs["config"], env, strict=False),
+        cold_of(study.trials[s.attrs["cold_trial"]])) for s in slots], settings)

@@ -18,7 +18,6 @@ from typing import Any
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.config.spec import SideBySideSpec
-from autocompile.study.intervals import Paired, paired_windows
 from autocompile.trial.launcher import Agents, Resources, launch
 from autocompile.trial.stats import stalled
 
@@ -153,11 +152,6 @@ def step_s(per_process: dict[int, list[float]]) -> float:
     windows left out)."""
     return statistics.fmean(math.exp(statistics.fmean(math.log(x) for k, x in enumerate(w) if k not in stalled(w)))
                             for w in per_process.values())
-
-
-def against(base: dict[int, list[float]], other: dict[int, list[float]]) -> Paired | None:
-    """``other / base`` of step time, paired window by window within each process."""
-    return paired_windows(base, other)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
