@@ -44,6 +44,8 @@ def add(study: optuna.Study, space: SearchSpace, knobs: dict[str, Any], wall_s: 
     config = TrialConfig.from_flat({**space.fixed, **knobs}, space.env, strict=False)
     result = {"status": "ok", "wall_s": wall_s, "compile_s": compile_s, "step_s": step_s, "step_s_cv": 0.01,
               "tokens_per_s": 1000.0, "first_step_s": compile_s + step_s, "fingerprint": identity(config, space.env)}
+    if "step_s_windows" in attrs:  # a side-by-side candidate's windows sit in its result
+        result["step_s_windows"] = attrs.pop("step_s_windows")
     study.add_trial(create_trial(state=TrialState.COMPLETE, values=[compile_s + 10_000 * step_s], user_attrs={
         "config": config.active(space.env), "identity": identity(config, space.env), "name": str(knobs),
         "result": result, "trial_dir": f"/nonexistent/t{len(study.trials)}", "phase": "search", **attrs}))
@@ -65,7 +67,9 @@ def test_before_any_trial_the_reference_and_the_model_size_set_the_estimate(sett
     assert found is not None
     assert found.costs.eager_s == pytest.approx(11.0)  # the reference's wall time and the tuner's bookkeeping
     assert found.costs.cold_s == pytest.approx(11.0 + prior[0])
-    assert found.trials_left == 5 and found.search_s == pytest.approx(5 * found.costs.cold_s)
+    # A sampled trial is eager as often as compile.scope=none is among tiny_lm's four scopes.
+    assert found.trials_left == 5 and found.search_s == pytest.approx(
+        5 * (found.costs.eager_s / 4 + 3 * found.costs.cold_s / 4))
     # Side by side (the default): 5 processes, each starting (an eager run), warming up the 3 compiled of the
     # (confirm_top + 2) candidates from their cold caches, and timing for compare.max_timed_s.
     assert found.confirm_s == pytest.approx(5 * (found.costs.eager_s + 3 * (found.costs.warm_s - found.costs.eager_s)
@@ -94,7 +98,35 @@ def test_measured_trials_replace_the_prior_and_the_search_counts_down(settings_f
     found = estimate(study, space, objective, settings, compile_prior_s(settings))
     assert found is not None and found.costs.basis == "measured on 2 compiled trial(s)"
     assert found.costs.eager_s == pytest.approx(10.0) and found.costs.cold_s == pytest.approx(36.0)
-    assert found.trials_left == 2 and found.search_s == pytest.approx(2 * 36.0)
+    assert found.trials_left == 2 and found.search_s == pytest.approx(2 * (10.0 / 4 + 3 * 36.0 / 4))
+
+
+def test_until_a_winner_is_measured_the_phases_are_priced_at_a_stand_in(settings_for: Compose) -> None:
+    from autocompile.study.estimate import baseline, stand_in
+
+    settings = settings_for(*TINY, "study.n_trials=8")
+    study, space, objective = parts(settings)
+    horizon = settings.objective.horizon_steps
+    # Compile estimated at 3.2 s (4 modules): it pays back at 10 % faster steps only when a step takes
+    # more than 3.2 s / (0.1 x horizon).
+    slow = {"status": "ok", "wall_s": 10.0, "step_s": 10 * 3.2 / horizon * 2}
+    fast = {**slow, "step_s": slow["step_s"] / 4}
+    kinds = {}
+    for name, reference in (("slow", slow), ("fast", fast)):
+        study.set_user_attr("reference", reference)
+        found = estimate(study, space, objective, settings, compile_prior_s(settings))
+        assert found is not None
+        kinds[name] = stand_in(study, space, objective, found.costs).user_attrs["config"]["compile.scope"], found
+    assert kinds["slow"][0] == "module" and kinds["fast"][0] == "none"
+    # An eager winner's neighbours are mostly eager too, and it has no warm start: a cheaper verdict phase.
+    assert kinds["fast"][1].verdict_s < kinds["slow"][1].verdict_s
+    assert kinds["fast"][1].warm_start_s == 0.0 < kinds["slow"][1].warm_start_s
+    # Once a trial is measured, the best so far stands in.
+    add(study, space, {"compile.scope": "regional"}, wall_s=30.0, compile_s=20.0, step_s=0.001)
+    found = estimate(study, space, objective, settings, compile_prior_s(settings))
+    assert found is not None
+    assert stand_in(study, space, objective, found.costs).number == 0
+    assert baseline(space, "eager").user_attrs["config"]["compile.scope"] == "none"
 
 
 def searched(settings: Settings) -> tuple[optuna.Study, SearchSpace, Objective]:
@@ -117,7 +149,7 @@ def test_after_the_search_fresh_process_rounds_count_down_their_plans(settings_f
     assert first.confirm_s == pytest.approx(9 * 10.0)
     regional = study.trials[2]
     add(study, space, {"compile.scope": "regional"}, wall_s=11.0, compile_s=2.0, phase="confirm", round=0,
-        label=f"#{regional.number}")
+        label=f"#{regional.number}", candidate=regional.number, compile_s_cold=20.0)
     after = estimate(study, space, objective, settings, prior)
     assert after is not None and after.confirm_s < first.confirm_s  # one repeat done, eight to go
 
@@ -190,6 +222,8 @@ def test_after_the_search_side_by_side_processes_count_down(settings_for: Compos
     study.set_user_attr("method.confirm", {"method": "side_by_side", "why": ""})
     for number in (0, 1, 2):  # the first process timed all three
         add(study, space, study.trials[number].user_attrs["config"], wall_s=20.0, compile_s=0.0, phase="confirm",
-            round=0, label=f"#{number}", method="side_by_side")
+            round=0, label=f"#{number}", method="side_by_side", candidate=number,
+            compile_s_cold=study.trials[number].user_attrs["result"]["compile_s"],
+            step_s_windows=[0.01] * 12)
     after = estimate(study, space, objective, settings, prior)
     assert after is not None and after.confirm_s == pytest.approx(4 * one)

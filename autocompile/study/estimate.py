@@ -3,9 +3,12 @@
 One run of a configuration costs about what the numerics reference cost (process start, imports,
 model build, warm-up, timed part: its wall time) plus, when it compiles, the compile time: measured
 by the study's own compiled trials once there are some, before that estimated from the model's
-size. The search is ``study.n_trials`` such runs (the queued baselines included), the phases after
-it are their plans (:func:`phase_costs`, the one place that reads how the phases run), and the
-winner's warm start one more run.
+size. The search is ``study.n_trials`` such runs (the queued baselines included; a sampled trial is
+eager as often as ``compile.scope=none`` is among the scopes), the phases after it are their plans
+(:func:`phase_costs`, the one place that reads how the phases run) around the winner, and the
+winner's warm start one more run. Until the search has measured a winner, the phases are priced at a
+stand-in (:func:`stand_in`): the best trial so far, or before any, the baseline the reference and
+the compile prior say would win.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autocompile.config.knobs import KNOBS, TrialConfig
 from autocompile.config.settings import Settings
@@ -38,6 +41,10 @@ WARM_COMPILE_SHARE = 0.15
 """What is left of a compile with a warm inductor cache (2.8 s of 23 s cold, DESIGN.md section 4)."""
 BOOKKEEPING_S = 1.0
 """Per run, the tuner's own work around it: Optuna, MLflow logging."""
+EXPECTED_STEP_GAIN = 0.10
+"""Before any trial, how much faster compiled steps are assumed to be, to guess whether the winner
+compiles (eager vs default compile on gpt2-tiny, 2-core CPU: 11-13 % faster steps,
+benchmarks/results/cpu-2core/compare_eager_vs_compile_run*.txt)."""
 HINT = "study.n_trials, study.verdicts and measure.max_timed_s trade it down"
 
 
@@ -115,8 +122,31 @@ def compile_prior_s(settings: Settings) -> tuple[float, str]:
             f"compile estimated from the model's {modules} modules")
 
 
-def compiles(trial: FrozenTrial) -> bool:
+def compiles(trial: Any) -> bool:
+    """Whether a trial (or a stand-in with its ``config`` attribute) compiles anything."""
     return (trial.user_attrs.get("config") or {}).get("compile.scope", "none") != "none"
+
+
+def baseline(space: SearchSpace, name: str) -> SimpleNamespace:
+    """A queued baseline's configuration, shaped like a trial (the fixed knobs win over it)."""
+    config = TrialConfig.from_flat({**BASELINES[name], **space.fixed}, space.env, strict=False)
+    return SimpleNamespace(user_attrs={"config": config.active(space.env)}, number=None)
+
+
+def stand_in(study: optuna.Study, space: SearchSpace, objective: Objective, costs: RunCosts) -> Any:
+    """The winner the phases are priced at: the confirmed winner or the search's best so far; before any
+    trial, the eager baseline when the compile would not pay back over the horizon at
+    :data:`EXPECTED_STEP_GAIN` faster steps, else the default compile."""
+    from autocompile.study.confirm import winner_trial
+
+    best = winner_trial(study, objective)
+    if best is not None:
+        return best
+    step_s = (study.user_attrs.get("reference") or {}).get("step_s")
+    horizon = objective.settings.horizon_steps
+    pays_back = (objective.settings.kind != "time_to_train" or not step_s
+                 or costs.cold_s - costs.eager_s < horizon * step_s * EXPECTED_STEP_GAIN)
+    return baseline(space, "compile" if pays_back else "eager")
 
 
 def run_costs(study: optuna.Study, settings: Settings, prior: tuple[float, str]) -> RunCosts | None:
@@ -174,8 +204,8 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
     wanted = s.verdict_knobs()
     searching = sum(counted(t) for t in trials) < s.n_trials or not any(t.state == TrialState.COMPLETE for t in trials)
     if searching:
-        winner: Any = SimpleNamespace(user_attrs={"config": TrialConfig.from_flat(
-            {**space.fixed, **BASELINES["compile"]}, space.env, strict=False).active(space.env)})
+        winner: Any = stand_in(study, space, objective, costs)
+        # The top trials and the two baselines besides eager: all but one compile.
         members = s.confirm_top + 2
         confirm_s = processes * process_s(costs, members - 1, settings) if s.confirm_top else 0.0
     else:
@@ -192,10 +222,13 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
     if not found:
         return confirm_s, 0.0
     finished = phase_trials(study, "verdict") if not searching else []
-    cold_left = len(found) - sum(1 for t in finished if t.user_attrs.get("cold_run"))
+    ran_cold = {(t.user_attrs.get("knob"), t.user_attrs.get("value")) for t in finished if t.user_attrs.get("cold_run")}
+    scopes = [config.flat()["compile.scope"] for _, _, config in found]
+    cold_s = sum(costs.cold_s if scope != "none" else costs.eager_s
+                 for (key, value, _), scope in zip(found, scopes, strict=True) if (key, value) not in ran_cold)
     rounds_done = {t.user_attrs["round"] for t in finished if not t.user_attrs.get("cold_run")}
-    compiled = (winner.user_attrs["config"].get("compile.scope", "none") != "none") * (len(found) + 1)
-    verdict_s = max(cold_left, 0) * costs.cold_s + (processes - len(rounds_done)) * process_s(costs, compiled, settings)
+    compiled = sum(scope != "none" for scope in scopes) + compiles(winner)
+    verdict_s = cold_s + (processes - len(rounds_done)) * process_s(costs, compiled, settings)
     return confirm_s, verdict_s
 
 
@@ -217,9 +250,8 @@ def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objec
     trials = study.get_trials(deepcopy=False)
     wanted = s.verdict_knobs()
     if sum(counted(t) for t in trials) < s.n_trials or not any(t.state == TrialState.COMPLETE for t in trials):
-        stand_in = SimpleNamespace(user_attrs={"config": TrialConfig.from_flat(
-            {**space.fixed, **BASELINES["compile"]}, space.env, strict=False).active(space.env)})
-        n = len(neighbours(stand_in, space, wanted)) if wanted != [] else 0  # type: ignore[arg-type]
+        winner = stand_in(study, space, objective, costs)
+        n = len(neighbours(winner, space, wanted)) if wanted != [] else 0
         confirm_s = (s.confirm_top + 2) * s.repeats * costs.warm_s if s.confirm_top else 0.0
         # Round 0: the winner warm, each neighbour cold; then every member warm in each further round.
         return confirm_s, (n * costs.cold_s + (s.repeats * (n + 1) - n) * costs.warm_s) if n else 0.0
@@ -237,14 +269,20 @@ def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objec
     return confirm_s, left_s(plan) if len(plan) > s.repeats else 0.0
 
 
-def search_left_s(study: optuna.Study, settings: Settings, costs: RunCosts) -> tuple[float, int]:
-    """Seconds and number of the search trials still to run: queued eager baselines at the eager cost,
-    everything else as a compiled trial (an eager sample is a copy of the eager baseline: free)."""
+def search_left_s(study: optuna.Study, space: SearchSpace, settings: Settings,
+                  costs: RunCosts) -> tuple[float, int]:
+    """Seconds and number of the search trials still to run: queued baselines at their own cost, a sampled
+    trial at the eager cost as often as ``compile.scope=none`` is among the scopes it is drawn from."""
     trials = study.get_trials(deepcopy=False)
     left = max(settings.study.n_trials - sum(counted(t) for t in trials), 0)
-    queued_eager = sum(1 for t in trials if t.state == TrialState.WAITING and t.user_attrs.get("baseline") == "eager")
-    eager = min(queued_eager, left) if settings.fixed_knobs.get("compile.scope") != "none" else left
-    return eager * costs.eager_s + (left - eager) * costs.cold_s, left
+    queued = [t.user_attrs.get("baseline") for t in trials if t.state == TrialState.WAITING][:left]
+    queued_s = sum(costs.cold_s if compiles(baseline(space, name)) else costs.eager_s
+                   for name in queued if name in BASELINES)
+    queued_s += sum(costs.cold_s for name in queued if name not in BASELINES)
+    scopes = space.options("compile.scope", {})
+    eager_share = scopes.count("none") / len(scopes)
+    sampled_s = (left - len(queued)) * (eager_share * costs.eager_s + (1 - eager_share) * costs.cold_s)
+    return queued_s + sampled_s, left
 
 
 def estimate(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
@@ -253,10 +291,10 @@ def estimate(study: optuna.Study, space: SearchSpace, objective: Objective, sett
     costs = run_costs(study, settings, prior)
     if costs is None:
         return None
-    search_s, left = search_left_s(study, settings, costs)
+    search_s, left = search_left_s(study, space, settings, costs)
     confirm_s, verdict_s = phase_costs(study, space, objective, settings, costs)
-    warm_start_s = costs.warm_s if settings.study.warm_start and (
-        settings.fixed_knobs.get("compile.scope") != "none") else 0.0
+    warm_start_s = costs.warm_s if settings.study.warm_start and compiles(
+        stand_in(study, space, objective, costs)) else 0.0
     return StudyEstimate(search_s=search_s, confirm_s=confirm_s, verdict_s=verdict_s, warm_start_s=warm_start_s,
                          trials_left=left, costs=costs)
 
