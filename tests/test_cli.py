@@ -89,6 +89,7 @@ def test_gpu_slots_take_any_device_ids_and_split_the_cores(monkeypatch: pytest.M
 
     from autocompile.app import available_models
     from autocompile.config.settings import register, settings_from
+    from autocompile.trial.slots import slots as trial_slots
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
@@ -97,11 +98,11 @@ def test_gpu_slots_take_any_device_ids_and_split_the_cores(monkeypatch: pytest.M
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5e1d,MIG-7f00,3")  # UUIDs and MIG ids are not integers
     cores = sorted(os.sched_getaffinity(0))
     gpu = dataclasses.replace(cpu, device="cuda")
-    slots = gpu.slots()
+    slots = trial_slots(gpu)
     assert [s.gpus for s in slots] == [("GPU-5e1d",), ("MIG-7f00",), ("3",)]
     per = len(cores) // 3
     assert [s.cpus for s in slots] == [tuple(cores[i * per:(i + 1) * per]) for i in range(3)]
-    one = dataclasses.replace(gpu, launch=dataclasses.replace(gpu.launch, slots=1)).slots()
+    one = trial_slots(dataclasses.replace(gpu, launch=dataclasses.replace(gpu.launch, slots=1)))
     assert one[0].gpus == ("GPU-5e1d",) and one[0].cpus == ()  # a lone slot keeps the whole machine
 
 

@@ -11,9 +11,9 @@ from torch import nn
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import ConfigError
 from autocompile.study.shared import compact
-from autocompile.trial import units
 from autocompile.trial.flops import flops_per_item
 from autocompile.trial.programs import verify
+from autocompile.workload import units
 from autocompile.workload.data import rate_label
 from autocompile.workload.models import build, flops_per_token
 from tests.conftest import assert_ok, run_trials

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from autocompile.config.knobs import Env, TrialConfig
-from autocompile.trial import units
 from autocompile.trial.programs import NothingCompiled, PartiallyCompiled, verify
 from autocompile.trial.step import apply, lm_loss
+from autocompile.workload import units
 from autocompile.workload.data import SyntheticTokens
 from autocompile.workload.models import gpt2
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from autocompile.config.knobs import Env, TrialConfig
-from autocompile.trial import units
 from autocompile.trial.programs import verify
 from autocompile.trial.step import apply, lm_loss
+from autocompile.workload import units
 from autocompile.workload.data import SyntheticTokens
 from autocompile.workload.models import flops_per_token, gpt2
 from tests.models import tiny_lm

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from autocompile.config.knobs import TrialConfig
+from autocompile.study.warmstart import take_home
 from autocompile.trial.launcher import launch
-from autocompile.trial.warmstart import ARTIFACTS, take_home, warm_line
+from autocompile.trial.warmstart import ARTIFACTS, warm_line
 from tests.conftest import assert_ok
 from tests.jobs import FAST_MEASURE, Compose
 

@@ -157,3 +157,13 @@ class TrackingSettings:
     """Tracking URI; empty = sqlite:///<output_root>/mlflow.db (studies accumulate side by side)."""
     experiment: str = ""
     """Experiment name; empty = one per model (autocompile/<model>), its studies and multirun jobs side by side."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one trial slot may use; empty means inherit the tuner's."""
+
+    cpus: tuple[int, ...] = ()
+    """CPU affinity of the trial's process tree (workers inherit it)."""
+    gpus: tuple[str, ...] = ()
+    """GPUs the trial sees (CUDA_VISIBLE_DEVICES)."""

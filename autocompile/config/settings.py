@@ -13,7 +13,6 @@ import hashlib
 import inspect
 import json
 import logging
-import os
 import platform
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
@@ -26,10 +25,9 @@ from autocompile.config.comparing import CompareSettings, overrides
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
 from autocompile.config.sections import LaunchSettings, ObjectiveSettings, StudySettings, TrackingSettings
 from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
-from autocompile.trial.launcher import Resources
-from autocompile.trial.units import Structure
 from autocompile.workload.models import factory_kwargs, resolve
 from autocompile.workload.parts import data_needs, knob_facts, need_message
+from autocompile.workload.units import Structure
 
 log = logging.getLogger(__name__)
 
@@ -186,42 +184,6 @@ class Settings:
                 raise ConfigError(f"compare.candidates {text!r}: {exc}") from exc
         return configs
 
-    def slots(self) -> list[Resources]:
-        """One entry per parallel trial slot: a partition of this machine's GPUs or CPU cores."""
-        w = self.workload
-        if self.device == "cuda":
-            import torch
-
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            # Kept as given: indices, GPU-… UUIDs and MIG-… ids all pass through to the trials.
-            gpus = ([g.strip() for g in visible.split(",") if g.strip()] if visible
-                    else [str(i) for i in range(torch.cuda.device_count())])
-            n = self.launch.slots or max(1, len(gpus) // w.nproc_per_node)
-            if n * w.nproc_per_node > len(gpus):
-                raise ConfigError(f"launch.slots={n} x nproc_per_node={w.nproc_per_node} needs {n * w.nproc_per_node}"
-                                  f" GPUs, {len(gpus)} visible: lower launch.slots")
-            # Concurrent slots also get their own cores: compile (inductor's workers follow the
-            # affinity) and the Python side of a step would otherwise contend across slots.
-            cores = partition(sorted(os.sched_getaffinity(0)), n) if n > 1 else [()] * n
-            return [Resources(gpus=tuple(gpus[i * w.nproc_per_node:(i + 1) * w.nproc_per_node]), cpus=cores[i])
-                    for i in range(n)]
-        # On a CPU concurrent trials share memory bandwidth and caches: one slot unless asked.
-        cores = sorted(os.sched_getaffinity(0))
-        n = self.launch.slots or 1
-        if n == 1:
-            return [Resources()]
-        per = len(cores) // n
-        if per < w.nproc_per_node:
-            raise ConfigError(f"launch.slots={n} leaves {per} cores per slot for {w.nproc_per_node} processes: "
-                              "lower launch.slots")
-        return [Resources(cpus=part) for part in partition(cores, n)]
-
-    def slot_threads(self, resources: Resources) -> int:
-        """Threads per process inside a slot: the slot's cores shared by its processes."""
-        if not resources.cpus or self.workload.threads:
-            return self.threads
-        return max(1, len(resources.cpus) // self.workload.nproc_per_node)
-
 
 _READ: dict[str, tuple[Structure, dict[str, Any]] | None] = {}
 
@@ -302,12 +264,6 @@ def versions() -> dict[str, str]:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[package] = importlib.metadata.version(package)
     return found
-
-
-def partition(cores: list[int], n: int) -> list[tuple[int, ...]]:
-    """``n`` equal, disjoint runs of ``cores`` (a remainder stays unused)."""
-    per = len(cores) // n
-    return [tuple(cores[i * per:(i + 1) * per]) for i in range(n)]
 
 
 def model_spec(node: Any, available: list[str]) -> ModelSpec:

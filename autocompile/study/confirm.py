@@ -35,14 +35,16 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
+from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace, identity
 from autocompile.study.objective import Objective
 from autocompile.study.racing import phase_trials, step_time
+from autocompile.study.reference import reference
 from autocompile.study.shared import compact, feasible, heartbeat, measured_here, measured_trials, owner, tell
 from autocompile.study.together import method
-from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
-from autocompile.trial.reference import reference
+from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted, launch
+from autocompile.trial.slots import slot_threads
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +247,7 @@ def measure_repeat(study: optuna.Study, trial: optuna.Trial, space: SearchSpace,
 
     log.info("%s round %d: %s (trial %d, %s compile cache)", attrs["phase"], attrs["round"], attrs["label"],
              trial.number, trial.user_attrs["compile_cache"])
-    result = launch(trial_dir, settings.trial_spec(config, settings.slot_threads(resources)), cache_dir=cache,
+    result = launch(trial_dir, settings.trial_spec(config, slot_threads(settings, resources)), cache_dir=cache,
                     should_stop=rule, resources=resources, agents=agents)
     trial.set_user_attr("result", compact(result))
     if result["status"] == "same_program":

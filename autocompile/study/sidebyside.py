@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from autocompile.config.knobs import TrialConfig
+from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.spec import SideBySideSpec
-from autocompile.trial.launcher import Agents, Resources, launch
+from autocompile.trial.launcher import Agents, launch
+from autocompile.trial.slots import slot_threads
 from autocompile.trial.stats import stalled
 
 log = logging.getLogger(__name__)
@@ -99,7 +101,7 @@ def run_process(out_dir: Path, members: list[Member], settings: Settings, shift:
     resources, agents = resources or Resources(), agents or Agents()
     cache = out_dir / "inductor_cache"
     warm = merge_caches(members, cache)
-    spec = spec_for(members, settings, shift, settings.slot_threads(resources), warm)
+    spec = spec_for(members, settings, shift, slot_threads(settings, resources), warm)
     log.info("side by side, process %d: %s", shift, ", ".join(m.label for m in members))
     return launch(out_dir, spec, cache_dir=cache, resources=resources, agents=agents)
 

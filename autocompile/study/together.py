@@ -30,8 +30,8 @@ from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace, identity
 from autocompile.study import sidebyside
 from autocompile.study.objective import Objective
+from autocompile.study.reference import reference
 from autocompile.study.shared import heartbeat, tell
-from autocompile.trial.reference import reference
 from autocompile.trial.warmstart import TRIAL_FILE
 
 log = logging.getLogger(__name__)

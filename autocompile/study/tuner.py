@@ -21,6 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autocompile.config.knobs import KnobError, describe
+from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace, identity
 from autocompile.report.summary import build_report, print_report, write_artifacts
@@ -30,6 +31,7 @@ from autocompile.study.estimate import Remaining, announce
 from autocompile.study.objective import Objective
 from autocompile.study.phases import run_phases
 from autocompile.study.racing import REPEAT_PHASES, study_noise
+from autocompile.study.reference import ensure_reference, reference
 from autocompile.study.shared import (
     check_measured_on,
     compact,
@@ -49,9 +51,10 @@ from autocompile.study.shared import (
     wait_finished,
 )
 from autocompile.study.together import measure_together, process_dir
-from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted, Resources, launch
-from autocompile.trial.reference import ensure_reference, reference
-from autocompile.trial.warmstart import take_home
+from autocompile.study.warmstart import warm_start
+from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted, launch
+from autocompile.trial.slots import slot_threads
+from autocompile.trial.slots import slots as trial_slots
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -90,7 +93,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
                          run_dir / "reference")
             ensure_reference(study, settings, run_dir)
             view.finished("reference")
-    slots = settings.slots()
+    slots = trial_slots(settings)
     agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)
     log.info("study %s: %d distinct configurations in the space, %d trials asked, %d slot(s); storage %s",
              study.study_name, space.size(), settings.study.n_trials, len(slots), settings.study.storage or run_dir)
@@ -360,7 +363,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
     trial_dir = run_dir / "trials" / f"{trial.number:04d}"
     trial.set_user_attr("trial_dir", str(trial_dir))
     view.running(trial.number, name, trial_dir)
-    spec = settings.trial_spec(config, settings.slot_threads(resources))
+    spec = settings.trial_spec(config, slot_threads(settings, resources))
     result = launch(trial_dir, spec, cache_dir=settings.cache_dir, should_stop=rule, resources=resources,
                     agents=agents)
     if result["status"] == "same_program":
@@ -397,15 +400,3 @@ def best_result(study: optuna.Study, objective: Objective) -> dict[str, Any] | N
         for t in measured_trials(study) if t.state == TrialState.COMPLETE and feasible(t)
     ]
     return min(scored, key=objective.score, default=None)
-
-
-def warm_start(study: optuna.Study, settings: Settings, best: dict[str, Any] | None,
-               run_dir: Path) -> dict[str, Any] | None:
-    """The winner's warm start, measured once per winner (a resumed study keeps the measurement)."""
-    done = study.user_attrs.get("warm_start")
-    if best is None or (done and done.get("trial") == best["number"]):
-        return done if best is not None else None
-    found = take_home(settings, best, run_dir, launch)
-    if found is not None:
-        study.set_user_attr("warm_start", found)
-    return found

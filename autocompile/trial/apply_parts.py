@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from autocompile.config.knobs import AcKnobs, AmpKnobs, CompileKnobs, DdpKnobs, OptimKnobs, PlacementKnobs
-from autocompile.trial import units
 from autocompile.trial.programs import CompileLog, Recorder
+from autocompile.workload import units
 from autocompile.workload.optim import (
     OptimizerLike,
     ScheduleLike,

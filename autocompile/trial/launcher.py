@@ -30,6 +30,7 @@ from typing import Any
 
 import psutil
 
+from autocompile.config.sections import Resources
 from autocompile.config.spec import SideBySideSpec, TrialSpec, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -65,14 +66,8 @@ def _load_prctl() -> Callable[..., int] | None:
 _PRCTL = _load_prctl()
 
 
-@dataclass(frozen=True)
-class Resources:
-    """What one trial slot may use; empty means inherit the tuner's."""
-
-    cpus: tuple[int, ...] = ()
-    """CPU affinity of the trial's process tree (workers inherit it)."""
-    gpus: tuple[str, ...] = ()
-    """GPUs the trial sees (CUDA_VISIBLE_DEVICES)."""
+INHERIT = Resources()
+"""A slot that uses what the tuner has."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +105,7 @@ def torchrun_command(trial_dir: Path, spec: Spec, agents: Agents = Agents()) -> 
 
 
 def trial_environment(trial_dir: Path, spec: Spec, cache_dir: Path | None,
-                      resources: Resources = Resources()) -> dict[str, str]:
+                      resources: Resources = INHERIT) -> dict[str, str]:
     """Variables that differ from the tuner's own: cache, threads, import path, devices."""
     cache = (cache_dir or trial_dir / "inductor_cache").resolve()
     devices = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, resources.gpus))} if resources.gpus else {}
@@ -126,7 +121,7 @@ def trial_environment(trial_dir: Path, spec: Spec, cache_dir: Path | None,
     }
 
 
-def prepare(trial_dir: Path, spec: Spec, cache_dir: Path | None = None, resources: Resources = Resources(),
+def prepare(trial_dir: Path, spec: Spec, cache_dir: Path | None = None, resources: Resources = INHERIT,
             agents: Agents = Agents()) -> tuple[list[str], dict[str, str]]:
     """Write the trial directory; returns the command and its extra environment."""
     trial_dir.mkdir(parents=True, exist_ok=True)
@@ -163,7 +158,7 @@ def launch(
     *,
     cache_dir: Path | None = None,
     should_stop: StopRule | None = None,
-    resources: Resources = Resources(),
+    resources: Resources = INHERIT,
     agents: Agents = Agents(),
     poll_s: float = 0.25,
     interrupt: threading.Event = INTERRUPT,

@@ -10,14 +10,13 @@ autocompile's recording backend in front of inductor (both inductor and AOT auto
 kept; a tiny model's first step went from 15.7 s to 8.5 s on the 2-core CPU, the rest being
 dynamo's tracing, which no cache skips). ``aot_eager``/``eager`` trials have no artifacts.
 
-The worker side (:func:`save_artifacts`, :func:`load_artifacts`) imports torch only.
+This module is the worker side (:func:`save_artifacts`, :func:`load_artifacts`; torch only) and the
+report's line; the study side, copying and measuring, is :mod:`autocompile.study.warmstart`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -52,33 +51,6 @@ def load_artifacts(path: str) -> dict[str, Any]:
 
 def _entries(info: Any) -> dict[str, list[Any]]:
     return dict(getattr(info, "artifacts", None) or {})
-
-
-def take_home(settings: Any, best: dict[str, Any] | None, run_dir: Path, launch: Any) -> dict[str, Any] | None:
-    """Copy the winner's artifacts next to ``best_config.py`` and measure a warm start of it.
-
-    ``launch(trial_dir, spec)`` runs a trial (``launcher.launch``); ``settings`` are the study's.
-    Returns cold and warm compile seconds and the saving, or None when the winner has no artifacts."""
-    from autocompile.config.knobs import TrialConfig
-
-    artifacts = ((best or {}).get("result") or {}).get("compile_artifacts")
-    if not artifacts or not Path(artifacts["path"]).is_file():
-        return None
-    target = run_dir / ARTIFACTS
-    shutil.copyfile(artifacts["path"], target)
-    config = TrialConfig.from_flat(best["config"], settings.env, strict=False)
-    spec = settings.trial_spec(config)
-    spec = dataclasses.replace(spec, measure=dataclasses.replace(spec.measure, artifacts=str(target.resolve())))
-    log.info("measuring a warm start of trial %s with %s", best["number"], target)
-    result = launch(run_dir / "warm_start", spec)
-    cold = best["result"]["compile_s"]
-    if result.get("status") != "ok":
-        return {"artifacts": str(target), "trial": best["number"], "cold_compile_s": cold, "status": "failed",
-                "reason": result.get("reason")}
-    warm = result["compile_s"]
-    return {"artifacts": str(target), "trial": best["number"], "status": "ok", "cold_compile_s": cold,
-            "warm_compile_s": warm, "saved_s": cold - warm, "loaded": result.get("artifacts_loaded"),
-            "trial_dir": result.get("trial_dir")}
 
 
 def warm_line(warm: dict[str, Any] | None) -> str:
