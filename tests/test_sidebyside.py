@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from autocompile.config.knobs import Env
@@ -33,6 +34,7 @@ def side_by_side(tmp_path: Path, knobs: list[dict], *, model=None, expected=None
     return launch(tmp_path / "sbs", spec)
 
 
+@pytest.mark.integration
 def test_each_candidate_runs_its_own_program_with_identical_weights_and_rounds_stay_aligned(tmp_path: Path) -> None:
     alone = {name: launch(tmp_path / name, make_spec(k, model=tiny_lm()))
              for name, k in (("module", MODULE), ("regional", REGIONAL))}

@@ -94,6 +94,7 @@ def kv(items: list[dict[str, str]] | None) -> dict[str, str]:
     return {i["key"]: i["value"] for i in items or []}
 
 
+@pytest.mark.integration
 def test_every_trial_is_a_child_run_with_knobs_metrics_histories_and_reasons(study_root: Path, server: str) -> None:
     study = load_study(study_root)
     trials = {t.number: t for t in study.trials}
@@ -160,6 +161,7 @@ def test_every_trial_is_a_child_run_with_knobs_metrics_histories_and_reasons(stu
         assert "<html" in response.read().decode().lower()
 
 
+@pytest.mark.integration
 def test_resume_continues_under_the_same_parent_and_never_duplicates_a_run(study_root: Path,
                                                                           tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from autocompile.config.knobs import Env, KnobError, TrialConfig
 from autocompile.trial.launcher import launch
 from autocompile.trial.timeline import wall_split
-from tests.conftest import assert_ok, make_spec, run_trials, tiny_lm
+from tests.conftest import assert_ok, make_spec, run_trials, survivors, tiny_lm
 
 FAST = {"compile.backend": "eager"}
 
@@ -142,14 +140,9 @@ def test_peak_flops_are_found_from_device_names() -> None:
 
 def test_hanging_trial_is_killed_at_its_timeout_with_nothing_left_alive(tmp_path: Path) -> None:
     spec = make_spec({"compile.scope": "none"}, model=tiny_lm("hang"), nproc=2, timeout_s=20)
-    started = time.time()
     result = launch(tmp_path / "hang", spec)
     assert result["status"] == "failed" and result["failure"] == "timeout"
-    assert time.time() - started < 60
-    marker = str((tmp_path / "hang").resolve())
-    time.sleep(1)
-    leftovers = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
-    assert leftovers == []
+    assert survivors(str((tmp_path / "hang").resolve())) == []
 
 
 def test_stop_rule_prunes_a_running_trial(tmp_path: Path) -> None:

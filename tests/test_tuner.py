@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import psutil
 import pytest
 import torch
 import yaml
@@ -38,6 +37,7 @@ from autocompile.study.shared import (
     storage_for,
     wait_finished,
 )
+from tests.conftest import survivors
 from tests.models import tiny_lm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,9 +163,8 @@ def test_kill_9_mid_trial_then_rerun_resumes_without_loss_or_double_counting(tmp
     assert victim is not None, "trial 1 never reached its timed windows"
     os.kill(tuner.pid, signal.SIGKILL)
     tuner.wait()
-    time.sleep(3)
-    # The trial's torchrun tree died with its tuner (no orphan disturbing the next measurements).
-    assert not [p for p in psutil.process_iter(["cmdline"]) if str(victim) in " ".join(p.info["cmdline"] or [])]
+    # The trial's torchrun tree dies with its tuner (no orphan disturbing the next measurements).
+    assert survivors(str(victim)) == []
     assert load(tmp_path).trials[1].state == TrialState.RUNNING
 
     rerun = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
