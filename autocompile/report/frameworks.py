@@ -69,14 +69,15 @@ def accelerate_gaps(w: Winner, *, trainer: bool = False) -> list[Gap]:
     if w.active("placement.order") and w.knob("placement.order") == "compile_then_to":
         gaps.append(w.gap("placement.order", "to_then_compile",
                           "prepare() moves the model to its device, then compiles."))
-    if w.active("ddp.wrap_order") and w.knob("ddp.wrap_order") == "ddp_of_compiled":
+    ddp = w.strategy == "ddp"
+    if ddp and w.active("ddp.wrap_order") and w.knob("ddp.wrap_order") == "ddp_of_compiled":
         gaps.append(w.gap("ddp.wrap_order", "compile_of_ddp", "prepare() wraps DDP first and compiles the "
                           "wrapper: torch.compile(DDP(model)); compile the model yourself before prepare() to "
                           "get DDP(compiled model)."))
-    if w.active("ddp.optimize") and w.knob("ddp.optimize") != "ddp_optimizer":
+    if ddp and w.active("ddp.optimize") and w.knob("ddp.optimize") != "ddp_optimizer":
         gaps.append(w.gap("ddp.optimize", "ddp_optimizer", "no config key: Accelerate leaves torch's default; set "
                           f"torch._dynamo.config.optimize_ddp = {optimize_ddp_value(w.knob('ddp.optimize'))} "
-                          "before prepare()."))
+                          "before prepare() (with the Trainer: before train())."))
     if w.knob("ac.policy") == "block" and w.strategy != "fsdp2" and not trainer:
         gaps.append(w.gap("ac.policy", "none", "no activation-checkpointing key outside FSDP: call "
                           "model.gradient_checkpointing_enable() (transformers models) or checkpoint each block."))

@@ -44,7 +44,7 @@ class Gap:
 
     def as_dict(self) -> dict[str, Any]:
         return {"knob": self.knob, "winner": self.winner, "instead": self.instead, "how": self.how,
-                "cost": self.cost, "step_change": self.step_change}
+                "cost": self.cost, "step_change": None if self.step_change is None else round(self.step_change, 4)}
 
     def comment(self, width: int = 110) -> list[str]:
         """The gap as comment lines (``# ...``) for YAML and TOML files."""

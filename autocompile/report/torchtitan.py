@@ -62,7 +62,7 @@ def torchtitan_gaps(w: Winner) -> list[Gap]:
                           "MixedPrecisionPolicy and adds no autocast (maybe_enable_amp)."))
     if w.strategy != "fsdp2" and w.knob("amp.dtype") == "float16":
         gaps.append(w.gap("amp.dtype", "bfloat16", "training.mixed_precision_param takes bfloat16 or float32."))
-    if w.active("ddp.optimize") and w.knob("ddp.optimize") != "ddp_optimizer":
+    if w.strategy == "ddp" and w.active("ddp.optimize") and w.knob("ddp.optimize") != "ddp_optimizer":
         gaps.append(w.gap("ddp.optimize", "ddp_optimizer", "apply_ddp sets optimize_ddp=\"ddp_optimizer\" when "
                           "the model is compiled."))
     if w.active("fsdp.order") and w.knob("fsdp.order") == "shard_then_compile":
