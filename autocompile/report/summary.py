@@ -20,6 +20,7 @@ from autocompile.config.commands import measure_command
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
 from autocompile.report.effects import Effect, knob_effects
+from autocompile.report.frameworks import write_framework_configs
 from autocompile.report.snippet import snippet
 from autocompile.report.view import console as make_console
 from autocompile.study.objective import Objective
@@ -211,6 +212,7 @@ def write_artifacts(report: Report, run_dir: Path) -> None:
          **({"conclusion": outcome["conclusion"]} if outcome.get("winner") else {}),
          "measure_command": report.measure_command}, sort_keys=False))
     (run_dir / "best_config.py").write_text(report.snippet)
+    write_framework_configs(report, run_dir)
 
 
 def print_report(report: Report, console: Console | None = None) -> None:
