@@ -34,10 +34,10 @@ from autocompile.config.space import SearchSpace
 from autocompile.config.spec import Workload
 from autocompile.trial.programs import listening, verify
 from autocompile.trial.step import apply, lm_loss
-from autocompile.workload.units import Structure
 from autocompile.workload.data import SyntheticTokens
 from autocompile.workload.models import build
 from autocompile.workload.parts import knob_facts
+from autocompile.workload.units import Structure
 
 
 def configurations(space: SearchSpace) -> list[dict[str, Any]]:
