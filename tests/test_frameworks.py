@@ -16,7 +16,6 @@ import pytest
 import yaml
 
 from autocompile.config.knobs import KNOBS, Env, TrialConfig
-from autocompile.report.effects import Effect
 from autocompile.report.frameworks import (
     accelerate_gaps,
     accelerate_yaml,
@@ -26,6 +25,7 @@ from autocompile.report.frameworks import (
 )
 from autocompile.report.gaps import Winner, measured_cost
 from autocompile.report.torchtitan import torchtitan_gaps, torchtitan_toml
+from autocompile.study.effect import Effect
 
 if sys.version_info >= (3, 11):
     import tomllib

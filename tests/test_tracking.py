@@ -230,8 +230,8 @@ def test_plots_and_tables_cover_studies_where_nothing_completed_or_everything_di
     from optuna.study import StudyDirection
     from optuna.trial import create_trial
 
-    from autocompile.report.effects import Effect
     from autocompile.report.plots import trial_rows, write_plots, write_tables
+    from autocompile.study.effect import Effect
 
     def result(step_s: float, compile_s: float) -> dict[str, Any]:
         return {"status": "ok", "tokens_per_s": 32 / step_s, "step_s": step_s, "step_s_cv": 0.01,

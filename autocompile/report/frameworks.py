@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 import yaml
 
-from autocompile.report.effects import Effect
 from autocompile.report.gaps import Gap, Winner, optimizer_hyper
 from autocompile.report.torchtitan import torchtitan_toml
+from autocompile.study.effect import Effect
 
 log = logging.getLogger(__name__)
 

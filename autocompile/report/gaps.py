@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autocompile.config.knobs import KNOBS
-from autocompile.report.effects import Effect
+from autocompile.study.effect import Effect
 
 log = logging.getLogger(__name__)
 

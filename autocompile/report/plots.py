@@ -20,7 +20,7 @@ from typing import Any
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.report.effects import Effect
+from autocompile.study.effect import Effect
 from autocompile.study.shared import warm_repeat
 from autocompile.workload.data import rate_label
 

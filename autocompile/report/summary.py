@@ -19,10 +19,11 @@ from rich.table import Table
 from autocompile.config.commands import measure_command
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
-from autocompile.report.effects import Effect, knob_effects
+from autocompile.report.effects import knob_effects
 from autocompile.report.frameworks import write_framework_configs
 from autocompile.report.snippet import snippet
 from autocompile.report.view import console as make_console
+from autocompile.study.effect import Effect
 from autocompile.study.objective import Objective
 from autocompile.study.racing import confirmed, phase, phase_trials, study_noise, verdicts
 from autocompile.study.shared import counted, feasible, interrupted, is_search, journal_file, measured_trials

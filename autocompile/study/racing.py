@@ -18,7 +18,7 @@ from optuna import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.knobs import KNOBS, Env
-from autocompile.report.effects import Effect
+from autocompile.study.effect import Effect
 from autocompile.study.intervals import Paired, break_even, paired_windows, time_to_train
 from autocompile.study.objective import Objective
 from autocompile.study.shared import feasible, interrupted, measured_trials
