@@ -114,7 +114,8 @@ def log(message: str) -> None:
 
 def run_bounded(cmd: list[str], timeout_s: float, log_path: Path) -> tuple[int, str]:
     """Run ``cmd`` with its output in ``log_path``; past ``timeout_s`` it gets SIGINT (the tuner then stops
-    its trials), then SIGKILL for its whole session. Returns the exit code (124 on timeout) and the output."""
+    its trials), then SIGKILL for what is left of its process tree. Returns the exit code (124 on timeout) and
+    the output."""
     with open(log_path, "w") as out:
         out.write(f"$ {shlex.join(cmd)}\n")
         out.flush()
@@ -123,15 +124,10 @@ def run_bounded(cmd: list[str], timeout_s: float, log_path: Path) -> tuple[int, 
         try:
             code = proc.wait(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired:
+            from autocompile.trial.launcher import kill_tree
+
             code = 124
-            for sig, grace in ((signal.SIGINT, KILL_GRACE_S - 5), (signal.SIGKILL, 5)):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                try:
-                    proc.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            kill_tree(proc, grace_s=KILL_GRACE_S - 5, first=signal.SIGINT)
             out.write(f"\n[gpu_check] stopped after {timeout_s:.0f} s (time budget)\n")
     return code, log_path.read_text(errors="replace")
 

@@ -26,7 +26,7 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     (("+model=gpt2-tiny", "task=measure", "compile.scope=everything"), "compile.scope='everything' is not valid"),
     (("+model=gpt2-tiny", "workload.batch_size=many"), "workload.batch_size=many"),
     (("+model=custom", "model._target_=no_such_pkg.make", "model.vocab_size=8"),
-     "model _target_ 'no_such_pkg.make' does not import"),
+     "model._target_='no_such_pkg.make' does not import"),
     (("-m", "+model=gpt2-tiny,gpt3"), "unknown model 'gpt3'"),
     (("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=8", "+model.widht=3"),
      "takes no argument 'widht': drop model.widht"),

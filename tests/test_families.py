@@ -10,7 +10,7 @@ from torch import nn
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import ConfigError
-from autocompile.study.shared import compact
+from autocompile.study.record import compact
 from autocompile.trial.flops import flops_per_item
 from autocompile.trial.programs import verify
 from autocompile.workload import units

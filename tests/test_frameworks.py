@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from autocompile.config.knobs import KNOBS, Env, TrialConfig
+from autocompile.report.entry import Entry
 from autocompile.report.frameworks import (
     accelerate_gaps,
     accelerate_yaml,
@@ -26,6 +27,7 @@ from autocompile.report.frameworks import (
 from autocompile.report.gaps import Winner, measured_cost
 from autocompile.report.torchtitan import torchtitan_gaps, torchtitan_toml
 from autocompile.study.effect import Effect
+from autocompile.study.record import Measurement
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -264,8 +266,9 @@ def test_cost_comes_from_the_verdict_between_exactly_those_values() -> None:
 def test_run_dir_gets_the_three_files(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"workload": {**WORKLOAD, "nproc_per_node": 2, "nnodes": 1}}))
     w = WINNERS["ddp"]
-    report = SimpleNamespace(study_name="s", effects=[COMPILED_OPTIMIZER], recommended={
-        "number": 7, "config": dict(w.config), "result": {"environment": {"device": "cpu", "world_size": 2}}})
+    chosen = Entry(number=7, name="", config=dict(w.config), baseline=None, time_to_train_s=1.0, trial_dir=None,
+                   result=Measurement.from_dict({"status": "ok", "environment": {"device": "cpu", "world_size": 2}}))
+    report = SimpleNamespace(study_name="s", effects=[COMPILED_OPTIMIZER], recommended=chosen)
     got = winner_of(report, tmp_path)
     assert got is not None and (got.world_size, got.device, got.workload["batch_size"]) == (2, "cpu", 4)
     write_framework_configs(report, tmp_path)

@@ -3,12 +3,14 @@ time is stopped, and its table says why a configuration has no numbers."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import time
 from pathlib import Path
 from types import ModuleType
 
+import psutil
 import pytest
 
 from autocompile.config.knobs import Env, TrialConfig
@@ -45,10 +47,13 @@ def test_a_stage_past_its_time_is_stopped_with_its_whole_session(gpu_check: Modu
     started = time.time()
     code, output = gpu_check.run_bounded(
         [sys.executable, "-c", "import subprocess, sys, time; "
-         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); print('up', flush=True); "
-         "time.sleep(600)"], 2, tmp_path / "log")
+         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+         "print('up', child.pid, flush=True); time.sleep(600)"], 2, tmp_path / "log")
     assert code == 124 and "up" in output and "time budget" in output
     assert time.time() - started < 2 + gpu_check.KILL_GRACE_S
+    child = int(output.split("up ")[1].split()[0])
+    with contextlib.suppress(psutil.NoSuchProcess):  # the stage's own child went with it
+        assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
 def test_the_table_shows_numbers_and_why_others_have_none(gpu_check: ModuleType) -> None:

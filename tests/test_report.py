@@ -16,7 +16,9 @@ from autocompile.config.commands import hydra_value, measure_command
 from autocompile.config.knobs import KNOBS, TrialConfig
 from autocompile.config.settings import Settings, register, settings_from
 from autocompile.config.space import SearchSpace
+from autocompile.report.entry import Entry
 from autocompile.report.snippet import snippet
+from autocompile.study.record import Measurement
 
 ROOT = Path(__file__).resolve().parent.parent
 Compose = Callable[..., Settings]
@@ -153,9 +155,9 @@ def test_hydra_value_reads_back_as_the_same_value_and_type(settings_for: Compose
     assert back == value and type(back) is type(value)
 
 
-def best_entry(settings: Settings, knobs: dict[str, Any]) -> dict[str, Any]:
-    return {"number": 4, "config": winner(settings, knobs),
-            "result": {"tokens_per_s": 1e5, "step_s": 0.01, "compile_s": 3.0, "environment": {"threads": 1}}}
+def best_entry(settings: Settings, knobs: dict[str, Any]) -> Entry:
+    measured = Measurement(status="ok", tokens_per_s=1e5, step_s=0.01, compile_s=3.0, environment={"threads": 1})
+    return Entry(4, "", winner(settings, knobs), None, measured, 4.0, None)
 
 
 def test_multi_gpu_snippet_puts_each_rank_on_its_own_gpu(settings_for: Compose,

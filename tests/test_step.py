@@ -225,14 +225,15 @@ def test_numerics_compare_the_first_loss_steps_only_so_a_fast_correct_program_st
     it ran in its timed seconds; the slower configurations ran fewer steps and passed."""
     from autocompile.config.settings import ObjectiveSettings
     from autocompile.study.objective import Objective
+    from autocompile.study.record import Measurement
 
     reference = [2.3 * 0.99**i for i in range(240)]
     correct = [x * (1 + 1e-7) for x in reference[:180]] + [x * 1.5 for x in reference[180:233]]
     frozen = [reference[0]] * 233
     objective = Objective(ObjectiveSettings())
-    assert objective.constraints({"losses": correct}, reference)["loss_drift_over_rtol"] < 0
-    assert objective.constraints({"losses": frozen}, reference)["loss_drift_over_rtol"] > 0
+    assert objective.constraints(Measurement(losses=correct), reference)["loss_drift_over_rtol"] < 0
+    assert objective.constraints(Measurement(losses=frozen), reference)["loss_drift_over_rtol"] > 0
     everything = Objective(ObjectiveSettings(loss_steps=1000))  # the old rule: every step both ran
-    assert everything.constraints({"losses": correct}, reference)["loss_drift_over_rtol"] > 0
+    assert everything.constraints(Measurement(losses=correct), reference)["loss_drift_over_rtol"] > 0
     with pytest.raises(ValueError, match=r"objective.loss_steps=1 must be >= 2"):
         ObjectiveSettings(loss_steps=1)

@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 
 from autocompile.config.settings import ConfigError, ObjectiveSettings
 from autocompile.study.objective import Objective
+from autocompile.study.record import Measurement
 from autocompile.study.shared import (
     SQLITE_HEADER,
     counted,
@@ -185,7 +186,7 @@ def events(*items: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_stop_rules_in_isolation() -> None:
-    best = {"number": 0, "compile_s": 1.0, "step_s": 0.01, "step_s_cv": 0.01, "tokens_per_s": 1000.0}
+    best = (0, Measurement(status="ok", compile_s=1.0, step_s=0.01, step_s_cv=0.01, tokens_per_s=1000.0))
     ttt = Objective(ObjectiveSettings(kind="time_to_train", horizon_steps=100)).stop_rule(best)  # best = 2 s
     assert ttt(events(("warmup_start", {"dt": -1.0})), 1.0) is None
     assert "warm-up (compile) alone took" in ttt(events(("warmup_start", {"dt": -5.0})), 5.0)

@@ -35,7 +35,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if "." not in self.target:
-            raise ValueError(f"model _target_ {self.target!r} must be a dotted path like 'mypkg.models.make'")
+            raise ValueError(f"model._target_={self.target!r} must be a dotted path like 'mypkg.models.make'")
         if self.vocab_size is not None and self.vocab_size < 2:
             raise ValueError(f"model.vocab_size={self.vocab_size} must be >= 2")
 

@@ -20,19 +20,20 @@ import statistics
 from typing import Any
 
 from autocompile.config.knobs import KNOBS
+from autocompile.report.entry import Entry
 from autocompile.study.effect import Effect
 
 
-def knob_effects(measured: list[dict[str, Any]], programs: list[dict[str, Any]] | None = None,
+def knob_effects(measured: list[Entry], programs: list[dict[str, Any]] | None = None,
                  noise: float = 0.0) -> list[Effect]:
-    """``measured``: one dict per complete trial with ``config`` (active knobs) and ``result``;
+    """``measured``: one entry per complete trial (its active knobs and measurement);
     ``programs``: ``config`` and ``fingerprint`` of every configuration that compiled (those stopped as
     the same program as another included); ``noise``: the study's run-to-run relative sd of step time
     (0 = unknown: the windows' noise inside each process stands in, and understates it)."""
     effects = []
     programs = programs or []
     for key, (spec, default) in KNOBS.items():
-        values = {m["config"][key] for m in [*measured, *programs] if key in m["config"]}
+        values = {c[key] for c in [*(m.config for m in measured), *(p["config"] for p in programs)] if key in c}
         if len(values) < 2:
             continue
         reference = default if default in values else sorted(values, key=repr)[0]
@@ -57,20 +58,20 @@ def _rest(config: dict[str, Any], key: str) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in config.items() if k != key))
 
 
-def matched_effect(measured: list[dict[str, Any]], key: str, reference: Any, value: Any,
+def matched_effect(measured: list[Entry], key: str, reference: Any, value: Any,
                    noise: float = 0.0) -> tuple | None:
-    refs = {_rest(m["config"], key): m["result"] for m in measured if m["config"].get(key) == reference}
+    refs = {_rest(m.config, key): m.result for m in measured if m.config.get(key) == reference}
     ratios, noises, compile_deltas = [], [], []
     for m in measured:
-        if m["config"].get(key) != value:
+        if m.config.get(key) != value:
             continue
-        ref = refs.get(_rest(m["config"], key))
+        ref = refs.get(_rest(m.config, key))
         if ref is None:
             continue
-        ratios.append(m["result"]["step_s"] / ref["step_s"] - 1)
-        within = math.hypot(m["result"].get("step_s_cv", 0), ref.get("step_s_cv", 0))
+        ratios.append(m.result.step_s / ref.step_s - 1)
+        within = math.hypot(m.result.step_s_cv or 0, ref.step_s_cv or 0)
         noises.append(max(within, math.sqrt(2) * noise))  # two fresh processes, each with run-to-run noise
-        compile_deltas.append(m["result"]["compile_s"] - ref["compile_s"])
+        compile_deltas.append(m.result.compile_s - ref.compile_s)
     if not ratios:
         return None
     spread = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0

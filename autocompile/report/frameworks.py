@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from autocompile.report.entry import Entry
 from autocompile.report.gaps import Gap, Winner, optimizer_hyper
 from autocompile.report.torchtitan import torchtitan_toml
 from autocompile.study.effect import Effect
@@ -39,7 +40,7 @@ class Recommendation(Protocol):
     """What the exporters read of a study's report (``summary.Report``)."""
 
     study_name: str
-    recommended: dict[str, Any] | None
+    recommended: Entry | None
     effects: list[Effect]
 
 
@@ -274,11 +275,11 @@ def winner_of(report: Recommendation, run_dir: Path) -> Winner | None:
         return None
     config_file = run_dir / "config.yaml"
     workload = (yaml.safe_load(config_file.read_text()) or {}).get("workload", {}) if config_file.is_file() else {}
-    env = (chosen.get("result") or {}).get("environment") or {}
+    env = chosen.result.environment or {}
     world = int(env.get("world_size") or workload.get("nproc_per_node", 1) * workload.get("nnodes", 1))
-    return Winner(config=chosen["config"], effects=report.effects, device=env.get("device") or "cpu",
+    return Winner(config=chosen.config, effects=report.effects, device=env.get("device") or "cpu",
                   world_size=world, nnodes=int(workload.get("nnodes", 1)), workload=workload,
-                  study=report.study_name, trial=chosen.get("number"))
+                  study=report.study_name, trial=chosen.number)
 
 
 def write_framework_configs(report: Recommendation, run_dir: Path) -> None:

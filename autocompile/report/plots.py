@@ -21,7 +21,8 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.study.effect import Effect
-from autocompile.study.shared import warm_repeat
+from autocompile.study.objective import time_to_train
+from autocompile.study.record import TrialRecord
 from autocompile.workload.data import rate_label
 
 log = logging.getLogger(__name__)
@@ -42,26 +43,26 @@ def trial_rows(trials: Sequence[FrozenTrial], horizon_steps: int) -> list[Row]:
     for t in sorted(trials, key=lambda t: t.number):
         if t.state not in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
             continue
-        attrs = t.user_attrs
-        r = attrs.get("result") or {}
-        ok = t.state == TrialState.COMPLETE and r.get("status") == "ok"
+        record = TrialRecord.of(t)
+        r = record.measured
+        ok = t.state == TrialState.COMPLETE and r.ok
         # A repeat timed after a warm cache: its configuration's cold compile, like every other row.
-        compile_s = attrs.get("compile_s_cold", r.get("compile_s")) if warm_repeat(attrs) else r.get("compile_s")
+        compile_s = record.cold_compile_s
         rows.append({
-            "trial": t.number, "name": attrs.get("name", ""), "state": t.state.name,
-            "baseline": attrs.get("baseline") or "",
-            "tokens_per_s": r.get("tokens_per_s") if ok else None,
-            "throughput_unit": r.get("throughput_unit", "tokens"),
-            "step_ms": r["step_s"] * 1e3 if ok else None,
-            "step_cv": r.get("step_s_cv") if ok else None,
+            "trial": t.number, "name": record.name, "state": t.state.name,
+            "baseline": record.baseline or "",
+            "tokens_per_s": r.tokens_per_s if ok else None,
+            "throughput_unit": r.unit,
+            "step_ms": r.step_s * 1e3 if ok else None,
+            "step_cv": r.step_s_cv if ok else None,
             "compile_s": compile_s if ok else None,
-            "time_to_train_s": compile_s + horizon_steps * r["step_s"] if ok else None,
+            "time_to_train_s": time_to_train(compile_s, r.step_s, horizon_steps) if ok else None,
             "objective": t.values[0] if t.values else None,
-            "peak_memory_mb": r["peak_memory_bytes"] / 2**20 if ok and r.get("peak_memory_bytes") else None,
-            "graph_breaks": r.get("graph_breaks") if ok else None,
-            "recompiles": r.get("recompiles_timed") if ok else None,
-            "duplicate_of": attrs.get("duplicate_of"),
-            "reason": attrs.get("reason") or r.get("reason") or "",
+            "peak_memory_mb": r.peak_memory_bytes / 2**20 if ok and r.peak_memory_bytes else None,
+            "graph_breaks": r.graph_breaks if ok else None,
+            "recompiles": r.recompiles_timed if ok else None,
+            "duplicate_of": record.duplicate_of,
+            "reason": record.reason or r.reason or "",
         })
     return rows
 
@@ -116,10 +117,10 @@ def study_note(report: Any) -> str:
                                                    for g in groups) if groups else " Nothing was measured.")
                      + "\n\nEach trial's reason is in its child run and in `tables/trials.md`.")
     else:
-        r = best["result"]
-        lines.append(f"**Best: trial {best['number']}** `{best['name']}`: {r['tokens_per_s']:,.0f} {rate_label(r)}, "
-                     f"compile {r['compile_s']:.1f} s, time to train {report.horizon_steps} steps "
-                     f"{best['time_to_train_s']:.1f} s.")
+        r = best.result
+        lines.append(f"**Best: trial {best.number}** `{best.name}`: {r.tokens_per_s:,.0f} {r.unit}/s, "
+                     f"compile {r.compile_s:.1f} s, time to train {report.horizon_steps} steps "
+                     f"{best.time_to_train_s:.1f} s.")
         lines.append("\n".join(f"- vs {name}: steps {s['step_speedup']:.2f}x ± {s['noise']:.2f}, time to train "
                                f"{s['time_to_train_speedup']:.2f}x" for name, s in report.speedups.items()))
     outcome = getattr(report, "confirmed", None) or {}

@@ -9,8 +9,8 @@ from typing import Any
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
 from autocompile.config.spec import PARTS
+from autocompile.report.entry import Entry
 from autocompile.trial.warmstart import ARTIFACTS
-from autocompile.workload.data import rate_label
 
 SNIPPET = '''"""Apply the best configuration autocompile found for {model} (study {study}, trial {number}).
 
@@ -96,13 +96,13 @@ TEARDOWN = '''    if torch.distributed.is_initialized():
 '''
 
 
-def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace, command: str | None = None) -> str:
+def snippet(settings: Settings, best: Entry, space: SearchSpace, command: str | None = None) -> str:
     """``best_config.py``: one process per GPU (LOCAL_RANK) for a multi-GPU winner, plain otherwise."""
-    r, w = best["result"], settings.workload
+    r, w = best.result, settings.workload
     if command is None:  # the report passes the command it already built (composing it reads every model config)
         from autocompile.config.commands import measure_command
 
-        command = measure_command(settings, best["config"], (r.get("environment") or {}).get("threads"))
+        command = measure_command(settings, best.config, (r.environment or {}).get("threads"))
     distributed = w.world_size > 1
     per_gpu = distributed and settings.device == "cuda"
     setup = PER_GPU_SETUP if per_gpu else SETUP.format(backend="gloo") if distributed else "\n    world_size_ = 1"
@@ -111,10 +111,9 @@ def snippet(settings: Settings, best: dict[str, Any], space: SearchSpace, comman
     workload = {k: v for k, v in asdict(w).items() if k in (*PARTS, "grad_clip_norm", "grad_accum_steps")}
     vocab = settings.model.vocab_size
     return SNIPPET.format(
-        model=settings.model.name, study=settings.study.name, number=best["number"], tokens=r["tokens_per_s"],
-        rate=rate_label(r),
-        step_ms=r["step_s"] * 1e3, compile_s=r["compile_s"], command=docstring_safe(command),
-        knobs=python_dict(best["config"]), device=settings.device, seed=w.seed, workload=python_dict(workload),
+        model=settings.model.name, study=settings.study.name, number=best.number, tokens=r.tokens_per_s,
+        rate=f"{r.unit}/s", step_ms=r.step_s * 1e3, compile_s=r.compile_s, command=docstring_safe(command),
+        knobs=python_dict(best.config), device=settings.device, seed=w.seed, workload=python_dict(workload),
         artifacts=ARTIFACTS, local_device=LOCAL_DEVICE if per_gpu else "",
         step_device="local_device()" if per_gpu else "DEVICE", shapes_vary=w.shapes_vary, launch_hint=launch_hint,
         setup=setup, target=settings.model.target, kwargs=settings.model.kwargs, batch_size=w.batch_size,

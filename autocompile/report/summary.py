@@ -20,12 +20,14 @@ from autocompile.config.commands import measure_command
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
 from autocompile.report.effects import knob_effects
+from autocompile.report.entry import Entry
 from autocompile.report.frameworks import write_framework_configs
 from autocompile.report.snippet import snippet
 from autocompile.report.view import console as make_console
 from autocompile.study.effect import Effect
 from autocompile.study.objective import Objective
 from autocompile.study.racing import confirmed, phase, phase_trials, study_noise, verdicts
+from autocompile.study.record import Measurement, TrialRecord
 from autocompile.study.shared import counted, feasible, interrupted, is_search, journal_file, measured_trials
 from autocompile.trial.warmstart import warm_line
 from autocompile.workload.data import rate_label
@@ -40,10 +42,10 @@ class Report:
     stop_reason: str
     wall_s: float
     counts: dict[str, int]
-    best: dict[str, Any] | None
-    baselines: dict[str, dict[str, Any]]
+    best: Entry | None
+    baselines: dict[str, Entry]
     speedups: dict[str, dict[str, float]]
-    pareto: list[dict[str, Any]]
+    pareto: list[Entry]
     effects: list[Effect]
     run_dir: str = ""
     measure_command: str = ""
@@ -55,7 +57,7 @@ class Report:
     """The confirmation phase: winner, candidates, paired intervals vs the baselines (None: not run)."""
     verdicts: list[Effect] = field(default_factory=list)
     """The verdict phase's verdicts (empty: not run; ``effects`` then holds the search's fallback)."""
-    recommended: dict[str, Any] | None = None
+    recommended: Entry | None = None
     """What best_config.* applies: the confirmed winner, else the search's best."""
     phases_wall_s: dict[str, float] = field(default_factory=dict)
     warm_start: dict[str, Any] | None = None
@@ -68,28 +70,22 @@ class Report:
         return {
             "study": self.study_name, "model": self.model, "objective": self.objective,
             "horizon_steps": self.horizon_steps, "stop_reason": self.stop_reason, "wall_s": self.wall_s,
-            "counts": self.counts, "best": self.best, "baselines": self.baselines, "speedups": self.speedups,
-            "pareto": self.pareto, "effects": [e.as_dict() for e in self.effects],
+            "counts": self.counts, "best": self.best.as_dict() if self.best else None,
+            "baselines": {name: e.as_dict() for name, e in self.baselines.items()}, "speedups": self.speedups,
+            "pareto": [e.as_dict() for e in self.pareto], "effects": [e.as_dict() for e in self.effects],
             "noise": self.noise, "confirmed": self.confirmed, "verdicts": [e.as_dict() for e in self.verdicts],
-            "recommended": self.recommended, "phases_wall_s": self.phases_wall_s, "warm_start": self.warm_start,
+            "recommended": self.recommended.as_dict() if self.recommended else None,
+            "phases_wall_s": self.phases_wall_s, "warm_start": self.warm_start,
             "failures": self.failures,
             "run_dir": self.run_dir, "measure_command": self.measure_command, "commands": self.commands,
         }
-
-
-def entry(trial: optuna.trial.FrozenTrial, objective: Objective) -> dict[str, Any]:
-    result = trial.user_attrs["result"]
-    return {"number": trial.number, "name": trial.user_attrs.get("name", ""), "config": trial.user_attrs["config"],
-            "baseline": trial.user_attrs.get("baseline"), "result": result,
-            "time_to_train_s": objective.time_to_train(result), "trial_dir": trial.user_attrs.get("trial_dir")}
 
 
 def build_report(study: optuna.Study, settings: Settings, objective: Objective, space: SearchSpace,
                  stop_reason: str, wall_s: float, run_dir: Path) -> Report:
     trials = study.get_trials(deepcopy=False)
     measured = measured_trials(study)
-    complete = [entry(t, objective) for t in measured
-                if t.state == TrialState.COMPLETE and feasible(t)]
+    complete = [Entry.of(t, objective) for t in measured if t.state == TrialState.COMPLETE and feasible(t)]
     counts = {
         "trials": sum(counted(t) for t in trials),
         "queued": sum(t.state == TrialState.WAITING and is_search(t) for t in trials),
@@ -98,12 +94,12 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         "infeasible": sum(t.state == TrialState.COMPLETE for t in measured) - len(complete),
         "pruned": sum(t.state == TrialState.PRUNED for t in measured),
         "failed": sum(t.state == TrialState.FAIL for t in measured),
-        "duplicates_skipped": sum("duplicate_of" in t.user_attrs for t in trials),
-        "same_program": sum("same_program_as" in t.user_attrs for t in trials),
+        "duplicates_skipped": sum(TrialRecord.of(t).duplicate_of is not None for t in trials),
+        "same_program": sum(TrialRecord.of(t).same_program_as is not None for t in trials),
         "interrupted": sum(interrupted(t) for t in trials),
     }
-    best = min(complete, key=lambda e: objective.score(e["result"]), default=None)
-    baselines = {e["baseline"]: e for e in complete if e["baseline"]}
+    best = min(complete, key=lambda e: objective.score(e.result), default=None)
+    baselines = {e.baseline: e for e in complete if e.baseline}
     noise = study_noise(study, space.env)
     rel_sd = noise.rel_sd if noise else 0.0
     speedups = {name: speedup(best, base, rel_sd) for name, base in baselines.items()} if best else {}
@@ -111,7 +107,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     outcome = confirmed(study, objective)
     recommended = best
     if outcome and outcome.get("winner"):
-        recommended = entry(study.trials[outcome["winner"]["trial"]], objective)
+        recommended = Entry.of(study.trials[outcome["winner"]["trial"]], objective)
     counts |= {"confirm_repeats": len(phase_trials(study, "confirm")),
                "verdict_repeats": len(phase_trials(study, "verdict"))}
     report = Report(
@@ -124,27 +120,27 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         failures=failure_groups(measured, complete),
     )
     if recommended is not None:
-        threads = (recommended["result"].get("environment") or {}).get("threads")
-        report.measure_command = measure_command(settings, recommended["config"], threads)
+        threads = (recommended.result.environment or {}).get("threads")
+        report.measure_command = measure_command(settings, recommended.config, threads)
         report.snippet = snippet(settings, recommended, space, report.measure_command)
     return report
 
 
-def failure_groups(measured: list[optuna.trial.FrozenTrial], complete: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def failure_groups(measured: list[optuna.trial.FrozenTrial], complete: list[Entry]) -> list[dict[str, Any]]:
     """What ended the measured trials that did not complete feasibly: one group per (outcome, reason)."""
-    feasible_numbers = {e["number"] for e in complete}
+    feasible_numbers = {e.number for e in complete}
     groups: dict[tuple[str, str], list[int]] = {}
     for t in measured:
         if t.number in feasible_numbers:
             continue
-        result = t.user_attrs.get("result") or {}
+        record = TrialRecord.of(t)
         if t.state == TrialState.COMPLETE:
             kind = "infeasible"
-            why = ", ".join(f"{k} over its limit" for k, v in (t.user_attrs.get("constraints") or {}).items() if v > 0)
-            why = why or t.user_attrs.get("numerics", "")
+            why = ", ".join(f"{k} over its limit" for k, v in (record.constraints or {}).items() if v > 0)
+            why = why or record.numerics or ""
         else:
-            kind = "pruned" if t.state == TrialState.PRUNED else result.get("failure") or "failed"
-            why = t.user_attrs.get("reason") or result.get("reason") or ""
+            kind = "pruned" if t.state == TrialState.PRUNED else record.measured.failure or "failed"
+            why = record.reason or record.measured.reason or ""
         groups.setdefault((kind, " ".join(why.split())[:300]), []).append(t.number)
     return [{"outcome": kind, "reason": why, "trials": numbers}
             for (kind, why), numbers in sorted(groups.items(), key=lambda g: -len(g[1]))]
@@ -164,10 +160,9 @@ def phases_wall(trials: list[optuna.trial.FrozenTrial]) -> dict[str, float]:
 def compiled_programs(trials: list[optuna.trial.FrozenTrial]) -> list[dict[str, Any]]:
     """Configuration and fingerprint of every trial that compiled something and got its values,
     those stopped as the same program as an earlier trial included."""
-    return [{"config": t.user_attrs["config"], "fingerprint": t.user_attrs["result"]["fingerprint"]}
-            for t in trials if t.state == TrialState.COMPLETE and "config" in t.user_attrs
-            and (t.user_attrs.get("result") or {}).get("fingerprint")
-            and ("duplicate_of" not in t.user_attrs or "same_program_as" in t.user_attrs)]
+    records = [TrialRecord.of(t) for t in trials if t.state == TrialState.COMPLETE]
+    return [{"config": r.config, "fingerprint": r.measured.fingerprint} for r in records
+            if r.config and r.measured.fingerprint and (r.duplicate_of is None or r.same_program_as is not None)]
 
 
 def look_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
@@ -179,24 +174,25 @@ def look_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
     return commands
 
 
-def speedup(best: dict[str, Any], base: dict[str, Any], noise: float = 0.0) -> dict[str, float]:
+def speedup(best: Entry, base: Entry, noise: float = 0.0) -> dict[str, float]:
     """Best over a baseline in the search (one fresh process each): steady-state speedup with its
     noise, and time-to-train speedup. ``noise`` is the study's run-to-run relative sd; each side has
     it, so the ratio's is sqrt(2) x it (the windows' spread inside each process when not measured)."""
-    b, r = best["result"], base["result"]
-    ratio = r["step_s"] / b["step_s"]
-    within = math.hypot(b.get("step_s_cv", 0), r.get("step_s_cv", 0))
+    b, r = best.result, base.result
+    ratio = r.step_s / b.step_s
+    within = math.hypot(b.step_s_cv or 0, r.step_s_cv or 0)
     return {"step_speedup": ratio, "noise": ratio * max(within, math.sqrt(2) * noise),
-            "time_to_train_speedup": base["time_to_train_s"] / best["time_to_train_s"]}
+            "time_to_train_speedup": base.time_to_train_s / best.time_to_train_s}
 
 
-def pareto_front(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def pareto_front(entries: list[Entry]) -> list[Entry]:
     """Trials no other beats on both throughput (up) and compile time (down), fastest compile first."""
+    def point(e: Entry) -> tuple[float, float]:
+        return e.result.tokens_per_s, e.result.compile_s
+
     front = [e for e in entries if not any(
-        o["result"]["tokens_per_s"] >= e["result"]["tokens_per_s"] and o["result"]["compile_s"] <= e["result"][
-            "compile_s"] and (o["result"]["tokens_per_s"], o["result"]["compile_s"]) != (
-            e["result"]["tokens_per_s"], e["result"]["compile_s"]) for o in entries)]
-    return sorted(front, key=lambda e: e["result"]["compile_s"])
+        point(o)[0] >= point(e)[0] and point(o)[1] <= point(e)[1] and point(o) != point(e) for o in entries)]
+    return sorted(front, key=lambda e: e.result.compile_s)
 
 
 
@@ -208,7 +204,7 @@ def write_artifacts(report: Report, run_dir: Path) -> None:
         return
     outcome = report.confirmed or {}
     (run_dir / "best_config.yaml").write_text(yaml.safe_dump(
-        {"study": report.study_name, "trial": chosen["number"], "knobs": chosen["config"],
+        {"study": report.study_name, "trial": chosen.number, "knobs": chosen.config,
          "decided_by": "confirmation repeats" if outcome.get("winner") else "search (one measurement each)",
          **({"conclusion": outcome["conclusion"]} if outcome.get("winner") else {}),
          "measure_command": report.measure_command}, sort_keys=False))
@@ -225,12 +221,11 @@ def print_report(report: Report, console: Console | None = None) -> None:
         for line in no_result_lines(report):
             console.print(line)
         return
-    r = best["result"]
-    console.print(f"\n[bold green]Best[/] (trial {best['number']}): {best['name']}")
-    console.print(f"  {r['tokens_per_s']:,.0f} {rate_label(r)}, {r['step_s'] * 1e3:.2f} ms/step "
-                  f"(CV {r['step_s_cv']:.1%}), "
-                  f"compile {r['compile_s']:.1f} s, time to train {report.horizon_steps} steps "
-                  f"{best['time_to_train_s']:.1f} s")
+    r = best.result
+    console.print(f"\n[bold green]Best[/] (trial {best.number}): {best.name}")
+    console.print(f"  {r.tokens_per_s:,.0f} {r.unit}/s, {r.step_s * 1e3:.2f} ms/step (CV {r.step_s_cv:.1%}), "
+                  f"compile {r.compile_s:.1f} s, time to train {report.horizon_steps} steps "
+                  f"{best.time_to_train_s:.1f} s")
     for name, s in report.speedups.items():
         console.print(f"  vs {name:<8}: steps {s['step_speedup']:.2f}x ± {s['noise']:.2f}, "
                       f"time to train {s['time_to_train_speedup']:.2f}x (search: one fresh process each)")
@@ -335,13 +330,13 @@ def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
     console.print(table)
 
 
-def pareto_table(front: list[dict[str, Any]]) -> Table:
+def pareto_table(front: list[Entry]) -> Table:
     table = Table(title="Pareto front: throughput vs compile time", title_justify="left")
-    for col in ("trial", "configuration", rate_label([e["result"] for e in front]), "compile s", "time to train s"):
+    for col in ("trial", "configuration", rate_label([e.result for e in front]), "compile s", "time to train s"):
         table.add_column(col, justify="right" if col not in ("configuration",) else "left")
     for e in front:
-        table.add_row(str(e["number"]), e["name"], f"{e['result']['tokens_per_s']:,.0f}",
-                      f"{e['result']['compile_s']:.1f}", f"{e['time_to_train_s']:.1f}")
+        table.add_row(str(e.number), e.name, f"{e.result.tokens_per_s:,.0f}", f"{e.result.compile_s:.1f}",
+                      f"{e.time_to_train_s:.1f}")
     return table
 
 
@@ -368,9 +363,9 @@ def print_multirun_summary(sweep_dir: Path) -> None:
     for path in sorted(sweep_dir.glob("*/summary.json")):
         s = json.loads(path.read_text())
         best = s.get("best")
+        r = Measurement.from_dict(best["result"]) if best else None
         eager = s.get("speedups", {}).get("eager")
         table.add_row(s["study"], best["name"] if best else "-",
-                      f"{best['result']['tokens_per_s']:,.0f} {rate_label(best['result'])}" if best else "-",
-                      f"{best['result']['compile_s']:.1f}" if best else "-",
+                      f"{r.tokens_per_s:,.0f} {r.unit}/s" if r else "-", f"{r.compile_s:.1f}" if r else "-",
                       f"{eager['step_speedup']:.2f}x" if eager else "-", str(s["counts"]["trials"]))
     make_console().print(table)

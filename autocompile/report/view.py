@@ -160,33 +160,33 @@ class StudyView:
     def render(self) -> Any:
         from rich.console import Group
 
+        from autocompile.study.record import TrialRecord
         from autocompile.study.shared import counted
 
         table = Table(title="autocompile study", title_justify="left", expand=False)
-        rate = rate_label(t.user_attrs.get("result") for t in self.trials)
+        records = [TrialRecord.of(t) for t in self.trials]
+        rate = rate_label(record.result for record in records)
         for col in ("#", "configuration (vs defaults)", "state", rate, "compile s", "objective", "best"):
             table.add_column(col, overflow="fold")
         best_score = None
         lines = []
-        for t in self.trials:
-            result = t.user_attrs.get("result") or {}
+        for t, record in zip(self.trials, records, strict=True):
+            result = record.measured
             state = t.state.name.lower()
-            if "duplicate_of" in t.user_attrs:
-                state = f"= #{t.user_attrs['duplicate_of']}"
-            elif t.user_attrs.get("interrupted"):
+            if record.duplicate_of is not None:
+                state = f"= #{record.duplicate_of}"
+            elif record.interrupted:
                 state = "interrupted"
-            ok = result.get("status") == "ok"
+            ok = result.ok
             score = self.objective.score(result) if ok else None
             marker = ""
             if score is not None and t.state.name == "COMPLETE" and (best_score is None or score < best_score):
                 best_score, marker = score, "*"
             if not counted(t) and t.state.name != "RUNNING":
                 continue
-            lines.append((str(t.number), t.user_attrs.get("name", ""), state,
-                          f"{result['tokens_per_s']:,.0f}" if ok else "-",
-                          f"{result['compile_s']:.1f}" if ok else "-",
-                          "/".join(f"{v:,.1f}" for v in t.values) if t.values else
-                          (t.user_attrs.get("reason") or "")[:60], marker))
+            lines.append((str(t.number), record.name, state, f"{result.tokens_per_s:,.0f}" if ok else "-",
+                          f"{result.compile_s:.1f}" if ok else "-",
+                          "/".join(f"{v:,.1f}" for v in t.values) if t.values else (record.reason or "")[:60], marker))
         for row in lines[-self.rows:]:
             table.add_row(*row)
         if self.remaining is not None:

@@ -21,7 +21,6 @@ fresh process after a cheap compile, and the compile time reported stays the col
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import statistics
 import threading
@@ -32,19 +31,20 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from filelock import Timeout
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
-from autocompile.config.space import SearchSpace, identity
+from autocompile.config.space import SearchSpace
+from autocompile.study.measuring import Twin, begin, measure_and_tell
 from autocompile.study.objective import Objective
 from autocompile.study.racing import phase_trials, step_time
-from autocompile.study.reference import reference
-from autocompile.study.shared import compact, feasible, heartbeat, measured_here, measured_trials, owner, tell
+from autocompile.study.record import TrialRecord, set_attrs, user_attrs
+from autocompile.study.shared import feasible, file_lock, measured_here, measured_trials, owner
 from autocompile.study.together import method
-from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted, launch
-from autocompile.trial.slots import slot_threads
+from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ class Slot:
 
 
 def key_of(trial: FrozenTrial) -> tuple[str, int, str] | None:
-    a = trial.user_attrs
-    return (a["phase"], a["round"], a["label"]) if "round" in a else None
+    a = TrialRecord.of(trial)
+    return (a.phase, a.round, a.label or "") if a.round is not None else None
 
 
 def rotate(items: list[Any], r: int) -> list[Any]:
@@ -83,25 +83,29 @@ def rotate(items: list[Any], r: int) -> list[Any]:
 
 def confirm_plan(study: optuna.Study, objective: Objective, top: int, repeats: int) -> list[Slot]:
     """The best ``top`` distinct programs of the search and the eager / default-compile baselines."""
-    ranked = sorted((t for t in measured_trials(study) if t.state == TrialState.COMPLETE and feasible(t)),
-                    key=lambda t: objective.score(t.user_attrs["result"]))
-    chosen: list[FrozenTrial] = []
+    ranked = ranked_trials(study, objective)
+    chosen: list[tuple[FrozenTrial, TrialRecord]] = []
     programs: set[str] = set()
-    for t in ranked:
-        fingerprint = t.user_attrs["result"].get("fingerprint") or t.user_attrs["identity"]
+    for t, rec in ranked:
+        fingerprint = rec.measured.fingerprint or rec.identity
         if len(chosen) < top and fingerprint not in programs:
-            chosen.append(t)
+            chosen.append((t, rec))
             programs.add(fingerprint)
-    for t in ranked:
-        if t.user_attrs.get("baseline") in ("eager", "compile") and t not in chosen:
-            chosen.append(t)
+    for t, rec in ranked:
+        if rec.baseline in ("eager", "compile") and all(t is not c for c, _ in chosen):
+            chosen.append((t, rec))
     if len(chosen) < 2:
         return []  # nothing to race
-    return [Slot("confirm", r, f"#{t.number}", t.params, {
-        "candidate": t.number, "baseline": t.user_attrs.get("baseline"), "name": t.user_attrs.get("name", ""),
-        "compile_s_cold": t.user_attrs["result"]["compile_s"], "cache_from": t.user_attrs["trial_dir"],
-        "cold_trial": t.number,
-    }, warm=True) for r in range(repeats) for t in rotate(chosen, r)]
+    return [Slot("confirm", r, f"#{t.number}", t.params, user_attrs(
+        candidate=t.number, baseline=rec.baseline, name=rec.name, compile_s_cold=rec.measured.compile_s,
+        cache_from=rec.trial_dir, cold_trial=t.number,
+    ), warm=True) for r in range(repeats) for t, rec in rotate(chosen, r)]
+
+
+def ranked_trials(study: optuna.Study, objective: Objective) -> list[tuple[FrozenTrial, TrialRecord]]:
+    """The search's feasible complete trials, best first under the objective's score."""
+    found = [(t, TrialRecord.of(t)) for t in measured_trials(study) if t.state == TrialState.COMPLETE and feasible(t)]
+    return sorted(found, key=lambda pair: objective.score(pair[1].measured))
 
 
 def winner_trial(study: optuna.Study, objective: Objective) -> FrozenTrial | None:
@@ -111,9 +115,8 @@ def winner_trial(study: optuna.Study, objective: Objective) -> FrozenTrial | Non
     outcome = confirmed(study, objective)
     if outcome and outcome.get("winner"):
         return study.trials[outcome["winner"]["trial"]]
-    ranked = sorted((t for t in measured_trials(study) if t.state == TrialState.COMPLETE and feasible(t)),
-                    key=lambda t: objective.score(t.user_attrs["result"]))
-    return ranked[0] if ranked else None
+    ranked = ranked_trials(study, objective)
+    return ranked[0][0] if ranked else None
 
 
 def neighbours(winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None) -> list[tuple[str, Any, TrialConfig]]:
@@ -121,7 +124,7 @@ def neighbours(winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None
 
     A change that makes a later knob invalid (no configuration differs in that knob only) is left out."""
     env = space.env
-    full = TrialConfig.from_flat(winner.user_attrs["config"], env, strict=False).flat()
+    full = TrialConfig.from_flat(TrialRecord.of(winner).config, env, strict=False).flat()
     found = []
     values: dict[str, Any] = {}
     for key, (spec, _) in KNOBS.items():
@@ -143,16 +146,15 @@ def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, w
                  repeats: int) -> list[Slot]:
     """Rounds of the winner and its neighbours; after round 0, neighbours found identical or failed drop out."""
     env = space.env
-    first = {t.user_attrs["label"]: t for t in phase_trials(study, "verdict") if t.user_attrs["round"] == 0}
-    members = [Slot("verdict", 0, "winner", winner.params, {
-        "candidate": winner.number, "name": winner.user_attrs.get("name", ""),
-        "compile_s_cold": winner.user_attrs["result"]["compile_s"], "cache_from": winner.user_attrs["trial_dir"]},
+    first = {rec.label: t for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).round == 0}
+    won = TrialRecord.of(winner)
+    members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
+        candidate=winner.number, name=won.name, compile_s_cold=won.measured.compile_s, cache_from=won.trial_dir),
         warm=True)]
     for key, value, config in neighbours(winner, space, wanted):
-        members.append(Slot("verdict", 0, f"{key}={value}", space.params(config.flat()), {
-            "knob": key, "value": value, "reference": winner.user_attrs["config"].get(key, KNOBS[key][1]),
-            "name": describe(config, env), "same_as": winner.user_attrs["result"].get("fingerprint"),
-            "same_as_trial": winner.number}))
+        members.append(Slot("verdict", 0, f"{key}={value}", space.params(config.flat()), user_attrs(
+            knob=key, value=value, reference=won.config.get(key, KNOBS[key][1]), name=describe(config, env),
+            same_as=won.measured.fingerprint, same_as_trial=winner.number)))
     plan = []
     for r in range(repeats):
         for m in rotate(members, r):
@@ -160,8 +162,8 @@ def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, w
                 done = first.get(m.label)
                 if done is not None and step_time(done) is None:
                     continue  # identical program, or failed: nothing to repeat
-                m = Slot("verdict", r, m.label, m.params, {**m.attrs, "same_as": None,
-                         "cache_from": done.user_attrs["trial_dir"] if done is not None else None}, warm=True)
+                m = Slot("verdict", r, m.label, m.params, {**m.attrs, "same_as": None, "cache_from": TrialRecord.of(
+                         done).trial_dir if done is not None else None}, warm=True)
             else:
                 m = Slot("verdict", r, m.label, m.params, dict(m.attrs), warm=m.warm)
             plan.append(m)
@@ -172,8 +174,8 @@ def cost_estimate(study: optuna.Study, plan: list[Slot], settings: Settings | No
     """Seconds the plan will take, from the search's wall times: a cold run as a search trial took; a
     warm one without most of its compile time. Side by side (``settings`` given): per round, each
     candidate's warm start and the round's timing budget."""
-    walls = [(r["wall_s"], r["compile_s"]) for t in measured_trials(study)
-             if (r := t.user_attrs.get("result") or {}).get("status") == "ok" and "wall_s" in r]
+    walls = [(r.wall_s, r.compile_s) for t in measured_trials(study)
+             if (r := TrialRecord.of(t).measured).ok and r.wall_s is not None]
     if not walls:
         return float("nan")
     cold = statistics.median(w for w, _ in walls)
@@ -201,13 +203,13 @@ def run_plan(study: optuna.Study, plan: list[Slot], measure: Measure) -> None:
         while not slot_done(study, slot.key()):
             waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             if not any(key_of(t) == slot.key() for t in waiting):
-                study.enqueue_trial(slot.params, user_attrs={"phase": slot.phase, "round": slot.round,
-                                                             "label": slot.label, **slot.attrs,
-                                                             "method": method(study, slot.phase)["method"]})
+                study.enqueue_trial(slot.params, user_attrs=user_attrs(
+                    phase=slot.phase, round=slot.round, label=slot.label,
+                    **{**slot.attrs, "method": method(study, slot.phase)["method"]}))
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
                 trial = study.ask()  # the oldest waiting trial: ours, or one an interruption queued again
-            trial.set_user_attr("owner", owner())
+            set_attrs(trial, owner=owner())
             measure(trial)
 
 
@@ -220,52 +222,26 @@ def measure_repeat(study: optuna.Study, trial: optuna.Trial, space: SearchSpace,
     """One repeat: measured in a fresh process whatever was measured before (never deduped), unpruned.
 
     A verdict neighbour's first run is stopped once compiled if it compiled the winner's program."""
-    attrs = trial.user_attrs
-    config = space.sample(trial)
-    trial.set_user_attr("config", config.active(space.env))
-    trial.set_user_attr("identity", identity(config, space.env))
-    trial.set_user_attr("name", describe(config, space.env))
-    beat = heartbeat(study, trial)
-    beat()
-    trial_dir = run_dir / "trials" / f"{trial.number:04d}"
-    trial.set_user_attr("trial_dir", str(trial_dir))
+    config, beat = begin(study, trial, space)
+    attrs = TrialRecord.of(trial)
     cache = settings.cache_dir
-    warm_from = Path(attrs["cache_from"]) / "inductor_cache" if attrs.get("cache_from") else None
+    warm_from = Path(attrs.cache_from) / "inductor_cache" if attrs.cache_from else None
     if cache is None and settings.study.repeat_cache == "warm" and warm_from is not None and warm_from.is_dir():
         cache = warm_from
-    trial.set_user_attr("compile_cache", "none (eager)" if config.compile.scope == "none" else "shared warm"
-                        if settings.cache_dir else "warm" if cache else "cold")
-    same_as = attrs.get("same_as")
+    compile_cache = "none (eager)" if config.compile.scope == "none" else "shared warm" if settings.cache_dir \
+        else "warm" if cache else "cold"
+    set_attrs(trial, compile_cache=compile_cache)
 
-    def rule(events: list[dict[str, Any]], elapsed: float) -> tuple[str, str] | None:
-        beat()
-        compiled = next((e for e in events if e["event"] == "compiled"), None)
-        if same_as and compiled and compiled["fingerprint"] == same_as:
-            return ("same_program", f"compiled the winner's program (trial {attrs.get('same_as_trial')}), "
-                                    f"fingerprint {same_as}")
-        return None
+    def twin_of(fingerprint: str) -> Twin | None:
+        return Twin(attrs.same_as_trial, f"the winner's program (trial {attrs.same_as_trial})") \
+            if fingerprint == attrs.same_as else None
 
-    log.info("%s round %d: %s (trial %d, %s compile cache)", attrs["phase"], attrs["round"], attrs["label"],
-             trial.number, trial.user_attrs["compile_cache"])
-    result = launch(trial_dir, settings.trial_spec(config, slot_threads(settings, resources)), cache_dir=cache,
-                    should_stop=rule, resources=resources, agents=agents)
-    trial.set_user_attr("result", compact(result))
-    if result["status"] == "same_program":
-        trial.set_user_attr("same_program_as", attrs.get("same_as_trial"))
-        trial.set_user_attr("reason", result["reason"])
-        tell(study, trial, TrialState.PRUNED, None, None)
-        return
-    if result["status"] != "ok":
-        trial.set_user_attr("reason", result.get("reason", ""))
-        tell(study, trial, TrialState.FAIL, None, None)
-        log.info("repeat %d %s: %s", trial.number, result["status"], result.get("reason"))
-        return
-    ref = reference(study)
-    constraints = objective.constraints(result, ref["losses"] if ref else None)
-    trial.set_user_attr("constraints", constraints)
+    log.info("%s round %d: %s (trial %d, %s compile cache)", attrs.phase, attrs.round, attrs.label, trial.number,
+             compile_cache)
     # Optuna's value uses the cold compile time: a warm repeat's compile is not what a new job pays.
-    cold = attrs.get("compile_s_cold", result["compile_s"]) if cache is not None else result["compile_s"]
-    tell(study, trial, TrialState.COMPLETE, objective.values({**result, "compile_s": cold}), constraints)
+    measure_and_tell(study, trial, config, beat, objective, settings, run_dir, resources, agents,
+                     twin_of=twin_of if attrs.same_as else None, cache_dir=cache,
+                     cold_compile_s=attrs.compile_s_cold if cache is not None else None)
 
 
 PHASE_LOCK = ".phases.lock"
@@ -279,29 +255,27 @@ def alone_on_the_machine(study: optuna.Study, run_dir: Path, interrupt: threadin
     with each other must not share the cores with another repeat or a search trial. Tuners started
     together: the first to finish its search waits for the others' last trials, runs the phases,
     and the rest wait for it and then find every repeat done."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / PHASE_LOCK, "a") as handle:
-        said = False
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not said:
-                    log.info("another tuner of this study is running its phases: waiting for it")
-                    said = True
-                if interrupt.wait(poll_s):
-                    raise Interrupted("the tuner is stopping") from None
-                continue
-            break
+    lock = file_lock(run_dir / PHASE_LOCK)
+    said = False
+    while True:
         try:
-            said = False
-            while running := [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                              if measured_here(t)]:
-                if not said:
-                    log.info("phases wait for trial(s) %s of another tuner to finish", running)
-                    said = True
-                if interrupt.wait(poll_s):
-                    raise Interrupted("the tuner is stopping")
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            lock.acquire(timeout=0 if not said else poll_s)
+            break
+        except Timeout:
+            if not said:
+                log.info("another tuner of this study is running its phases: waiting for it")
+                said = True
+            if interrupt.is_set():
+                raise Interrupted("the tuner is stopping") from None
+    try:
+        said = False
+        while running := [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                          if measured_here(t)]:
+            if not said:
+                log.info("phases wait for trial(s) %s of another tuner to finish", running)
+                said = True
+            if interrupt.wait(poll_s):
+                raise Interrupted("the tuner is stopping")
+        yield
+    finally:
+        lock.release()

@@ -90,14 +90,13 @@ def check_store(uri: str) -> None:
 def mlflow_server(store_uri: str, log_path: Path | None = None, start_timeout_s: float = 120) -> Iterator[str]:
     """``mlflow server`` on 127.0.0.1 (a free port) for a store, until the block ends; yields its URL.
 
-    The server and its uvicorn worker run in their own process group, ended together.
+    The server and its uvicorn worker run in their own session, ended together (``kill_tree``).
     """
-    import signal
     import subprocess
     import sys
     import urllib.request
 
-    from autocompile.trial.launcher import free_port
+    from autocompile.trial.launcher import free_port, kill_tree
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -117,13 +116,7 @@ def mlflow_server(store_uri: str, log_path: Path | None = None, start_timeout_s:
                     time.sleep(0.5)
             yield url
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:  # a graceful uvicorn shutdown can take seconds: nothing to save
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            kill_tree(proc)  # a graceful uvicorn shutdown can take seconds: after 5 s, nothing to save
 
 
 def artifact_location(uri: str, name: str) -> str | None:

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from autocompile.config.settings import ObjectiveSettings
+from autocompile.study.record import Measurement
 from autocompile.trial.launcher import StopRule
 
 DIRECTIONS = {
@@ -21,6 +22,11 @@ DIRECTIONS = {
     "throughput": ["maximize"],
     "pareto": ["maximize", "minimize"],
 }
+
+
+def time_to_train(compile_s: float, step_s: float, horizon_steps: int) -> float:
+    """Seconds to finish ``horizon_steps`` steps: compile once, then steady-state steps (the one formula)."""
+    return compile_s + horizon_steps * step_s
 
 
 class Objective:
@@ -37,40 +43,42 @@ class Objective:
         return {"time_to_train": ["time_to_train_s"], "throughput": ["tokens_per_s"],
                 "pareto": ["tokens_per_s", "compile_s"]}[self.kind]
 
-    def time_to_train(self, result: dict[str, Any]) -> float:
-        """Seconds to finish ``horizon_steps`` steps: compile once, then steady-state steps."""
-        return result["compile_s"] + self.settings.horizon_steps * result["step_s"]
+    def time_to_train(self, result: Measurement) -> float:
+        """Seconds to finish ``horizon_steps`` steps with this measurement's compile and step times."""
+        return time_to_train(result.compile_s, result.step_s, self.settings.horizon_steps)
 
-    def values(self, result: dict[str, Any]) -> list[float]:
+    def values(self, result: Measurement) -> list[float]:
         if self.kind == "time_to_train":
             return [self.time_to_train(result)]
         if self.kind == "throughput":
-            return [result["tokens_per_s"]]
-        return [result["tokens_per_s"], result["compile_s"]]
+            return [result.tokens_per_s]
+        return [result.tokens_per_s, result.compile_s]
 
-    def score(self, result: dict[str, Any]) -> float:
+    def score(self, result: Measurement) -> float:
         """One number where lower is better, to rank trials and prune against (Pareto: time to train)."""
-        return -result["tokens_per_s"] if self.kind == "throughput" else self.time_to_train(result)
+        return -result.tokens_per_s if self.kind == "throughput" else self.time_to_train(result)
 
-    def constraints(self, result: dict[str, Any], reference_losses: list[float] | None) -> dict[str, float]:
+    def constraints(self, result: Measurement, reference_losses: list[float] | None) -> dict[str, float]:
         """Optuna constraints (feasible when <= 0): peak memory over the limit, loss drift over tolerance.
 
         Without reference losses the numerics are unchecked, which is never feasible: a trial that
         could not be compared with eager cannot win."""
         limit = self.settings.memory_limit_gb
-        memory = result.get("peak_memory_bytes", 0) / 2**30 - limit if limit > 0 else -1.0
-        drift = loss_drift(result.get("losses", []), reference_losses, self.settings.loss_steps)
+        memory = (result.peak_memory_bytes or 0) / 2**30 - limit if limit > 0 else -1.0
+        drift = loss_drift(result.losses or [], reference_losses, self.settings.loss_steps)
         numerics = drift - self.settings.loss_rtol if drift is not None else 1.0
         return {"memory_gb_over_limit": memory, "loss_drift_over_rtol": numerics}
 
-    def stop_rule(self, best: dict[str, Any] | None, noise: float | None = None) -> StopRule | None:
-        """Prune against the best complete trial so far; Pareto studies keep every trial.
+    def stop_rule(self, best: tuple[int, Measurement] | None, noise: float | None = None) -> StopRule | None:
+        """Prune against the best complete trial so far (its number and measurement); Pareto studies keep
+        every trial.
 
         ``noise``: the study's run-to-run relative sd of step time (None: not measured yet)."""
         if best is None or self.kind == "pareto":
             return None
-        margin = 1.0 + max(0.10, 3.0 * (noise if noise is not None else best.get("step_s_cv", 0.0)))
-        best_score = self.score(best)
+        number, measured = best
+        margin = 1.0 + max(0.10, 3.0 * (noise if noise is not None else measured.step_s_cv or 0.0))
+        best_score = self.score(measured)
         horizon = self.settings.horizon_steps
 
         def rule(events: list[dict[str, Any]], elapsed: float) -> str | None:
@@ -84,7 +92,7 @@ class Objective:
                 spent = time.time() - started["time"]
                 if spent > best_score * margin:
                     return (f"warm-up (compile) alone took {spent:.1f} s > best time to train "
-                            f"{best_score:.1f} s (trial {best['number']})")
+                            f"{best_score:.1f} s (trial {number})")
                 return None
             if window is None:
                 return None
@@ -93,10 +101,10 @@ class Objective:
                 bound = sum(warm) + (horizon - len(warm)) * step
                 if bound > best_score * margin:
                     return (f"after the first timed window: time to train ~{bound:.1f} s vs best {best_score:.1f} s "
-                            f"(trial {best['number']}, margin {margin - 1:.0%})")
-            elif step > best["step_s"] * margin:
-                return (f"first timed window {step * 1e3:.2f} ms/step vs best {best['step_s'] * 1e3:.2f} ms "
-                        f"(trial {best['number']}, margin {margin - 1:.0%})")
+                            f"(trial {number}, margin {margin - 1:.0%})")
+            elif step > measured.step_s * margin:
+                return (f"first timed window {step * 1e3:.2f} ms/step vs best {measured.step_s * 1e3:.2f} ms "
+                        f"(trial {number}, margin {margin - 1:.0%})")
             return None
 
         return rule

@@ -29,6 +29,7 @@ from autocompile.study.confirm import (
 )
 from autocompile.study.objective import Objective
 from autocompile.study.racing import phase_trials, step_time
+from autocompile.study.record import TrialRecord, set_attrs, user_attrs
 from autocompile.study.shared import owner
 from autocompile.study.together import MeasureTogether, cold_of, method, set_method
 
@@ -63,7 +64,7 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
     if together is not None and s.side_by_side and (undecided or method(study, "verdict")["method"] == "side_by_side") \
             and verdicts_together(study, winner, space, wanted, settings, measure, together):
         return
-    log.info(describe_plan(f"verdict (at trial {winner.number}, {winner.user_attrs.get('name', '')})", plan,
+    log.info(describe_plan(f"verdict (at trial {winner.number}, {TrialRecord.of(winner).name})", plan,
                            cost_estimate(study, plan)))
     for r in range(s.repeats):  # round by round: a neighbour found identical in round 0 needs no more
         run_plan(study, [slot for slot in verdict_plan(study, winner, space, wanted, s.repeats) if slot.round == r],
@@ -77,20 +78,19 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
     they cannot share a process (the caller runs fresh-process rounds)."""
     if "method.verdict" not in study.user_attrs:
         set_method(study, "verdict", "side_by_side")
-    winner_fp = winner.user_attrs["result"].get("fingerprint")
+    won = TrialRecord.of(winner)
     found = neighbours(winner, space, wanted)
-    cold = [Slot("verdict", -1, f"{key}={value}", space.params(config.flat()), {
-        "knob": key, "value": value, "reference": winner.user_attrs["config"].get(key, KNOBS[key][1]),
-        "name": describe(config, space.env), "same_as": winner_fp, "same_as_trial": winner.number, "cold_run": True})
+    cold = [Slot("verdict", -1, f"{key}={value}", space.params(config.flat()), user_attrs(
+        knob=key, value=value, reference=won.config.get(key, KNOBS[key][1]), name=describe(config, space.env),
+        same_as=won.measured.fingerprint, same_as_trial=winner.number, cold_run=True))
         for key, value, config in found]
     log.info("verdict phase (at trial %d, %s): %d neighbours once alone (cold), then side by side with the winner "
-             "in %d fresh processes", winner.number, winner.user_attrs.get("name", ""), len(cold),
+             "in %d fresh processes", winner.number, won.name, len(cold),
              settings.compare.processes)
     run_plan(study, cold, measure)
-    firsts = {t.user_attrs["label"]: t for t in phase_trials(study, "verdict") if t.user_attrs["round"] == -1}
-    members = [Slot("verdict", 0, "winner", winner.params, {
-        "candidate": winner.number, "name": winner.user_attrs.get("name", ""),
-        "compile_s_cold": winner.user_attrs["result"]["compile_s"], "cold_trial": winner.number})]
+    firsts = {rec.label: t for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).round == -1}
+    members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
+        candidate=winner.number, name=won.name, compile_s_cold=won.measured.compile_s, cold_trial=winner.number))]
     members += [Slot("verdict", 0, slot.label, slot.params, {k: slot.attrs[k] for k in ("knob", "value", "reference",
                                                                                          "name")}
                      | {"cold_trial": firsts[slot.label].number}) for slot in cold
@@ -117,17 +117,18 @@ def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, togeth
         waiting = {key_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
         for slot in slots:
             if slot.key() not in waiting:
-                study.enqueue_trial(slot.params, user_attrs={"phase": slot.phase, "round": slot.round,
-                                                             "label": slot.label, **slot.attrs,
-                                                             "method": "side_by_side"})
+                study.enqueue_trial(slot.params, user_attrs=user_attrs(
+                    phase=slot.phase, round=slot.round, label=slot.label,
+                    **{**slot.attrs, "method": "side_by_side"}))
         trials: dict[tuple[str, int, str], optuna.Trial] = {}
         while len(trials) < len(keys):
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
                 trial = study.ask()
-            trial.set_user_attr("owner", owner())
-            key = (trial.user_attrs.get("phase"), trial.user_attrs.get("round"), trial.user_attrs.get("label"))
-            if key in keys and trial.user_attrs.get("method") == "side_by_side":
+            set_attrs(trial, owner=owner())
+            rec = TrialRecord.of(trial)
+            key = (rec.phase, rec.round, rec.label)
+            if key in keys and rec.method == "side_by_side":
                 trials[key] = trial
             else:
                 measure(trial)  # another queued trial (one an interruption queued again): measured alone
@@ -166,5 +167,5 @@ def why_apart(study: optuna.Study, slots: list[Slot], settings: Settings) -> str
     described by its cold run."""
     env = settings.env  # detected once: it reads the model's structure
     return sidebyside.cannot_share([sidebyside.Member(s.label, TrialConfig.from_flat(
-        study.trials[s.attrs["cold_trial"]].user_attrs["config"], env, strict=False),
+        TrialRecord.of(study.trials[s.attrs["cold_trial"]]).config, env, strict=False),
         cold_of(study.trials[s.attrs["cold_trial"]])) for s in slots], settings)

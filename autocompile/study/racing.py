@@ -21,6 +21,8 @@ from autocompile.config.knobs import KNOBS, Env
 from autocompile.study.effect import Effect
 from autocompile.study.intervals import Paired, break_even, paired_windows, time_to_train
 from autocompile.study.objective import Objective
+from autocompile.study.objective import time_to_train as time_to_train_s
+from autocompile.study.record import TrialRecord
 from autocompile.study.shared import feasible, interrupted, measured_trials
 from autocompile.study.together import method
 from autocompile.trial.stats import Noise, Ratio, paired_ratio, pooled_noise
@@ -29,7 +31,7 @@ REPEAT_PHASES = ("confirm", "verdict")
 
 
 def phase(trial: FrozenTrial) -> str:
-    return trial.user_attrs.get("phase", "search")
+    return TrialRecord.of(trial).phase
 
 
 def phase_trials(study: Study, name: str) -> list[FrozenTrial]:
@@ -38,15 +40,15 @@ def phase_trials(study: Study, name: str) -> list[FrozenTrial]:
     how = method(study, name)["method"]
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
                                                                  TrialState.FAIL))
-            if phase(t) == name and not interrupted(t) and t.user_attrs.get("method", "fresh_processes") == how]
+            if (rec := TrialRecord.of(t)).phase == name and not interrupted(t) and rec.method == how]
 
 
 def step_time(trial: FrozenTrial) -> float | None:
     """A repeat's step time when it measured one and passed the numerics and memory checks."""
-    result = trial.user_attrs.get("result") or {}
-    if trial.state != TrialState.COMPLETE or result.get("status") != "ok" or not feasible(trial):
+    result = TrialRecord.of(trial).measured
+    if trial.state != TrialState.COMPLETE or not result.ok or not feasible(trial):
         return None
-    return result["step_s"]
+    return result.step_s
 
 
 def simplicity(config: dict[str, Any]) -> tuple[int, int]:
@@ -63,9 +65,10 @@ def study_noise(study: Study, env: Env) -> Noise | None:
     groups: dict[tuple[str, str], list[float]] = {}
     for t in [*measured_trials(study), *phase_trials(study, "confirm"), *phase_trials(study, "verdict")]:
         step = step_time(t)
-        if step is not None and "same_program_as" not in t.user_attrs and not t.user_attrs.get("cold_run"):
-            how = t.user_attrs.get("method", "fresh_processes") if phase(t) != "search" else "fresh_processes"
-            groups.setdefault((t.user_attrs["identity"], how), []).append(step)
+        rec = TrialRecord.of(t)
+        if step is not None and rec.same_program_as is None and not rec.cold_run:
+            how = rec.method if not rec.is_search else "fresh_processes"
+            groups.setdefault((rec.identity, how), []).append(step)
     repeated = {k: v for k, v in groups.items() if len(v) > 1}
     kinds = sorted({"side by side" if how == "side_by_side" else "alone" for _, how in repeated})
     return pooled_noise(list(repeated.values()),
@@ -95,7 +98,8 @@ class Candidate:
         (time_to_train, and pareto, which has no single score)."""
         if objective.kind == "throughput":
             return dict(self.steps)
-        return {r: objective.time_to_train({"step_s": s, "compile_s": self.compile_s}) for r, s in self.steps.items()}
+        horizon = objective.settings.horizon_steps
+        return {r: time_to_train_s(self.compile_s, s, horizon) for r, s in self.steps.items()}
 
     def step_s(self) -> float:
         return math.exp(statistics.fmean(map(math.log, self.steps.values())))
@@ -135,13 +139,13 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
         return None
     candidates: dict[str, Candidate] = {}
     for t in trials:
-        a = t.user_attrs
-        c = candidates.setdefault(a["label"], Candidate(a["label"], a["candidate"], a.get("name", ""), a["config"],
-                                                        a.get("baseline"), a["compile_s_cold"]))
+        a = TrialRecord.of(t)
+        c = candidates.setdefault(a.label, Candidate(a.label, a.candidate, a.name, a.config, a.baseline,
+                                                     a.compile_s_cold))
         if (step := step_time(t)) is not None:
-            c.steps[a["round"]] = step
-            if a.get("method") == "side_by_side":
-                c.windows[a["round"]] = t.user_attrs["result"]["step_s_windows"]
+            c.steps[a.round] = step
+            if a.method == "side_by_side":
+                c.windows[a.round] = a.measured.step_s_windows
     measured = [c for c in candidates.values() if c.steps]
     if len(measured) < 2:  # an interrupted phase, or every other candidate failed: nothing was raced
         return {"winner": None, "reason": f"{len(measured)} candidate(s) with a completed repeat: no race (an "
@@ -194,36 +198,34 @@ def conclusion(winner: Candidate, leader: Candidate, ties: list[Candidate], comp
 
 def verdicts(study: Study) -> list[Effect]:
     """One verdict per neighbour of the winner that the verdict phase measured (one knob changed)."""
-    trials = phase_trials(study, "verdict")
-    winner = {t.user_attrs["round"]: s for t in trials if t.user_attrs["label"] == "winner"
-              and (s := step_time(t)) is not None}
-    winner_windows = {t.user_attrs["round"]: t.user_attrs["result"]["step_s_windows"] for t in trials
-                      if t.user_attrs["label"] == "winner" and t.user_attrs.get("method") == "side_by_side"
-                      and step_time(t) is not None}
-    cold = next((t.user_attrs["compile_s_cold"] for t in trials if t.user_attrs["label"] == "winner"), 0.0)
-    by_label: dict[str, list[FrozenTrial]] = {}
-    for t in trials:
-        if t.user_attrs["label"] != "winner":
-            by_label.setdefault(t.user_attrs["label"], []).append(t)
+    trials = [(t, TrialRecord.of(t)) for t in phase_trials(study, "verdict")]
+    winner = {a.round: s for t, a in trials if a.label == "winner" and (s := step_time(t)) is not None}
+    winner_windows = {a.round: a.measured.step_s_windows for t, a in trials
+                      if a.label == "winner" and a.method == "side_by_side" and step_time(t) is not None}
+    cold = next((a.compile_s_cold for _, a in trials if a.label == "winner"), 0.0)
+    by_label: dict[str, list[tuple[FrozenTrial, TrialRecord]]] = {}
+    for t, a in trials:
+        if a.label != "winner":
+            by_label.setdefault(a.label, []).append((t, a))
     effects = []
     for runs in by_label.values():
-        a = runs[0].user_attrs
-        key, value, ref = a["knob"], a["value"], a["reference"]
+        a = runs[0][1]
+        key, value, ref = a.knob, a.value, a.reference
         question = KNOBS[key][0].question
-        first = min(runs, key=lambda t: t.user_attrs["round"])
-        if "same_program_as" in first.user_attrs:
+        first = min(runs, key=lambda run: run[1].round)[1]
+        if first.same_program_as is not None:
             effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 1, True, True, basis="verdict"))
             continue
-        result = first.user_attrs.get("result") or {}
-        if result.get("status") != "ok":
-            why = result.get("failure") or result.get("status", "failed")
+        result = first.measured
+        if not result.ok:
+            why = result.failure or result.status or "failed"
             effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 0, True, basis="verdict",
-                                  failure=f"{why}: {(result.get('reason') or '')[:160]}"))
+                                  failure=f"{why}: {(result.reason or '')[:160]}"))
             continue
-        rounds = [t for t in runs if not t.user_attrs.get("cold_run")]
-        steps = {t.user_attrs["round"]: s for t in rounds if (s := step_time(t)) is not None}
-        windows = {t.user_attrs["round"]: t.user_attrs["result"]["step_s_windows"] for t in rounds
-                   if t.user_attrs.get("method") == "side_by_side" and step_time(t) is not None}
+        rounds = [(t, a) for t, a in runs if not a.cold_run]
+        steps = {a.round: s for t, a in rounds if (s := step_time(t)) is not None}
+        windows = {a.round: a.measured.step_s_windows for t, a in rounds
+                   if a.method == "side_by_side" and step_time(t) is not None}
         ratio: Ratio | None = paired_windows(winner_windows, windows) if windows else paired_ratio(steps, winner)
         if ratio is None:
             continue
@@ -235,9 +237,9 @@ def verdicts(study: Study) -> list[Effect]:
                 f"; {ratio.dropped} stalled round(s) left out)" if ratio.dropped else ")")
             mine = statistics.fmean(steps.values())
             theirs = statistics.fmean(winner[r] for r in steps if r in winner) if steps.keys() & winner.keys() else 0
-            pays = break_even(ratio, (theirs, cold), (mine, result["compile_s"]), ("the winner", str(value))) \
+            pays = break_even(ratio, (theirs, cold), (mine, result.compile_s), ("the winner", str(value))) \
                 if theirs else None
-        effects.append(Effect(key, question, ref, value, ratio.change, half, result["compile_s"] - cold,
+        effects.append(Effect(key, question, ref, value, ratio.change, half, result.compile_s - cold,
                               ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high, how=how,
                               pays_back=pays or ""))
     return sorted(effects, key=lambda e: list(KNOBS).index(e.knob))

@@ -6,8 +6,6 @@ a resumed study, a second tuner process, the report and MLflow all read the same
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -15,37 +13,52 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import optuna
+from filelock import FileLock
 from optuna.storages import JournalStorage
-from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.settings import ConfigError, Settings
+from autocompile.study.record import TrialRecord
 
 log = logging.getLogger(__name__)
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-# Numbers kept on each trial for ranking, reporting and tracking (result.json has everything).
-RESULT_KEYS = ("status", "failure", "reason", "tokens_per_s", "throughput_unit", "step_s", "step_s_cv", "compile_s",
-               "first_step_s", "peak_memory_bytes", "graph_count", "graph_breaks", "recompiles_timed", "mfu",
-               "compiled", "wall_s", "losses", "tokens_per_s_windows", "environment", "fingerprint",
-               "compiled_coverage", "step_s_windows", "rewarm_steps", "timed_precision", "timed_s", "windows",
-               "side_by_side")
-
-
-REPEAT_ATTRS = ("phase", "round", "label", "candidate", "name", "config", "compile_s_cold", "cache_from",
-                "same_as", "same_as_trial", "knob", "value", "reference", "method", "cold_trial", "cold_run")
-"""What a repeat of the confirmation or verdict phase is, kept when it is queued again after a kill."""
 
 
 def is_search(trial: FrozenTrial) -> bool:
     """A trial of the search (user attribute ``phase``; trials of older studies have none)."""
-    return trial.user_attrs.get("phase", "search") == "search"
+    return TrialRecord.of(trial).is_search
+
+
+# -- Optuna without a public API for it (Optuna 5.0): the study's storage, a trial's id in it, and the
+# storage's stale trials. tests/test_optuna_private.py fails when one of these names moves, and
+# pyproject.toml bounds optuna to the major version they were checked on.
+
+def storage_of(study: optuna.Study) -> optuna.storages.BaseStorage:
+    return study._storage
+
+
+def trial_id(trial: FrozenTrial | optuna.Trial) -> int:
+    return trial._trial_id
+
+
+def stale_trial_ids(study: optuna.Study) -> set[int]:
+    """Trials of ``study`` whose tuner stopped sending heartbeats (a database storage with heartbeats)."""
+    return set(storage_of(study)._get_stale_trial_ids(study._study_id))
+
+
+def beats(storage: optuna.storages.BaseStorage) -> bool:
+    """The storage keeps heartbeats (a database URL with ``heartbeat_interval``): Optuna's
+    ``is_heartbeat_enabled``, by the storage's public methods."""
+    interval = getattr(storage, "get_heartbeat_interval", None)
+    return callable(interval) and callable(getattr(storage, "record_heartbeat", None)) and interval() is not None
+
 
 RDB_SCHEMES = ("postgresql", "mysql", "sqlite", "oracle", "mssql")
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -162,22 +175,16 @@ def pid_namespace() -> int | None:
         return None
 
 
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Exclusive across the processes of this machine (``flock``). The kernel drops it when its holder
-    dies, ``kill -9`` included, so a dead tuner never blocks the others."""
+def file_lock(path: Path) -> FileLock:
+    """Exclusive across the processes of this machine (``flock``, through filelock): the kernel drops it when
+    its holder dies, ``kill -9`` included, so a dead tuner never blocks the others. A context manager."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return FileLock(path)
 
 
 def is_orphaned(trial: FrozenTrial) -> bool:
     """A RUNNING trial whose tuner process is gone (same host and pid namespace, pid not alive)."""
-    who = trial.user_attrs.get("owner")
+    who = TrialRecord.of(trial).owner
     if not who or who.get("host") != socket.gethostname() or who.get("pidns", pid_namespace()) != pid_namespace():
         return False
     try:
@@ -191,7 +198,7 @@ def is_orphaned(trial: FrozenTrial) -> bool:
 
 def measured_here(trial: FrozenTrial) -> bool:
     """A RUNNING trial whose tuner is alive on this machine (it shares the cores with ours)."""
-    who = trial.user_attrs.get("owner")
+    who = TrialRecord.of(trial).owner
     return bool(who) and who.get("host") == socket.gethostname() and \
         who.get("pidns", pid_namespace()) == pid_namespace() and not is_orphaned(trial)
 
@@ -199,19 +206,19 @@ def measured_here(trial: FrozenTrial) -> bool:
 def requeue(study: optuna.Study, trial: FrozenTrial, why: str) -> bool:
     """A trial whose tuner died: not counted, its configuration measured again (once). False when
     another tuner (or the trial's own) finished it first."""
-    storage = study._storage
+    storage = storage_of(study)
     # Marked while still RUNNING (storages refuse to touch finished trials); idempotent, so tuners
     # that notice together agree. The state change is the claim: only its winner queues the retry.
     try:
-        storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
-        storage.set_trial_user_attr(trial._trial_id, "reason", why)
-        storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        storage.set_trial_user_attr(trial_id(trial), "interrupted", True)
+        storage.set_trial_user_attr(trial_id(trial), "reason", why)
+        storage.set_trial_state_values(trial_id(trial), state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False  # finished meanwhile, by its tuner or by another one recovering it
     if trial.params:
         # A repeat of the confirmation or verdict phase stays that repeat (its phase, round, label...).
-        kept = {k: v for k, v in trial.user_attrs.items() if k in ("baseline", *REPEAT_ATTRS)}
-        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, **kept})
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number,
+                                                      **TrialRecord.of(trial).kept_on_retry()})
     log.warning("trial %d was interrupted (%s): marked failed, configuration queued again", trial.number, why)
     return True
 
@@ -228,14 +235,13 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
     marked as interrupted.
     """
     with _RECOVERY:
-        storage = study._storage
-        if is_heartbeat_enabled(storage):
-            dead, why = set(storage._get_stale_trial_ids(study._study_id)), "its tuner stopped sending heartbeats"
+        if beats(storage_of(study)):
+            dead, why = stale_trial_ids(study), "its tuner stopped sending heartbeats"
         else:
             dead, why = None, "its tuner process died during the trial"
         recovered = []
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if trial._trial_id in dead if dead is not None else is_orphaned(trial):
+            if trial_id(trial) in dead if dead is not None else is_orphaned(trial):
                 requeue(study, trial, why)
                 recovered.append(trial.number)
         return recovered
@@ -243,15 +249,15 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
 
 def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Callable[[], None]:
     """A beat to call while the trial runs (throttled); a no-op for storages without heartbeats."""
-    storage = study._storage
-    if not is_heartbeat_enabled(storage):
+    storage = storage_of(study)
+    if not beats(storage):
         return lambda: None
     period = storage.get_heartbeat_interval() / 2
     last = [0.0]
 
     def beat() -> None:
         if time.monotonic() - last[0] >= period:
-            storage.record_heartbeat(trial._trial_id)
+            storage.record_heartbeat(trial_id(trial))
             last[0] = time.monotonic()
 
     return beat
@@ -260,7 +266,7 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Callable[[], None]:
 def running_twin(study: optuna.Study, identity: str, number: int) -> FrozenTrial | None:
     """An earlier trial of the same configuration still running (another slot or tuner process)."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.number < number and trial.user_attrs.get("identity") == identity:
+        if trial.number < number and TrialRecord.of(trial).identity == identity:
             return trial
     return None
 
@@ -272,10 +278,9 @@ def wait_finished(study: optuna.Study, number: int, patience_s: float, beat: Cal
     While waiting, the waiter keeps its own trial's heartbeat and recovers trials of dead tuners:
     the twin's tuner may be the one that died, and nobody else may be left to notice.
     """
-    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
     deadline = time.monotonic() + patience_s
     while time.monotonic() < deadline:
-        trial = study._storage.get_trial(trial_id)
+        trial = study.get_trials(deepcopy=False)[number]  # numbers are consecutive from 0
         if trial.state.is_finished():
             return trial
         beat()
@@ -288,13 +293,7 @@ def wait_finished(study: optuna.Study, number: int, patience_s: float, beat: Cal
 def interrupted(trial: FrozenTrial) -> bool:
     """Failed because its tuner died or stopped. The mark alone is not enough: it is written before
     the state, and a late but live tuner may still have completed the trial."""
-    return trial.state == TrialState.FAIL and bool(trial.user_attrs.get("interrupted"))
-
-
-def warm_repeat(attrs: dict[str, Any]) -> bool:
-    """A repeat of the phases timed after its configuration's warm inductor cache: its compile_s is not
-    a cold compile (reports and tracking show its configuration's cold one, ``compile_s_cold``)."""
-    return attrs.get("phase", "search") != "search" and attrs.get("compile_cache") in ("warm", "shared warm")
+    return trial.state == TrialState.FAIL and TrialRecord.of(trial).interrupted
 
 
 def counted(trial: FrozenTrial) -> bool:
@@ -311,23 +310,27 @@ TRANSIENT_FAILURES = ("timeout", "crash")
 def find_measured(study: optuna.Study, identity: str, exclude: int) -> FrozenTrial | None:
     """A finished, measured trial of the same configuration (not a dedupe copy, not interrupted),
     unless its only measurement ended in a failure that may be transient."""
-    same = [t for t in measured_trials(study) if t.number != exclude and t.user_attrs.get("identity") == identity]
-    lasting = [t for t in same if t.user_attrs["result"].get("failure") not in TRANSIENT_FAILURES]
+    same = [t for t in measured_trials(study) if t.number != exclude and TrialRecord.of(t).identity == identity]
+    lasting = [t for t in same if TrialRecord.of(t).measured.failure not in TRANSIENT_FAILURES]
     return lasting[0] if lasting else same[1] if len(same) > 1 else None
 
 
 def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
     """Finished search trials that carry a measurement of their own (duplicates, interruptions and
     the repeats of later phases left out: those are analysed as repeats, in ``racing``)."""
-    return [t for t in study.get_trials(deepcopy=False, states=FINISHED)
-            if "result" in t.user_attrs and "duplicate_of" not in t.user_attrs and not interrupted(t)
-            and is_search(t)]
+    found = []
+    for t in study.get_trials(deepcopy=False, states=FINISHED):
+        record = TrialRecord.of(t)
+        if record.result is not None and record.duplicate_of is None and record.is_search and not (
+                t.state == TrialState.FAIL and record.interrupted):
+            found.append(t)
+    return found
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, state: TrialState, values: list[float] | None,
          constraints: dict[str, float] | None) -> None:
     if state == TrialState.COMPLETE:
-        if constraints and "constraints" not in trial.user_attrs:
+        if constraints and TrialRecord.of(trial).constraints is None:
             for k, v in constraints.items():
                 trial.set_constraint(k, v)
         study.tell(trial, values)
@@ -337,17 +340,13 @@ def tell(study: optuna.Study, trial: optuna.Trial, state: TrialState, values: li
 
 def feasible(trial: FrozenTrial) -> bool:
     """Within the memory limit and the loss tolerance (Optuna's convention: constraints <= 0)."""
-    return all(v <= 0 for v in (trial.user_attrs.get("constraints") or {}).values())
-
-
-def compact(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: result[k] for k in RESULT_KEYS if k in result}
+    return all(v <= 0 for v in (TrialRecord.of(trial).constraints or {}).values())
 
 
 def same_program(study: optuna.Study, fingerprint: str, exclude: int) -> FrozenTrial | None:
     """A complete, measured trial that compiled exactly this program (another configuration)."""
     for trial in measured_trials(study):
         if (trial.number != exclude and trial.state == TrialState.COMPLETE
-                and trial.user_attrs["result"].get("fingerprint") == fingerprint):
+                and TrialRecord.of(trial).measured.fingerprint == fingerprint):
             return trial
     return None

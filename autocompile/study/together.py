@@ -23,15 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
-from autocompile.config.knobs import describe
 from autocompile.config.settings import Settings
-from autocompile.config.space import SearchSpace, identity
+from autocompile.config.space import SearchSpace
 from autocompile.study import sidebyside
+from autocompile.study.measuring import begin, tell_measured
 from autocompile.study.objective import Objective
-from autocompile.study.reference import reference
-from autocompile.study.shared import heartbeat, tell
+from autocompile.study.record import Measurement, TrialRecord, set_attrs
 from autocompile.trial.warmstart import TRIAL_FILE
 
 log = logging.getLogger(__name__)
@@ -53,9 +51,10 @@ def set_method(study: optuna.Study, phase: str, name: str, why: str = "") -> Non
 
 def cold_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """What a member needs of its cold single-candidate run: program, artifacts, peak memory, compile time."""
-    result = dict(trial.user_attrs.get("result") or {})
-    result["trial_dir"] = trial.user_attrs.get("trial_dir")
-    artifacts = Path(trial.user_attrs.get("trial_dir", "")) / TRIAL_FILE
+    record = TrialRecord.of(trial)
+    result = record.measured.to_dict()
+    result["trial_dir"] = record.trial_dir
+    artifacts = Path(record.trial_dir or "") / TRIAL_FILE
     if artifacts.is_file():
         result["compile_artifacts"] = {"path": str(artifacts)}
     return result
@@ -70,47 +69,31 @@ def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: Sea
                      settings: Settings, run_dir: Path, resources: Any, agents: Any) -> str | None:
     """One side-by-side process timing ``trials`` (the candidates of one round); each told alone. Returns
     why they could not share the process (a candidate failed beside the others), or None."""
-    r = trials[0].user_attrs["round"]
-    phase = trials[0].user_attrs["phase"]
+    first = TrialRecord.of(trials[0])
+    r, phase = first.round, first.phase
     out = process_dir(run_dir, phase, r)
     members = []
-    beats = []
     for trial in trials:
-        config = space.sample(trial)
-        trial.set_user_attr("config", config.active(space.env))
-        trial.set_user_attr("identity", identity(config, space.env))
-        trial.set_user_attr("name", describe(config, space.env))
-        trial.set_user_attr("trial_dir", str(out))
-        trial.set_user_attr("method", "side_by_side")
-        trial.set_user_attr("compile_cache", "side by side: warm from its cold run's artifacts")
-        beats.append(heartbeat(study, trial))
-        cold = study.trials[trial.user_attrs["cold_trial"]]
-        members.append(sidebyside.Member(trial.user_attrs["label"], config, cold_of(cold)))
-    for beat in beats:
-        beat()
+        config, _ = begin(study, trial, space)
+        set_attrs(trial, trial_dir=str(out), method="side_by_side",
+                  compile_cache="side by side: warm from its cold run's artifacts")
+        record = TrialRecord.of(trial)
+        members.append(sidebyside.Member(record.label, config, cold_of(study.trials[record.cold_trial])))
     log.info("%s round %d side by side: %s", phase, r, ", ".join(m.label for m in members))
     result = sidebyside.run_process(out, members, settings, shift=r, resources=resources, agents=agents)
     shared = sidebyside.not_shared([result])
-    ref = reference(study)
     for trial, member, c in zip(trials, members, result.get("candidates") or [{}] * len(trials), strict=True):
         if c.get("status") != "ok" or result.get("status") != "ok":
-            reason = c.get("reason") or result.get("reason", "")
-            trial.set_user_attr("result", {"status": "failed", "failure": c.get("failure") or result.get("failure"),
-                                           "reason": reason})
-            trial.set_user_attr("reason", reason)
-            tell(study, trial, TrialState.FAIL, None, None)
+            tell_measured(study, trial, objective, Measurement(
+                status="failed", failure=c.get("failure") or result.get("failure"),
+                reason=c.get("reason") or result.get("reason", "")))
             continue
-        cold = member.cold
-        items_per_step = cold["tokens_per_s"] * cold["step_s"]  # a step's tokens (or samples), as measured alone
-        measured = {"status": "ok", "step_s": c["step_s"], "step_s_windows": c["step_s_windows"],
-                    "tokens_per_s": items_per_step / c["step_s"],
-                    "losses": c["losses"], "fingerprint": c["fingerprint"], "compiled": c["compiled"],
-                    "compiled_coverage": c.get("coverage"), "throughput_unit": result.get("throughput_unit"),
-                    "compile_s": cold["compile_s"], "peak_memory_bytes": cold.get("peak_memory_bytes"),
-                    "wall_s": result.get("wall_s"), "side_by_side": {"round": r, "rounds": result["rounds"],
-                                                                     "window_steps": result["window_steps"]}}
-        trial.set_user_attr("result", measured)
-        constraints = objective.constraints(measured, ref["losses"] if ref else None)
-        trial.set_user_attr("constraints", constraints)
-        tell(study, trial, TrialState.COMPLETE, objective.values(measured), constraints)
+        cold = Measurement.from_dict(member.cold)
+        items_per_step = cold.tokens_per_s * cold.step_s  # a step's tokens (or samples), as measured alone
+        tell_measured(study, trial, objective, Measurement(
+            status="ok", step_s=c["step_s"], step_s_windows=c["step_s_windows"],
+            tokens_per_s=items_per_step / c["step_s"], losses=c["losses"], fingerprint=c["fingerprint"],
+            compiled=c["compiled"], compiled_coverage=c.get("coverage"), throughput_unit=result.get("throughput_unit"),
+            compile_s=cold.compile_s, peak_memory_bytes=cold.peak_memory_bytes, wall_s=result.get("wall_s"),
+            side_by_side={"round": r, "rounds": result["rounds"], "window_steps": result["window_steps"]}))
     return shared

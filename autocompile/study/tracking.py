@@ -45,8 +45,9 @@ from autocompile.config.knobs import KNOBS
 from autocompile.config.settings import Settings
 from autocompile.config.spec import PARTS
 from autocompile.study.mlflow_store import artifact_location, open_client
-from autocompile.study.shared import file_lock, is_orphaned, journal_file, owner, pid_namespace, warm_repeat
-from autocompile.workload.data import rate_label
+from autocompile.study.objective import time_to_train
+from autocompile.study.record import Measurement, TrialRecord
+from autocompile.study.shared import file_lock, is_orphaned, journal_file, owner, pid_namespace
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def local_environment(device: str) -> dict[str, Any]:
 
 def logged_elsewhere(trial: FrozenTrial) -> bool:
     """Another live tuner process ran this trial (tuners sharing a study) and logs it itself."""
-    who = trial.user_attrs.get("owner")
+    who = TrialRecord.of(trial).owner
     if not who or who == owner() or is_orphaned(trial):
         return False
     if who.get("host") == socket.gethostname() and who.get("pidns", pid_namespace()) == pid_namespace():
@@ -260,74 +261,75 @@ class MlflowTracker:
     def run_name(self, trial: FrozenTrial) -> str:
         """``#7 compile.mode=max-autotune, amp.dtype=bfloat16``: what this trial changed (fixed knobs are
         the same in every trial of the study, so they are left out)."""
-        attrs = trial.user_attrs
-        config = attrs.get("config") or trial.params
+        record = TrialRecord.of(trial)
+        config = record.config or trial.params
         changed = [f"{k}={v}" for k, v in config.items()
                    if k in KNOBS and k not in self.settings.fixed_knobs and v != KNOBS[k][1]]
-        what = f"{attrs['baseline']} baseline" if attrs.get("baseline") else ", ".join(changed) or "defaults"
-        if "duplicate_of" in attrs:
-            what += f" (= #{attrs['duplicate_of']})"
-        if attrs.get("phase", "search") != "search":  # a repeat: which phase, round and candidate
-            what = f"{attrs['phase']} r{attrs.get('round')} {attrs.get('label')}: {what}"
+        what = f"{record.baseline} baseline" if record.baseline else ", ".join(changed) or "defaults"
+        if record.duplicate_of is not None:
+            what += f" (= #{record.duplicate_of})"
+        if not record.is_search:  # a repeat: which phase, round and candidate
+            what = f"{record.phase} r{record.round} {record.label}: {what}"
         return f"#{trial.number} {what}"[:250]
 
-    def environment(self, result: dict[str, Any]) -> dict[str, Any]:
-        env = result.get("environment")
-        if env:
-            return env
+    def environment(self, result: Measurement) -> dict[str, Any]:
+        if result.environment:
+            return result.environment
         if self._environment is None:
             # A pruned or crashed trial reports nothing: the study's other trials ran on the same machine.
-            known = (t.user_attrs.get("result", {}).get("environment") for t in self.study.get_trials(deepcopy=False))
+            known = (TrialRecord.of(t).measured.environment for t in self.study.get_trials(deepcopy=False))
             self._environment = next((e for e in known if e), None) or local_environment(self.settings.device)
         return self._environment
 
     def _log_trial(self, trial: FrozenTrial) -> None:
         from autocompile.trial.launcher import read_progress
 
-        attrs = trial.user_attrs
-        result = attrs.get("result") or {}
+        record = TrialRecord.of(trial)
+        result = record.measured
         env = self.environment(result)
-        config = attrs.get("config") or trial.params
+        config = record.config or trial.params
         params = {**{k: config.get(k, INACTIVE) for k in KNOBS}, **self.workload_params()}
-        status = result.get("status", trial.state.name.lower())
+        status = result.status or trial.state.name.lower()
         tags = {"mlflow.parentRunId": self.parent_id, TRIAL_TAG: trial.number, STUDY_TAG: self.study.study_name,
                 "optuna.state": trial.state.name, "status": status, "torch": env.get("torch", ""),
                 "device_name": env.get("device_name", ""),
                 "world_size": env.get("world_size", self.settings.workload.world_size)}
-        if result.get("fingerprint"):
-            tags["autocompile.fingerprint"] = result["fingerprint"]  # equal tags: the same compiled program
-        tags["autocompile.phase"] = attrs.get("phase", "search")
+        if result.fingerprint:
+            tags["autocompile.fingerprint"] = result.fingerprint  # equal tags: the same compiled program
+        tags["autocompile.phase"] = record.phase
         for key in ("baseline", "duplicate_of", "retry_of", "round", "label", "compile_cache", "same_program_as",
                     "numerics"):
-            if key in attrs:
-                tags[f"autocompile.{key}"] = attrs[key]
-        reason = attrs.get("reason") or result.get("reason") or ""
+            if getattr(record, key) is not None:
+                tags[f"autocompile.{key}"] = getattr(record, key)
+        reason = record.reason or result.reason or ""
         if reason:
             tags["reason"] = reason[:5000]
-        if result.get("failure"):
-            tags["failure"] = result["failure"]
-        trial_dir = Path(attrs.get("trial_dir", "")) if attrs.get("trial_dir") else None
+        if result.failure:
+            tags["failure"] = result.failure
+        trial_dir = Path(record.trial_dir) if record.trial_dir else None
         tags["mlflow.note.content"] = self.note(trial, status, reason, result, trial_dir)
 
-        warm = warm_repeat(attrs)
+        numbers = result.to_dict()  # MLflow's metric keys are the measurement's field names
+        warm = record.warm_repeat
         if warm:  # compile_s is always a cold compile: the warm one of a repeat gets a key of its own
-            result = {**result, **{f"{k}_warm": result[k] for k in WARM_KEYS if k in result}}
-            result = {k: v for k, v in result.items() if k not in WARM_KEYS}
-            if isinstance(attrs.get("compile_s_cold"), (int, float)):
-                result["compile_s"] = attrs["compile_s_cold"]  # its configuration's cold run, as Optuna's value
-        metrics = [(k, result[k], 0) for k in (*METRICS, *(f"{k}_warm" for k in WARM_KEYS))
-                   if isinstance(result.get(k), (int, float))]
-        if isinstance(result.get("peak_memory_bytes"), (int, float)):
-            metrics.append(("peak_memory_mb", result["peak_memory_bytes"] / 2**20, 0))
+            for k in WARM_KEYS:
+                if k in numbers:
+                    numbers[f"{k}_warm"] = numbers.pop(k)
+            if record.compile_s_cold is not None:
+                numbers["compile_s"] = record.compile_s_cold  # its configuration's cold run, as Optuna's value
+        metrics = [(k, numbers[k], 0) for k in (*METRICS, *(f"{k}_warm" for k in WARM_KEYS))
+                   if isinstance(numbers.get(k), (int, float))]
+        if result.peak_memory_bytes is not None:
+            metrics.append(("peak_memory_mb", result.peak_memory_bytes / 2**20, 0))
         for i, v in enumerate(trial.values or []):
             metrics.append((f"objective_{i}" if len(trial.values) > 1 else "objective", v, 0))
-        if status == "ok" and "step_s" in result and "compile_s" in result:
-            metrics.append(("time_to_train_s", result["compile_s"]
-                            + self.settings.objective.horizon_steps * result["step_s"], 0))
+        if status == "ok" and "step_s" in numbers and "compile_s" in numbers:
+            metrics.append(("time_to_train_s", time_to_train(numbers["compile_s"], numbers["step_s"],
+                                                             self.settings.objective.horizon_steps), 0))
             metrics += [(f"speedup_vs_{name}", value, 0) for name, value in self.speedups(result).items()]
-        metrics += [("loss", v, i) for i, v in enumerate(result.get("losses", []))]
-        metrics += [("tokens_per_s_window", v, i) for i, v in enumerate(result.get("tokens_per_s_windows", []))]
-        if trial_dir is not None and "duplicate_of" not in attrs:
+        metrics += [("loss", v, i) for i, v in enumerate(result.losses or [])]
+        metrics += [("tokens_per_s_window", v, i) for i, v in enumerate(result.tokens_per_s_windows or [])]
+        if trial_dir is not None and record.duplicate_of is None:
             # What the worker reported while it ran: the story of a pruned trial (how far it got).
             events = read_progress(trial_dir)
             metrics += [("warmup_step_s_warm" if warm else "warmup_step_s", e["seconds"], e["step"])
@@ -340,36 +342,37 @@ class MlflowTracker:
                                      tags={k: str(v) for k, v in tags.items()})  # over HTTP, strings only
         run_id = run.info.run_id
         self._batch(run_id, metrics, params, timestamp_ms=end)
-        if trial_dir is not None and "duplicate_of" not in attrs:  # a copy's files are its original's
+        if trial_dir is not None and record.duplicate_of is None:  # a copy's files are its original's
             for file in (*TRIAL_FILES, *sorted(p.name for p in trial_dir.glob("error.rank*.json"))):
                 if (trial_dir / file).is_file():
                     self.client.log_artifact(run_id, str(trial_dir / file), artifact_path="trial")
         self.client.set_terminated(run_id, status=RUN_STATUS[trial.state], end_time=end)
         self.children[trial.number] = (run_id, {m[0] for m in metrics})
 
-    def note(self, trial: FrozenTrial, status: str, reason: str, result: dict[str, Any],
+    def note(self, trial: FrozenTrial, status: str, reason: str, result: Measurement,
              trial_dir: Path | None) -> str:
         """The run's description in the UI (Markdown): outcome and reason first, then how to replay it."""
         lines = [f"**Trial {trial.number}: {status}**" + (f" — {reason}" if reason else "")]
-        if status == "ok" and "tokens_per_s" in result:
-            lines.append(f"{result['tokens_per_s']:,.0f} {rate_label(result)}, {result['step_s'] * 1e3:.2f} ms/step, "
-                         f"compile {result['compile_s']:.1f} s"
+        record = TrialRecord.of(trial)
+        if status == "ok" and result.tokens_per_s is not None:
+            lines.append(f"{result.tokens_per_s:,.0f} {result.unit}/s, {result.step_s * 1e3:.2f} ms/step, "
+                         f"compile {result.compile_s:.1f} s"
                          + (" from a warm cache (`compile_s_warm`; `compile_s` is its cold run's)"
-                            if warm_repeat(trial.user_attrs) else ""))
-        config = trial.user_attrs.get("config") or {}
+                            if record.warm_repeat else ""))
+        config = record.config
         lines.append("Configuration: `" + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults") + "`")
         cmd = trial_dir / "cmd.txt" if trial_dir is not None else None
         if cmd is not None and cmd.is_file():
             lines.append("Replay (artifact `trial/cmd.txt`):\n\n```\n" + cmd.read_text().splitlines()[0] + "\n```")
         return "\n\n".join(lines)[:20000]
 
-    def speedups(self, result: dict[str, Any]) -> dict[str, float]:
+    def speedups(self, result: Measurement) -> dict[str, float]:
         """Steady-state speedup over each measured baseline: baseline step time / this step time."""
         out = {}
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            base, ref = t.user_attrs.get("baseline"), t.user_attrs.get("result")
-            if base and ref and ref.get("status") == "ok" and "duplicate_of" not in t.user_attrs:
-                out[base] = ref["step_s"] / result["step_s"]
+            base = TrialRecord.of(t)
+            if base.baseline and base.measured.ok and base.duplicate_of is None:
+                out[base.baseline] = base.measured.step_s / result.step_s
         return out
 
     # -- the end of the study --------------------------------------------------------------------------
@@ -404,7 +407,7 @@ class MlflowTracker:
         write_tables(rows, report.effects, run_dir / "tables")
         self.client.log_artifacts(self.parent_id, str(run_dir / "tables"), "tables")
         try:
-            write_plots(rows, [e["number"] for e in report.pareto], report.effects, self.study.directions,
+            write_plots(rows, [e.number for e in report.pareto], report.effects, self.study.directions,
                         report.objective, run_dir / "plots")
             self.client.log_artifacts(self.parent_id, str(run_dir / "plots"), "plots")
         except Exception as exc:  # noqa: BLE001 - a plotting problem must not hide the numbers
@@ -416,12 +419,12 @@ class MlflowTracker:
         tags: dict[str, Any] = {"stop_reason": report.stop_reason, "mlflow.note.content": study_note(report)}
         best = report.best
         if best is not None:
-            metrics += [("best_tokens_per_s", best["result"]["tokens_per_s"], step),
-                        ("best_compile_s", best["result"]["compile_s"], step),
-                        ("best_time_to_train_s", best["time_to_train_s"], step)]
+            metrics += [("best_tokens_per_s", best.result.tokens_per_s, step),
+                        ("best_compile_s", best.result.compile_s, step),
+                        ("best_time_to_train_s", best.time_to_train_s, step)]
             metrics += [(f"best_speedup_vs_{name}", s["step_speedup"], step) for name, s in report.speedups.items()]
-            tags.update(best_trial=best["number"], best_config=best["name"][:5000],
-                        best_run_id=self.children.get(best["number"], ("",))[0])
+            tags.update(best_trial=best.number, best_config=best.name[:5000],
+                        best_run_id=self.children.get(best.number, ("",))[0])
         outcome = getattr(report, "confirmed", None) or {}
         if outcome.get("winner"):
             w = outcome["winner"]
@@ -442,8 +445,8 @@ class MlflowTracker:
         """A trial that ran before a baseline gets its speedup over that baseline at the end, so every
         complete child carries the same speedup metrics (compare views plot only shared metrics)."""
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            result = trial.user_attrs.get("result") or {}
-            if trial.number not in self.children or result.get("status") != "ok":
+            result = TrialRecord.of(trial).measured
+            if trial.number not in self.children or not result.ok:
                 continue
             run_id, keys = self.children[trial.number]
             missing = [(f"speedup_vs_{name}", v, 0) for name, v in self.speedups(result).items()

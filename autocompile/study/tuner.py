@@ -20,25 +20,25 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autocompile.config.knobs import KnobError, describe
+from autocompile.config.knobs import KnobError
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
-from autocompile.config.space import BASELINES, SearchSpace, identity
+from autocompile.config.space import BASELINES, SearchSpace
 from autocompile.report.summary import build_report, print_report, write_artifacts
 from autocompile.report.view import StudyView
 from autocompile.study.confirm import alone_on_the_machine, measure_repeat
 from autocompile.study.estimate import Remaining, announce
+from autocompile.study.measuring import Twin, begin, measure_and_tell
 from autocompile.study.objective import Objective
 from autocompile.study.phases import run_phases
 from autocompile.study.racing import REPEAT_PHASES, study_noise
+from autocompile.study.record import Measurement, TrialRecord, set_attrs, user_attrs
 from autocompile.study.reference import ensure_reference, reference
 from autocompile.study.shared import (
     check_measured_on,
-    compact,
     counted,
     feasible,
     find_measured,
-    heartbeat,
     measured_trials,
     open_study,
     owner,
@@ -52,8 +52,7 @@ from autocompile.study.shared import (
 )
 from autocompile.study.together import measure_together, process_dir
 from autocompile.study.warmstart import warm_start
-from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted, launch
-from autocompile.trial.slots import slot_threads
+from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted
 from autocompile.trial.slots import slots as trial_slots
 
 log = logging.getLogger(__name__)
@@ -148,8 +147,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
     if not interrupted and budget.stop_reason != "failure guard":
         # After the search: the best programs and the baselines again, in rounds; then the verdicts.
         def measure(trial: optuna.Trial) -> None:
-            a = trial.user_attrs
-            phases_view.running(trial.number, f"{a.get('phase')} round {a.get('round')}: {a.get('label')}",
+            a = TrialRecord.of(trial)
+            phases_view.running(trial.number, f"{a.phase} round {a.round}: {a.label}",
                                 run_dir / "trials" / f"{trial.number:04d}")
             try:
                 run_trial(study, trial, space, objective, settings, run_dir, NO_VIEW, slots[0], agents)
@@ -164,10 +163,10 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
             tracker.log_trial(study.trials[trial.number])
 
         def together(trials: list[optuna.Trial]) -> str | None:
-            a = trials[0].user_attrs
-            key = f"{a.get('phase')} round {a.get('round')}"
-            phases_view.running(key, f"{key} side by side: {', '.join(t.user_attrs.get('label', '') for t in trials)}",
-                                process_dir(run_dir, a.get("phase"), a.get("round")))
+            a = TrialRecord.of(trials[0])
+            key = f"{a.phase} round {a.round}"
+            labels = ", ".join(TrialRecord.of(t).label or "" for t in trials)
+            phases_view.running(key, f"{key} side by side: {labels}", process_dir(run_dir, a.phase, a.round))
             try:
                 why = measure_together(study, trials, space, objective, settings, run_dir, slots[0], agents)
                 phases_view.refresh(study.get_trials(deepcopy=False))  # and the time left
@@ -244,7 +243,7 @@ class Budget:
         me = owner()
         with self.lock:
             for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                mine = t.number == number or (number is None and t.user_attrs.get("owner") == me)
+                mine = t.number == number or (number is None and TrialRecord.of(t).owner == me)
                 if mine and requeue(self.study, t, why):  # False: another tuner recovered it meanwhile
                     self.released.append(t.number)
 
@@ -271,7 +270,7 @@ class Budget:
                     with warnings.catch_warnings():  # we beat ourselves: ask/tell is our optimize loop
                         warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
                         trial = self.study.ask()
-                    trial.set_user_attr("owner", owner())
+                    set_attrs(trial, owner=owner())
                     return trial
             waiting_since = waiting_since or time.time()
             if time.time() - waiting_since > self.patience_s:
@@ -291,7 +290,7 @@ def queue_baselines(study: optuna.Study, space: SearchSpace) -> None:
         except KnobError as exc:  # e.g. regional on a model without repeated blocks
             log.info("baseline %s skipped: %s", name, exc)
             continue
-        study.enqueue_trial(params, user_attrs={"baseline": name}, skip_if_exists=True)
+        study.enqueue_trial(params, user_attrs=user_attrs(baseline=name), skip_if_exists=True)
 
 
 def failing(trials: list[optuna.trial.FrozenTrial], max_rate: float) -> bool:
@@ -303,7 +302,7 @@ def failing(trials: list[optuna.trial.FrozenTrial], max_rate: float) -> bool:
 class _NoView:
     """The phases after the search log each repeat instead of drawing the search's live table."""
 
-    def running(self, number: int, name: str) -> None:
+    def running(self, number: int, name: str, trial_dir: Path | None = None) -> None:
         pass
 
 
@@ -312,20 +311,14 @@ NO_VIEW: Any = _NoView()
 
 def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, objective: Objective,
               settings: Settings, run_dir: Path, view: StudyView, resources: Resources, agents: Agents) -> None:
-    if trial.user_attrs.get("phase") in REPEAT_PHASES:
+    if TrialRecord.of(trial).phase in REPEAT_PHASES:
         # A repeat (also one a resumed search asks: a killed phase queued it again): measured again.
         measure_repeat(study, trial, space, objective, settings, run_dir, resources, agents)
         return
-    trial.set_user_attr("phase", "search")
-    config = space.sample(trial)
-    key = identity(config, space.env)
-    name = describe(config, space.env)
-    trial.set_user_attr("config", config.active(space.env))
-    trial.set_user_attr("identity", key)
-    trial.set_user_attr("name", name)
-
-    beat = heartbeat(study, trial)
-    beat()  # a trial without any heartbeat is never found stale: beat before anything can hang
+    set_attrs(trial, phase="search")
+    config, beat = begin(study, trial, space)
+    record = TrialRecord.of(trial)
+    key, name = record.identity or "", record.name
     prior = find_measured(study, key, exclude=trial.number)
     if prior is None and (twin := running_twin(study, key, trial.number)) is not None:
         # Another slot or tuner is measuring this very configuration: wait for its result (a live
@@ -335,68 +328,29 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
             prior = find_measured(study, key, exclude=trial.number)  # the same rules as without a wait
     if prior is not None:
         # Same configuration, same workload: its measurement stands; the sampler still learns from it.
-        trial.set_user_attr("duplicate_of", prior.number)
-        prior_reason = prior.user_attrs.get("reason")
-        trial.set_user_attr("reason", f"same configuration as trial {prior.number}"
-                            + (f": {prior_reason}" if prior_reason else ""))
-        for attr in ("result", "trial_dir"):
-            trial.set_user_attr(attr, prior.user_attrs[attr])
-        tell(study, trial, prior.state, prior.values, prior.user_attrs.get("constraints"))
+        original = TrialRecord.of(prior)
+        set_attrs(trial, duplicate_of=prior.number, reason=f"same configuration as trial {prior.number}"
+                  + (f": {original.reason}" if original.reason else ""), result=original.result,
+                  trial_dir=original.trial_dir)
+        tell(study, trial, prior.state, prior.values, original.constraints)
         log.info("trial %d = trial %d (%s): not measured again", trial.number, prior.number, name)
         return
 
-    best = best_result(study, objective)
-    baseline = trial.user_attrs.get("baseline")
     noise = study_noise(study, space.env)
-    prune = objective.stop_rule(best, noise.rel_sd if noise else None) if settings.study.prune and baseline is None \
-        else None
+    prune = objective.stop_rule(best_result(study, objective), noise.rel_sd if noise else None) \
+        if settings.study.prune and record.baseline is None else None
 
-    def rule(events: list[dict[str, Any]], elapsed: float) -> str | tuple[str, str] | None:
-        beat()
-        compiled = next((e for e in events if e["event"] == "compiled"), None) if baseline is None else None
-        if compiled and (twin := same_program(study, compiled["fingerprint"], trial.number)) is not None:
-            # Compiled, and it is a program already measured: its steps would time the same code.
-            return ("same_program", f"compiled the same program as trial {twin.number} "
-                                    f"({twin.user_attrs.get('name', '')}), fingerprint {compiled['fingerprint']}")
-        return prune(events, elapsed) if prune else None
+    def twin_of(fingerprint: str) -> Twin | None:
+        twin = same_program(study, fingerprint, trial.number)
+        return Twin(twin.number, f"the same program as trial {twin.number} ({TrialRecord.of(twin).name})", twin) \
+            if twin is not None else None
 
-    trial_dir = run_dir / "trials" / f"{trial.number:04d}"
-    trial.set_user_attr("trial_dir", str(trial_dir))
-    view.running(trial.number, name, trial_dir)
-    spec = settings.trial_spec(config, slot_threads(settings, resources))
-    result = launch(trial_dir, spec, cache_dir=settings.cache_dir, should_stop=rule, resources=resources,
-                    agents=agents)
-    if result["status"] == "same_program":
-        twin = same_program(study, result["fingerprint"], trial.number)
-        if twin is not None:
-            # The configuration is measured by its twin's steps; its own compile ran, and is noted.
-            trial.set_user_attr("same_program_as", twin.number)
-            trial.set_user_attr("duplicate_of", twin.number)
-            trial.set_user_attr("reason", result["reason"])
-            trial.set_user_attr("result", twin.user_attrs["result"])
-            tell(study, trial, twin.state, twin.values, twin.user_attrs.get("constraints"))
-            log.info("trial %d: %s", trial.number, result["reason"])
-            return
-    trial.set_user_attr("result", compact(result))
-    if result["status"] == "ok":
-        ref = reference(study)
-        trial.set_user_attr("numerics", "checked" if ref else "unchecked: no eager reference")
-        constraints = objective.constraints(result, ref["losses"] if ref else None)
-        for k, v in constraints.items():
-            trial.set_constraint(k, v)
-        trial.set_user_attr("constraints", constraints)
-        tell(study, trial, TrialState.COMPLETE, objective.values(result), constraints)
-    else:
-        trial.set_user_attr("reason", result.get("reason", ""))
-        state = TrialState.PRUNED if result["status"] == "pruned" else TrialState.FAIL
-        tell(study, trial, state, None, None)
-        log.info("trial %d %s: %s", trial.number, result["status"], result.get("reason"))
+    measure_and_tell(study, trial, config, beat, objective, settings, run_dir, resources, agents,
+                     twin_of=twin_of if record.baseline is None else None, prune=prune, view=view)
 
 
-def best_result(study: optuna.Study, objective: Objective) -> dict[str, Any] | None:
-    """The best feasible complete measurement so far, under the objective's single score."""
-    scored = [
-        {**t.user_attrs["result"], "number": t.number}
-        for t in measured_trials(study) if t.state == TrialState.COMPLETE and feasible(t)
-    ]
-    return min(scored, key=objective.score, default=None)
+def best_result(study: optuna.Study, objective: Objective) -> tuple[int, Measurement] | None:
+    """The best feasible complete measurement so far (its trial's number), under the objective's single score."""
+    scored = [(t.number, TrialRecord.of(t).measured) for t in measured_trials(study)
+              if t.state == TrialState.COMPLETE and feasible(t)]
+    return min(scored, key=lambda s: objective.score(s[1]), default=None)

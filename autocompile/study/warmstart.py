@@ -44,13 +44,13 @@ def take_home(settings: Any, best: dict[str, Any] | None, run_dir: Path, launch:
             "trial_dir": result.get("trial_dir")}
 
 
-def warm_start(study: optuna.Study, settings: Settings, best: dict[str, Any] | None,
-               run_dir: Path) -> dict[str, Any] | None:
-    """The winner's warm start, measured once per winner (a resumed study keeps the measurement)."""
+def warm_start(study: optuna.Study, settings: Settings, best: Any, run_dir: Path) -> dict[str, Any] | None:
+    """The winner's warm start (``best``: the report's entry), measured once per winner (a resumed study keeps
+    the measurement)."""
     done = study.user_attrs.get("warm_start")
-    if best is None or (done and done.get("trial") == best["number"]):
+    if best is None or (done and done.get("trial") == best.number):
         return done if best is not None else None
-    found = take_home(settings, best, run_dir, launch)
+    found = take_home(settings, best.as_dict(), run_dir, launch)
     if found is not None:
         study.set_user_attr("warm_start", found)
     return found

@@ -264,10 +264,12 @@ def read_progress(trial_dir: Path) -> list[dict[str, Any]]:
     return events
 
 
-def kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
-    """End torchrun and everything under it, including workers in their own sessions.
+def kill_tree(proc: subprocess.Popen[Any], grace_s: float = 5.0, first: signal.Signals = signal.SIGTERM) -> None:
+    """End a process and everything under it, including children in their own sessions (torchrun's
+    workers): ``first`` to each, then SIGKILL to what is left after ``grace_s``. The one way autocompile
+    stops a process tree (trials, the test MLflow server, scripts/gpu_check.py's stages).
 
-    The tree is listed before torchrun is signalled: once it dies, its workers are re-parented
+    The tree is listed before the root is signalled: once it dies, its children are re-parented
     and can no longer be found from it.
     """
     try:
@@ -275,7 +277,7 @@ def kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     except psutil.NoSuchProcess:
         tree = []
     for p in tree:
-        _signal(p, signal.SIGTERM)
+        _signal(p, first)
     _, alive = psutil.wait_procs(tree, timeout=grace_s)
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):

@@ -123,10 +123,11 @@ def item_unit(inputs: Any) -> str:
 
 
 def rate_label(results: Any) -> str:
-    """"tokens/s" or "samples/s" for results (one result dict or several) that carry ``throughput_unit``;
-    results from before the unit was recorded were tokens."""
-    results = [results] if isinstance(results, dict) else list(results)
-    units = {r.get("throughput_unit", "tokens") for r in results if r}
+    """"tokens/s" or "samples/s" for results that carry ``throughput_unit``: one or several, as dicts or as
+    records with the attribute; results from before the unit was recorded were tokens."""
+    one = isinstance(results, dict) or hasattr(results, "throughput_unit")
+    units = {(r.get("throughput_unit") if isinstance(r, dict) else r.throughput_unit) or "tokens"
+             for r in ([results] if one else list(results)) if r}
     return f"{units.pop()}/s" if len(units) == 1 else "items/s"
 
 

@@ -10,12 +10,13 @@ family has it, the loss type set so that no warning breaks the graph.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from torch import nn
+
+from autocompile.workload.parts import import_target
 
 
 def gpt2(
@@ -111,13 +112,9 @@ vit.accepts = _config_fields("ViTConfig")  # type: ignore[attr-defined]
 
 def resolve(target: str) -> Callable[..., nn.Module]:
     """Import ``pkg.module.factory``; the error names the path that failed and why."""
-    module_name, _, attr = target.rpartition(".")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ImportError(f"model _target_ {target!r} does not import ({exc}); check the dotted path") from exc
+    factory = import_target(target, "model", ImportError)
     if not callable(factory):
-        raise ImportError(f"model _target_ {target!r} is not callable")
+        raise ImportError(f"model._target_={target!r} is not callable")
     return factory
 
 
@@ -138,7 +135,7 @@ def factory_kwargs(target: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     taken = {k: v for k, v in kwargs.items() if k in named or k != "vocab_size"}
     unknown = sorted(set(taken) - named)
     if unknown:
-        raise ValueError(f"model _target_ {target!r} takes no argument {unknown[0]!r}: drop model.{unknown[0]} "
+        raise ValueError(f"model._target_={target!r} takes no argument {unknown[0]!r}: drop model.{unknown[0]} "
                          f"(it takes {', '.join(p for p in params if params[p].kind != p_kw) or 'no arguments'}"
                          f"{' and further config fields' if len(named) > len(params) else ''})")
     return taken
@@ -147,7 +144,7 @@ def factory_kwargs(target: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 def build(target: str, kwargs: dict[str, Any]) -> nn.Module:
     model = resolve(target)(**factory_kwargs(target, kwargs))
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model _target_ {target!r} returned {type(model).__name__}, not an nn.Module")
+        raise TypeError(f"model._target_={target!r} returned {type(model).__name__}, not an nn.Module")
     return model
 
 

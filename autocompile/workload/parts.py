@@ -37,12 +37,14 @@ class PartError(ValueError):
     """A part that cannot be built; the message names the key and the fix."""
 
 
-def import_target(path: str, key: str) -> Any:
+def import_target(path: str, key: str, error: type[Exception] = PartError) -> Any:
+    """The object a ``_target_`` names (``pkg.module.name``), for the config key ``key`` (``workload.data``,
+    ``model``): the one place a dotted path is imported. The ``error`` raised names the key and the path."""
     module_name, _, attr = path.rpartition(".")
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise PartError(f"{key}._target_={path!r} does not import ({exc}): check the dotted path") from exc
+        raise error(f"{key}._target_={path!r} does not import ({exc}): check the dotted path") from exc
 
 
 def split(node: dict[str, Any], key: str) -> tuple[Any, bool | None, dict[str, Any]]:
