@@ -58,7 +58,7 @@ def check_command_line(argv: list[str]) -> None:
         if settings.task == "tune":  # opens the storage (a bad URL fails here) and checks a resumed study
             check_resumable(settings, output_root / settings.study.name, opened)
     for uri in dict.fromkeys(s.tracking_uri for s, _ in jobs if s.task == "tune" and s.tracking.enabled):
-        from autocompile.study.mlflow_store import check_store
+        from autocompile.report.mlflow_store import check_store
 
         check_store(uri)
 
@@ -118,16 +118,21 @@ def interrupted_exit(exc: BaseException) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> Any:
-    from autocompile.study.tuner import StudyFailing, StudyInterrupted
+    from autocompile.study.tuner import StudyFailing, StudyInterrupted, ending_error
 
     stop_on_sigterm()  # again here: launchers such as submitit call this function without main()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         settings = settings_from(cfg, available_models())
         if settings.task == "measure":
+            from autocompile.report.view import console, measurement_table
             from autocompile.study.measure import measure
 
-            return measure(settings, run_dir)
+            name, result = measure(settings, run_dir)
+            console().print(measurement_table(result, name))
+            if result.get("status") != "ok":
+                sys.exit(1)
+            return result
         if settings.task == "compare":
             from autocompile.report.comparison import print_comparison
             from autocompile.study.compare import compare
@@ -137,9 +142,15 @@ def hydra_main(cfg: DictConfig) -> Any:
             if len(report["pairs"]) + 1 < len(report["candidates"]):
                 sys.exit(1)  # a candidate could not be compared: its reason is printed above
             return report
+        from autocompile.report.watch import Watch
         from autocompile.study.tuner import tune
 
-        return tune(settings, run_dir, OmegaConf.to_yaml(cfg, resolve=True))
+        watch = Watch(settings, run_dir)
+        outcome = tune(settings, run_dir, OmegaConf.to_yaml(cfg, resolve=True), watch)
+        summary = watch.report(outcome)
+        if (error := ending_error(outcome, settings, run_dir)) is not None:
+            raise error
+        return summary
     except (ConfigError, StudyFailing) as exc:
         print(f"autocompile: error: {exc}", file=sys.stderr)
         sys.exit(2 if isinstance(exc, ConfigError) else 3)

@@ -193,7 +193,7 @@ def test_the_live_view_shows_the_time_left_and_each_running_trials_phase(setting
 def test_a_warm_repeat_logs_its_compile_under_its_own_key_and_compile_s_stays_cold(
         settings_for: Compose, tmp_path: Path) -> None:
     from autocompile.report.plots import trial_rows
-    from autocompile.study.tracking import MlflowTracker
+    from autocompile.report.tracking import MlflowTracker
 
     settings = settings_for(*TINY, f"output_root={tmp_path}")
     study, space, _ = parts(settings)

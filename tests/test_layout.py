@@ -79,6 +79,22 @@ def test_no_import_cycle_between_modules() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+def subpackage(module: str) -> str:
+    """``config``, ``study``... for a module of a subpackage; the module's own name at the top level."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 else module
+
+
+def test_no_two_subpackages_import_each_other() -> None:
+    """The flow reads one way (config -> workload -> trial -> study -> report), function-level imports included:
+    the study notifies observers instead of calling report code."""
+    between = {(subpackage(a), subpackage(b)) for a, targets in GRAPH.items() for b in targets
+               if subpackage(a) != subpackage(b)}
+    assert {(a, b) for a, b in between if (b, a) in between and a in SUBPACKAGES and b in SUBPACKAGES} == set()
+    sub_graph = {sub: {b for a, b in between if a == sub and b in SUBPACKAGES} for sub in SUBPACKAGES}
+    assert find_cycle(sub_graph) is None, "cycle between subpackages: " + " -> ".join(find_cycle(sub_graph) or [])
+
+
 def test_every_module_is_short() -> None:
     lengths = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
     assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}

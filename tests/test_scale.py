@@ -43,7 +43,7 @@ def test_tuners_started_at_once_on_a_fresh_root_share_the_default_stores(tmp_pat
     # and its parent run are all created by whichever comes first, at the same instant.
     from mlflow.tracking import MlflowClient
 
-    from autocompile.study.tracking import PARENT_ATTR, STUDY_TAG
+    from autocompile.report.tracking import PARENT_ATTR, STUDY_TAG
 
     args = [sys.executable, "-m", "autocompile", "+model=gpt2-tiny", "compile.backend=aot_eager", "study.n_trials=4",
             "workload.batch_size=2", "workload.seq_len=[16]", "workload.device=cpu", "measure.windows=2",

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import optuna
 import pytest
+from optuna.trial import TrialState, create_trial
 
 from autocompile.config.knobs import TrialConfig
-from autocompile.study.warmstart import take_home
+from autocompile.study.record import Measurement, user_attrs
+from autocompile.study.warmstart import take_home, warm_start
 from autocompile.trial.launcher import launch
 from autocompile.trial.warmstart import ARTIFACTS, warm_line
 from tests.conftest import assert_ok
@@ -24,9 +27,13 @@ def test_the_winners_artifacts_make_a_fresh_process_compile_faster(tmp_path: Pat
     assert_ok(cold)
     kept = cold["compile_artifacts"]
     assert kept["bytes"] > 0 and kept["entries"].get("inductor", 0) >= 1, kept
-    best = {"number": 0, "config": config.flat(), "result": cold}
+    # Recorded as the study keeps a trial (its numbers, not its files), then taken home as the study does.
+    study = optuna.create_study()
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=cold["compile_s"], user_attrs=user_attrs(
+        config=config.flat(), trial_dir=str(tmp_path / "trials" / "0000"), result=Measurement.from_dict(cold))))
 
-    warm = take_home(settings, best, tmp_path, launch)
+    warm = warm_start(study, settings, study.trials[0], tmp_path)
+    assert warm is not None and study.user_attrs["warm_start"] == warm  # what the report reads
     assert (tmp_path / ARTIFACTS).is_file()
     assert warm["status"] == "ok", warm
     assert warm["loaded"]["entries"] == kept["entries"]  # every artifact of the winner was loaded

@@ -120,6 +120,8 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         failures=failure_groups(measured, complete),
     )
     if recommended is not None:
+        warm = study.user_attrs.get("warm_start")  # measured by the study (study.warmstart) for this winner
+        report.warm_start = warm if warm and warm.get("trial") == recommended.number else None
         threads = (recommended.result.environment or {}).get("threads")
         report.measure_command = measure_command(settings, recommended.config, threads)
         report.snippet = snippet(settings, recommended, space, report.measure_command)

@@ -26,6 +26,11 @@ IMPLEMENTATIONS = {"for_loop": "for-loop", "foreach": "foreach", "fused": "fused
 
 def torchtitan_gaps(w: Winner) -> list[Gap]:
     """What torchtitan's config cannot say of the winner."""
+    return compile_gaps(w) + training_gaps(w)
+
+
+def compile_gaps(w: Winner) -> list[Gap]:
+    """Where and how torchtitan compiles: each block, default mode, fullgraph, no options."""
     gaps = []
     if w.scope in ("module", "train_step"):
         gaps.append(w.gap("compile.scope", "regional", "torchtitan compiles each TransformerBlock (apply_compile); "
@@ -45,6 +50,12 @@ def torchtitan_gaps(w: Winner) -> list[Gap]:
     for key, value in w.config.items():
         if key.startswith("compile.options.") and value is not None:
             gaps.append(w.gap(key, None, "torchtitan passes no inductor options."))
+    return gaps
+
+
+def training_gaps(w: Winner) -> list[Gap]:
+    """The rest of torchtitan's train step: eager optimizer and clipping, meta-device init, its AMP and DDP."""
+    gaps = []
     if w.active("compile.optimizer") and w.knob("compile.optimizer"):
         gaps.append(w.gap("compile.optimizer", False, "torchtitan steps its optimizers eagerly."))
     if w.active("compile.compiled_autograd") and w.knob("compile.compiled_autograd"):

@@ -9,20 +9,17 @@ from typing import Any
 
 from autocompile.config.knobs import TrialConfig, describe
 from autocompile.config.settings import Settings
-from autocompile.report.view import console, measurement_table
 from autocompile.trial.launcher import launch
 
 log = logging.getLogger(__name__)
 
 
-def measure(settings: Settings, run_dir: Path) -> dict[str, Any]:
+def measure(settings: Settings, run_dir: Path) -> tuple[str, dict[str, Any]]:
+    """Measure the command line's configuration once; its name and the worker's result (the app prints it)."""
     env = settings.env
     config = TrialConfig.from_flat(settings.fixed_knobs, env)
     trial_dir = run_dir / "measure" / time.strftime("%Y%m%d-%H%M%S")
     name = describe(config, env)
     log.info("measuring %s in %s (%s inductor cache)", name, trial_dir, settings.measure.cache)
     result = launch(trial_dir, settings.trial_spec(config), cache_dir=settings.cache_dir)
-    console().print(measurement_table(result, name))
-    if result.get("status") != "ok":
-        raise SystemExit(1)
-    return result
+    return name, result

@@ -14,8 +14,8 @@ import threading
 import time
 import warnings
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -24,12 +24,11 @@ from autocompile.config.knobs import KnobError
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
-from autocompile.report.summary import build_report, print_report, write_artifacts
-from autocompile.report.view import StudyView
-from autocompile.study.confirm import alone_on_the_machine, measure_repeat
+from autocompile.study.confirm import alone_on_the_machine, measure_repeat, winner_trial
 from autocompile.study.estimate import Remaining, announce
 from autocompile.study.measuring import Twin, begin, measure_and_tell
 from autocompile.study.objective import Objective
+from autocompile.study.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
 from autocompile.study.phases import run_phases
 from autocompile.study.racing import REPEAT_PHASES, study_noise
 from autocompile.study.record import Measurement, TrialRecord, set_attrs, user_attrs
@@ -69,25 +68,22 @@ class StudyInterrupted(RuntimeError):
     """Ctrl-C: running trials were stopped and queued again; the same command resumes the study."""
 
 
-def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
-    env = settings.env
-    space = SearchSpace(env, settings.fixed_knobs, settings.study.extended)
+def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObserver | None = None) -> Outcome:
+    """Open (or resume) the study, measure the reference, search, run the phases and the winner's warm start;
+    ``observer`` is told as it goes (the live view, MLflow). The report is the caller's."""
+    observer = observer or Quiet()
+    space = SearchSpace(settings.env, settings.fixed_knobs, settings.study.extended)
     objective = Objective(settings.objective)
-    storage = storage_for(settings.study.storage, run_dir, settings.study.heartbeat_s)
-    study = open_study(settings.study.name, storage, objective.directions, settings.study.seed)
-    check_measured_on(study, settings.measured_on())
-    recover_interrupted(study)
+    study = open_for(settings, run_dir, objective)
     remaining = Remaining(study, space, objective, settings)
     if settings.study.baselines:
         queue_baselines(study, space)
     (run_dir / "config.yaml").write_text(config_yaml)
-    from autocompile.study.tracking import tracker_for
-
-    tracker = tracker_for(settings, study, run_dir)
+    observer.opened(study, objective, remaining)
     if reference(study) is None:
         # Measured once the tuner's own start (imports, Optuna, MLflow) is over, like every trial: only the
         # live view's refresh runs beside it.
-        with StudyView(settings.study.n_trials, objective) as view:
+        with observer.live(estimate=False) as view:
             view.running("reference", "numerics reference (eager, fp32): its steps set the study's estimate",
                          run_dir / "reference")
             ensure_reference(study, settings, run_dir)
@@ -100,33 +96,79 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
 
     INTERRUPT.clear()  # a study interrupted earlier in this process (a test) must not stop this one
     budget = Budget(study, settings, INTERRUPT)
-    tracking = threading.Lock()  # one writer at a time into the tracking store
-    with StudyView(settings.study.n_trials, objective, remaining) as view:
+    run = Runner(study, space, objective, settings, run_dir, budget, observer, agents)
+    with observer.live() as view:
+        run.search(slots, view)
+    interrupted = budget.stop.is_set()
+    if not interrupted and budget.stop_reason != "failure guard":
+        interrupted = run.phases(slots[0])
+    if settings.study.warm_start and not interrupted:
+        warm_start(study, settings, winner_trial(study, objective), run_dir)
+    return Outcome(study, space, objective, budget.stop_reason, time.time() - budget.started, interrupted,
+                   len(budget.released))
 
-        def slot_loop(resources: Resources) -> None:
-            while (trial := budget.next_trial(view)) is not None:
-                try:
-                    run_trial(study, trial, space, objective, settings, run_dir, view, resources, agents)
-                except BaseException as exc:
-                    # Ctrl-C, the stop flag or an error: the trial measured nothing; left RUNNING, it would
-                    # hold a slot of the budget and a twin waiting on it until this process is gone.
-                    stopping = isinstance(exc, (KeyboardInterrupt, Interrupted))
-                    budget.release("the tuner was interrupted" if stopping else f"the tuner failed: {exc!r}",
-                                   trial.number)
-                    if isinstance(exc, Interrupted):
-                        return
-                    raise
-                finally:
-                    view.finished(trial.number)
-                with tracking:
-                    tracker.log_trial(study.trials[trial.number])
 
+def open_for(settings: Settings, run_dir: Path, objective: Objective) -> optuna.Study:
+    """The study in its storage, checked to be measured on this workload and machine, its dead trials recovered."""
+    storage = storage_for(settings.study.storage, run_dir, settings.study.heartbeat_s)
+    study = open_study(settings.study.name, storage, objective.directions, settings.study.seed)
+    check_measured_on(study, settings.measured_on())
+    recover_interrupted(study)
+    return study
+
+
+def ending_error(outcome: Outcome, settings: Settings, run_dir: Path) -> RuntimeError | None:
+    """What the command ends with after its report: interrupted, or stopped by the failure guard."""
+    if outcome.interrupted:
+        return StudyInterrupted(f"{outcome.released} running trial(s) stopped and queued again; rerun the same "
+                                f"command to resume the study in {run_dir}")
+    if outcome.stop_reason == "failure guard":
+        return StudyFailing(f"stopped: more than {settings.study.max_failure_rate:.0%} of trials failed; see "
+                            f"the reasons above and in {run_dir / 'trials'}")
+    return None
+
+
+@dataclass
+class Runner:
+    """The search and the phases of one study run, each trial released if its measurement is cut short."""
+
+    study: optuna.Study
+    space: SearchSpace
+    objective: Objective
+    settings: Settings
+    run_dir: Path
+    budget: Budget
+    observer: StudyObserver
+    agents: Agents
+
+    def release(self, exc: BaseException, numbers: list[int]) -> None:
+        """Ctrl-C, the stop flag or an error: the trial measured nothing; left RUNNING, it would hold a slot of
+        the budget and a twin waiting on it until this process is gone."""
+        stopping = isinstance(exc, (KeyboardInterrupt, Interrupted))
+        for number in numbers:
+            self.budget.release("the tuner was interrupted" if stopping else f"the tuner failed: {exc!r}", number)
+
+    def slot_loop(self, resources: Resources, view: LiveView) -> None:
+        while (trial := self.budget.next_trial(view)) is not None:
+            try:
+                run_trial(self.study, trial, self.space, self.objective, self.settings, self.run_dir, view,
+                          resources, self.agents)
+            except BaseException as exc:
+                self.release(exc, [trial.number])
+                if isinstance(exc, Interrupted):
+                    return
+                raise
+            finally:
+                view.finished(trial.number)
+            self.observer.recorded(self.study.trials[trial.number])
+
+    def search(self, slots: list[Resources], view: LiveView) -> None:
         try:
             if len(slots) == 1:
-                slot_loop(slots[0])  # Ctrl-C lands in this very loop: launch kills the tree, slot_loop releases
+                self.slot_loop(slots[0], view)  # Ctrl-C lands in this very loop: launch kills the tree
             else:
                 with ThreadPoolExecutor(len(slots), thread_name_prefix="slot") as pool:
-                    futures = [pool.submit(slot_loop, r) for r in slots]
+                    futures = [pool.submit(self.slot_loop, r, view) for r in slots]
                     try:
                         wait(futures, return_when=FIRST_EXCEPTION)
                         for future in futures:
@@ -135,82 +177,63 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str) -> dict[str, Any]:
                         # Ctrl-C or a slot's error lands here, in the main thread; the pool's exit then
                         # waits for the other slots, which must stop first: their launches kill their
                         # trials, next_trial hands out none.
-                        budget.interrupt()
+                        self.budget.interrupt()
                         raise
         except KeyboardInterrupt:
-            budget.interrupt()
-        interrupted = budget.stop.is_set()
-        if interrupted:
-            budget.release("the tuner was interrupted")  # e.g. asked but not yet launched when Ctrl-C came
-        view.refresh(study.get_trials(deepcopy=False))
+            self.budget.interrupt()
+        if self.budget.stop.is_set():
+            self.budget.release("the tuner was interrupted")  # e.g. asked but not yet launched when Ctrl-C came
+        view.refresh(self.study.get_trials(deepcopy=False))
 
-    if not interrupted and budget.stop_reason != "failure guard":
-        # After the search: the best programs and the baselines again, in rounds; then the verdicts.
-        def measure(trial: optuna.Trial) -> None:
-            a = TrialRecord.of(trial)
-            phases_view.running(trial.number, f"{a.phase} round {a.round}: {a.label}",
-                                run_dir / "trials" / f"{trial.number:04d}")
-            try:
-                run_trial(study, trial, space, objective, settings, run_dir, NO_VIEW, slots[0], agents)
-                phases_view.refresh(study.get_trials(deepcopy=False))  # and the time left
-            except BaseException as exc:
-                stopping = isinstance(exc, (KeyboardInterrupt, Interrupted))
-                budget.release("the tuner was interrupted" if stopping else f"the tuner failed: {exc!r}",
-                               trial.number)
-                raise
-            finally:
-                phases_view.finished(trial.number)
-            tracker.log_trial(study.trials[trial.number])
-
-        def together(trials: list[optuna.Trial]) -> str | None:
-            a = TrialRecord.of(trials[0])
-            key = f"{a.phase} round {a.round}"
-            labels = ", ".join(TrialRecord.of(t).label or "" for t in trials)
-            phases_view.running(key, f"{key} side by side: {labels}", process_dir(run_dir, a.phase, a.round))
-            try:
-                why = measure_together(study, trials, space, objective, settings, run_dir, slots[0], agents)
-                phases_view.refresh(study.get_trials(deepcopy=False))  # and the time left
-            except BaseException as exc:
-                stopping = isinstance(exc, (KeyboardInterrupt, Interrupted))
-                for trial in trials:
-                    budget.release("the tuner was interrupted" if stopping else f"the tuner failed: {exc!r}",
-                                   trial.number)
-                raise
-            finally:
-                phases_view.finished(key)
-            for trial in trials:
-                tracker.log_trial(study.trials[trial.number])
-            return why
-
+    def phases(self, resources: Resources) -> bool:
+        """After the search: the best programs and the baselines again; then the verdicts. True: interrupted."""
+        s = self.settings.study
+        if not (s.confirm_top or s.verdict_knobs() != []):
+            return False
         try:
-            if settings.study.confirm_top or settings.study.verdict_knobs() != []:
-                with alone_on_the_machine(study, run_dir), \
-                        StudyView(settings.study.n_trials, objective, remaining, show_table=False) as phases_view:
-                    phases_view.refresh(study.get_trials(deepcopy=False))
-                    run_phases(study, space, objective, settings, measure, together)
+            with alone_on_the_machine(self.study, self.run_dir), \
+                    self.observer.live(table=False) as view:
+                view.refresh(self.study.get_trials(deepcopy=False))
+                run_phases(self.study, self.space, self.objective, self.settings,
+                           lambda trial: self.repeat(trial, view, resources),
+                           lambda trials: self.together(trials, view, resources))
         except (KeyboardInterrupt, Interrupted):
-            budget.interrupt()
-            interrupted = True
+            self.budget.interrupt()
+            return True
+        return False
 
-    try:
-        report = build_report(study, settings, objective, space, budget.stop_reason, time.time() - budget.started,
-                              run_dir)
-        if settings.study.warm_start and not interrupted:
-            report.warm_start = warm_start(study, settings, report.recommended, run_dir)
-        write_artifacts(report, run_dir)
-        print_report(report)
-        tracker.finish(report, run_dir)
-    except Exception as exc:
-        if not interrupted:
+    def repeat(self, trial: optuna.Trial, view: LiveView, resources: Resources) -> None:
+        a = TrialRecord.of(trial)
+        view.running(trial.number, f"{a.phase} round {a.round}: {a.label}",
+                     self.run_dir / "trials" / f"{trial.number:04d}")
+        try:
+            run_trial(self.study, trial, self.space, self.objective, self.settings, self.run_dir, NO_VIEW,
+                      resources, self.agents)
+            view.refresh(self.study.get_trials(deepcopy=False))  # and the time left
+        except BaseException as exc:
+            self.release(exc, [trial.number])
             raise
-        log.warning("the report of the interrupted study is incomplete: %r", exc)
-    if interrupted:
-        raise StudyInterrupted(f"{len(budget.released)} running trial(s) stopped and queued again; rerun the same "
-                               f"command to resume the study in {run_dir}")
-    if budget.stop_reason == "failure guard":
-        raise StudyFailing(f"stopped: more than {settings.study.max_failure_rate:.0%} of trials failed; see "
-                           f"the reasons above and in {run_dir / 'trials'}")
-    return report.summary
+        finally:
+            view.finished(trial.number)
+        self.observer.recorded(self.study.trials[trial.number])
+
+    def together(self, trials: list[optuna.Trial], view: LiveView, resources: Resources) -> str | None:
+        a = TrialRecord.of(trials[0])
+        key = f"{a.phase} round {a.round}"
+        labels = ", ".join(TrialRecord.of(t).label or "" for t in trials)
+        view.running(key, f"{key} side by side: {labels}", process_dir(self.run_dir, a.phase, a.round))
+        try:
+            why = measure_together(self.study, trials, self.space, self.objective, self.settings, self.run_dir,
+                                   resources, self.agents)
+            view.refresh(self.study.get_trials(deepcopy=False))  # and the time left
+        except BaseException as exc:
+            self.release(exc, [t.number for t in trials])
+            raise
+        finally:
+            view.finished(key)
+        for trial in trials:
+            self.observer.recorded(self.study.trials[trial.number])
+        return why
 
 
 class Budget:
@@ -247,7 +270,7 @@ class Budget:
                 if mine and requeue(self.study, t, why):  # False: another tuner recovered it meanwhile
                     self.released.append(t.number)
 
-    def next_trial(self, view: StudyView) -> optuna.Trial | None:
+    def next_trial(self, view: LiveView) -> optuna.Trial | None:
         waiting_since = None
         while True:
             if self.stop.is_set():
@@ -299,18 +322,8 @@ def failing(trials: list[optuna.trial.FrozenTrial], max_rate: float) -> bool:
     return len(finished) >= FAILURE_GUARD_MIN_TRIALS and failed / len(finished) > max_rate
 
 
-class _NoView:
-    """The phases after the search log each repeat instead of drawing the search's live table."""
-
-    def running(self, number: int, name: str, trial_dir: Path | None = None) -> None:
-        pass
-
-
-NO_VIEW: Any = _NoView()
-
-
 def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, objective: Objective,
-              settings: Settings, run_dir: Path, view: StudyView, resources: Resources, agents: Agents) -> None:
+              settings: Settings, run_dir: Path, view: LiveView, resources: Resources, agents: Agents) -> None:
     if TrialRecord.of(trial).phase in REPEAT_PHASES:
         # A repeat (also one a resumed search asks: a killed phase queued it again): measured again.
         measure_repeat(study, trial, space, objective, settings, run_dir, resources, agents)

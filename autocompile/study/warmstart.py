@@ -10,16 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import Settings
+from autocompile.study.record import TrialRecord
 from autocompile.trial.launcher import launch
-from autocompile.trial.warmstart import ARTIFACTS
+from autocompile.trial.warmstart import ARTIFACTS, TRIAL_FILE
 
 log = logging.getLogger(__name__)
 
 
-def take_home(settings: Any, best: dict[str, Any] | None, run_dir: Path, launch: Any) -> dict[str, Any] | None:
+def take_home(settings: Settings, best: dict[str, Any] | None, run_dir: Path, launch: Any) -> dict[str, Any] | None:
     """Copy the winner's artifacts next to ``best_config.py`` and measure a warm start of it.
 
     ``launch(trial_dir, spec)`` runs a trial (``launcher.launch``); ``settings`` are the study's.
@@ -44,13 +46,20 @@ def take_home(settings: Any, best: dict[str, Any] | None, run_dir: Path, launch:
             "trial_dir": result.get("trial_dir")}
 
 
-def warm_start(study: optuna.Study, settings: Settings, best: Any, run_dir: Path) -> dict[str, Any] | None:
-    """The winner's warm start (``best``: the report's entry), measured once per winner (a resumed study keeps
-    the measurement)."""
+def warm_start(study: optuna.Study, settings: Settings, winner: FrozenTrial | None,
+               run_dir: Path) -> dict[str, Any] | None:
+    """The winner's warm start, measured once per winner (a resumed study keeps the measurement); kept as the
+    study's ``warm_start`` attribute, which the report reads."""
     done = study.user_attrs.get("warm_start")
-    if best is None or (done and done.get("trial") == best.number):
-        return done if best is not None else None
-    found = take_home(settings, best.as_dict(), run_dir, launch)
+    if winner is None or (done and done.get("trial") == winner.number):
+        return done if winner is not None else None
+    record = TrialRecord.of(winner)
+    best = {"number": winner.number, "config": record.config, "result": record.measured.to_dict()}
+    # The trial keeps its numbers, not its files: the artifacts lie in its directory (worker: save_artifacts).
+    saved = Path(record.trial_dir or "/nonexistent") / TRIAL_FILE
+    if saved.is_file():
+        best["result"]["compile_artifacts"] = {"path": str(saved)}
+    found = take_home(settings, best, run_dir, launch)
     if found is not None:
         study.set_user_attr("warm_start", found)
     return found

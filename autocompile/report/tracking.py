@@ -44,22 +44,16 @@ from optuna.trial import FrozenTrial, TrialState
 from autocompile.config.knobs import KNOBS
 from autocompile.config.settings import Settings
 from autocompile.config.spec import PARTS
-from autocompile.study.mlflow_store import artifact_location, open_client
-from autocompile.study.objective import time_to_train
+from autocompile.report.child_run import STUDY_TAG, TRIAL_TAG, child_metrics, child_tags
+from autocompile.report.mlflow_store import artifact_location, open_client
 from autocompile.study.record import Measurement, TrialRecord
 from autocompile.study.shared import file_lock, is_orphaned, journal_file, owner, pid_namespace
 
 log = logging.getLogger(__name__)
 
-STUDY_TAG = "autocompile.study"
-TRIAL_TAG = "optuna.trial_number"
 PARENT_ATTR = "mlflow_parent_run_id"
 TRIAL_FILES = ("trial.json", "result.json", "cmd.txt", "stdout.log", "stderr.log", "progress.jsonl")
 RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.FAIL: "FAILED", TrialState.PRUNED: "KILLED"}
-METRICS = ("tokens_per_s", "step_s", "step_s_cv", "compile_s", "first_step_s", "mfu", "graph_count",
-           "graph_breaks", "recompiles_timed", "wall_s", "compiled_coverage")
-WARM_KEYS = ("compile_s", "first_step_s")
-"""Measured after a warm cache in a repeat: logged as ``compile_s_warm``..., never beside cold compiles."""
 INACTIVE = "n/a"
 """Param value of a knob that does not apply to the trial (e.g. compile.mode of an eager trial)."""
 PARENT_FILES = ("summary.json", "best_config.yaml", "best_config.py")
@@ -282,60 +276,15 @@ class MlflowTracker:
         return self._environment
 
     def _log_trial(self, trial: FrozenTrial) -> None:
-        from autocompile.trial.launcher import read_progress
-
         record = TrialRecord.of(trial)
-        result = record.measured
-        env = self.environment(result)
+        env = self.environment(record.measured)
         config = record.config or trial.params
         params = {**{k: config.get(k, INACTIVE) for k in KNOBS}, **self.workload_params()}
-        status = result.status or trial.state.name.lower()
-        tags = {"mlflow.parentRunId": self.parent_id, TRIAL_TAG: trial.number, STUDY_TAG: self.study.study_name,
-                "optuna.state": trial.state.name, "status": status, "torch": env.get("torch", ""),
-                "device_name": env.get("device_name", ""),
-                "world_size": env.get("world_size", self.settings.workload.world_size)}
-        if result.fingerprint:
-            tags["autocompile.fingerprint"] = result.fingerprint  # equal tags: the same compiled program
-        tags["autocompile.phase"] = record.phase
-        for key in ("baseline", "duplicate_of", "retry_of", "round", "label", "compile_cache", "same_program_as",
-                    "numerics"):
-            if getattr(record, key) is not None:
-                tags[f"autocompile.{key}"] = getattr(record, key)
-        reason = record.reason or result.reason or ""
-        if reason:
-            tags["reason"] = reason[:5000]
-        if result.failure:
-            tags["failure"] = result.failure
+        tags = child_tags(trial, record, env, self.study.study_name, self.settings.workload.world_size)
+        tags["mlflow.parentRunId"] = self.parent_id
+        speedups = self.speedups(record.measured) if record.measured.ok else {}
+        metrics = child_metrics(trial, record, self.settings.objective.horizon_steps, speedups)
         trial_dir = Path(record.trial_dir) if record.trial_dir else None
-        tags["mlflow.note.content"] = self.note(trial, status, reason, result, trial_dir)
-
-        numbers = result.to_dict()  # MLflow's metric keys are the measurement's field names
-        warm = record.warm_repeat
-        if warm:  # compile_s is always a cold compile: the warm one of a repeat gets a key of its own
-            for k in WARM_KEYS:
-                if k in numbers:
-                    numbers[f"{k}_warm"] = numbers.pop(k)
-            if record.compile_s_cold is not None:
-                numbers["compile_s"] = record.compile_s_cold  # its configuration's cold run, as Optuna's value
-        metrics = [(k, numbers[k], 0) for k in (*METRICS, *(f"{k}_warm" for k in WARM_KEYS))
-                   if isinstance(numbers.get(k), (int, float))]
-        if result.peak_memory_bytes is not None:
-            metrics.append(("peak_memory_mb", result.peak_memory_bytes / 2**20, 0))
-        for i, v in enumerate(trial.values or []):
-            metrics.append((f"objective_{i}" if len(trial.values) > 1 else "objective", v, 0))
-        if status == "ok" and "step_s" in numbers and "compile_s" in numbers:
-            metrics.append(("time_to_train_s", time_to_train(numbers["compile_s"], numbers["step_s"],
-                                                             self.settings.objective.horizon_steps), 0))
-            metrics += [(f"speedup_vs_{name}", value, 0) for name, value in self.speedups(result).items()]
-        metrics += [("loss", v, i) for i, v in enumerate(result.losses or [])]
-        metrics += [("tokens_per_s_window", v, i) for i, v in enumerate(result.tokens_per_s_windows or [])]
-        if trial_dir is not None and record.duplicate_of is None:
-            # What the worker reported while it ran: the story of a pruned trial (how far it got).
-            events = read_progress(trial_dir)
-            metrics += [("warmup_step_s_warm" if warm else "warmup_step_s", e["seconds"], e["step"])
-                        for e in events if e["event"] == "warmup_step"]
-            metrics += [("step_s_window", e["step_s"], e["window"]) for e in events if e["event"] == "window"]
-
         start = int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None
         end = int(trial.datetime_complete.timestamp() * 1000) if trial.datetime_complete else None
         run = self.client.create_run(self.experiment_id, start_time=start, run_name=self.run_name(trial),
@@ -348,23 +297,6 @@ class MlflowTracker:
                     self.client.log_artifact(run_id, str(trial_dir / file), artifact_path="trial")
         self.client.set_terminated(run_id, status=RUN_STATUS[trial.state], end_time=end)
         self.children[trial.number] = (run_id, {m[0] for m in metrics})
-
-    def note(self, trial: FrozenTrial, status: str, reason: str, result: Measurement,
-             trial_dir: Path | None) -> str:
-        """The run's description in the UI (Markdown): outcome and reason first, then how to replay it."""
-        lines = [f"**Trial {trial.number}: {status}**" + (f" — {reason}" if reason else "")]
-        record = TrialRecord.of(trial)
-        if status == "ok" and result.tokens_per_s is not None:
-            lines.append(f"{result.tokens_per_s:,.0f} {result.unit}/s, {result.step_s * 1e3:.2f} ms/step, "
-                         f"compile {result.compile_s:.1f} s"
-                         + (" from a warm cache (`compile_s_warm`; `compile_s` is its cold run's)"
-                            if record.warm_repeat else ""))
-        config = record.config
-        lines.append("Configuration: `" + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults") + "`")
-        cmd = trial_dir / "cmd.txt" if trial_dir is not None else None
-        if cmd is not None and cmd.is_file():
-            lines.append("Replay (artifact `trial/cmd.txt`):\n\n```\n" + cmd.read_text().splitlines()[0] + "\n```")
-        return "\n\n".join(lines)[:20000]
 
     def speedups(self, result: Measurement) -> dict[str, float]:
         """Steady-state speedup over each measured baseline: baseline step time / this step time."""

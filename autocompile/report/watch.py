@@ -1,0 +1,61 @@
+"""The study's observer: the live terminal view and MLflow tracking, told by the study loop as it runs
+(:class:`autocompile.study.observers.StudyObserver`), and the report when it ends."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autocompile.config.settings import Settings
+from autocompile.report.summary import build_report, print_report, write_artifacts
+from autocompile.report.tracking import NoTracker, tracker_for
+from autocompile.report.view import StudyView
+from autocompile.study.objective import Objective
+from autocompile.study.observers import Outcome
+
+log = logging.getLogger(__name__)
+
+
+class Watch:
+    """What a study shows (the live view) and records (MLflow) while it runs."""
+
+    def __init__(self, settings: Settings, run_dir: Path) -> None:
+        self.settings = settings
+        self.run_dir = run_dir
+        self.tracker: Any = NoTracker()
+        self.objective: Objective | None = None
+        self.remaining: Any = None
+        self.lock = threading.Lock()  # one writer at a time into the tracking store, from any slot
+
+    def opened(self, study: optuna.Study, objective: Objective, remaining: Any) -> None:
+        self.objective, self.remaining = objective, remaining
+        self.tracker = tracker_for(self.settings, study, self.run_dir)
+
+    def live(self, table: bool = True, estimate: bool = True) -> StudyView:
+        return StudyView(self.settings.study.n_trials, self.objective, self.remaining if estimate else None,
+                         show_table=table)
+
+    def recorded(self, trial: FrozenTrial) -> None:
+        with self.lock:
+            self.tracker.log_trial(trial)
+
+    def report(self, outcome: Outcome) -> dict[str, Any]:
+        """The summary: built from the study, written next to it, printed, and logged to the parent run. An
+        interrupted study's report may be incomplete: it warns instead of failing."""
+        try:
+            report = build_report(outcome.study, self.settings, outcome.objective, outcome.space,
+                                  outcome.stop_reason, outcome.wall_s, self.run_dir)
+            write_artifacts(report, self.run_dir)
+            print_report(report)
+            self.tracker.finish(report, self.run_dir)
+        except Exception as exc:
+            if not outcome.interrupted:
+                raise
+            log.warning("the report of the interrupted study is incomplete: %r", exc)
+            return {}
+        return report.summary
