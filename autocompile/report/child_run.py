@@ -52,9 +52,7 @@ def child_metrics(trial: FrozenTrial, record: TrialRecord, horizon_steps: int,
     numbers = result.to_dict()  # MLflow's metric keys are the measurement's field names
     warm = record.warm_repeat
     if warm:  # compile_s is always a cold compile: the warm one of a repeat gets a key of its own
-        for k in WARM_KEYS:
-            if k in numbers:
-                numbers[f"{k}_warm"] = numbers.pop(k)
+        numbers |= {f"{k}_warm": numbers.pop(k) for k in WARM_KEYS if k in numbers}
         if record.compile_s_cold is not None:
             numbers["compile_s"] = record.compile_s_cold  # its configuration's cold run, as Optuna's value
     metrics = [(k, numbers[k], 0) for k in (*METRICS, *(f"{k}_warm" for k in WARM_KEYS))
