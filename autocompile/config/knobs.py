@@ -207,6 +207,9 @@ class InductorOptions:
     aggressive_fusion: bool | None = knob(
         None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
         doc="Fuse nodes even without shared memory reads.")
+    size_asserts: bool | None = knob(
+        None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
+        doc="Check each input's size and stride in the generated code (False: less Python work per call).")
 
 
 @dataclass(frozen=True)
