@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,14 +97,21 @@ def spec_for(members: list[Member], settings: Settings, shift: int, threads: int
 
 
 def run_process(out_dir: Path, members: list[Member], settings: Settings, shift: int,
-                resources: Resources | None = None, agents: Agents | None = None) -> dict[str, Any]:
-    """One fresh process timing every member; its ``result.json`` (``candidates`` in members' order)."""
+                resources: Resources | None = None, agents: Agents | None = None,
+                beat: Callable[[], None] | None = None) -> dict[str, Any]:
+    """One fresh process timing every member; its ``result.json`` (``candidates`` in members' order).
+    ``beat`` is called while it runs (the members' trial heartbeats: a long process is never found stale)."""
     resources, agents = resources or Resources(), agents or Agents()
     cache = out_dir / "inductor_cache"
     warm = merge_caches(members, cache)
     spec = spec_for(members, settings, shift, slot_threads(settings, resources), warm)
     log.info("side by side, process %d: %s", shift, ", ".join(m.label for m in members))
-    return launch(out_dir, spec, cache_dir=cache, resources=resources, agents=agents)
+
+    def alive(events: list[dict[str, Any]], elapsed: float) -> None:
+        if beat is not None:
+            beat()
+
+    return launch(out_dir, spec, cache_dir=cache, should_stop=alive, resources=resources, agents=agents)
 
 
 def merge_caches(members: list[Member], cache: Path) -> set[str]:

@@ -72,15 +72,22 @@ def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: Sea
     first = TrialRecord.of(trials[0])
     r, phase = first.round, first.phase
     out = process_dir(run_dir, phase, r)
-    members = []
+    members, beats = [], []
     for trial in trials:
-        config, _ = begin(study, trial, space)
+        config, beat = begin(study, trial, space)
+        beats.append(beat)
         set_attrs(trial, trial_dir=str(out), method="side_by_side",
                   compile_cache="side by side: warm from its cold run's artifacts")
         record = TrialRecord.of(trial)
         members.append(sidebyside.Member(record.label, config, cold_of(study.trials[record.cold_trial])))
     log.info("%s round %d side by side: %s", phase, r, ", ".join(m.label for m in members))
-    result = sidebyside.run_process(out, members, settings, shift=r, resources=resources, agents=agents)
+
+    def beat_all() -> None:  # every candidate's trial is RUNNING while the one process times them all
+        for beat in beats:
+            beat()
+
+    result = sidebyside.run_process(out, members, settings, shift=r, resources=resources, agents=agents,
+                                    beat=beat_all)
     shared = sidebyside.not_shared([result])
     for trial, member, c in zip(trials, members, result.get("candidates") or [{}] * len(trials), strict=True):
         if c.get("status") != "ok" or result.get("status") != "ok":
