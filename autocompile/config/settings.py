@@ -15,6 +15,7 @@ import json
 import logging
 import platform
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -151,9 +152,10 @@ class Settings:
     def tracking_uri(self) -> str:
         return self.tracking.uri or f"sqlite:///{(self.output_root / 'mlflow.db').resolve()}"
 
-    @property
+    @cached_property
     def env(self) -> Env:
-        """What may be sampled here: device, world size, torch, the model's structure and the job's parts."""
+        """What may be sampled here: device, world size, torch, the model's structure and the job's parts (read
+        once per Settings: ``dataclasses.replace`` makes a new one)."""
         return Env.detect(self.device, self.workload.world_size, self.workload.shapes_vary,
                           model_structure(self.model), knob_facts(self.workload, self.device))
 
