@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "autocompile"
 SUBPACKAGES = ("config", "workload", "trial", "study", "report")
 TOP_LEVEL = {"__init__", "__main__", "app"}
-MAX_LINES = 500  # about 450; config/settings.py (the typed settings, ~490) is the longest
+MAX_LINES = 400  # a module fits on a few screens; knobs.py splits its declarations by group
 
 
 def module_name(path: Path) -> str:

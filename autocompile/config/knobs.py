@@ -4,125 +4,39 @@ Each knob is declared once, as a field of a frozen dataclass with :func:`knob` m
 values, the condition under which it applies, and a one-line doc. The dotted path of the field
 (``compile.mode``) is its name everywhere: config key, Optuna parameter, MLflow param.
 
-Conditions only look at knobs declared before them, so a configuration is validated (and
-sampled) in declaration order. A knob whose condition is false is inactive: it holds its default,
-is not sampled and is not part of the configuration's identity, so no trial is spent on a
-duplicate. This module imports only the standard library (torch lazily, in :meth:`Env.detect`)
-because the worker runs it on machines that hold nothing but PyTorch.
+How a knob is declared (:class:`Env`, :class:`Rule`, :func:`knob`) is in
+:mod:`autocompile.config.knob_spec`; the parallel groups (``parallel``, ``ddp``, ``fsdp``) are declared in
+:mod:`autocompile.config.parallel_knobs`. Conditions only look at knobs declared before them, so a
+configuration is validated (and sampled) in declaration order. A knob whose condition is false is
+inactive: it holds its default, is not sampled and is not part of the configuration's identity, so no
+trial is spent on a duplicate. This module imports only the standard library (torch lazily, in
+:meth:`Env.detect`) because the worker runs it on machines that hold nothing but PyTorch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-Flat = Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Env:
-    """What the workload and the running torch allow; knob conditions read it."""
-
-    device: str = "cpu"
-    """Device type the trial trains on: ``cpu`` or ``cuda``."""
-    world_size: int = 1
-    """Total number of training processes (nnodes x nproc_per_node)."""
-    shapes_vary: bool = False
-    """True when the data schedule uses more than one sequence length."""
-    modes: tuple[str, ...] = ("default",)
-    """``torch.compile`` modes worth running here (cudagraph modes only on CUDA)."""
-    nested_regions: bool = False
-    """Whether ``torch.compiler.nested_compile_region`` exists in the running torch."""
-    has_blocks: bool = True
-    """The model has a repeated stack of blocks (``units.Structure``; unknown counts as yes)."""
-    splits_blocks: bool = True
-    """Its blocks have more than one part with weights (sublayer granularity differs from block)."""
-    has_rest: bool = True
-    """Weights live outside the repeated stacks (``compile.rest`` can matter)."""
-    optimizer_impls: tuple[str, ...] = ("for_loop", "foreach", "fused")
-    """``optim.impl`` values besides ``default`` that the workload's optimizer takes and the device runs."""
-    scheduled: bool = True
-    """The workload has an LR schedule (``workload.lr_schedule``)."""
-    clips: bool = True
-    """The workload clips gradients (``workload.grad_clip_norm`` > 0)."""
-
-    @classmethod
-    def detect(cls, device: str, world_size: int, shapes_vary: bool, structure: Any = None,
-               job: Mapping[str, Any] | None = None) -> Env:
-        """``structure``: a ``units.Structure`` of the model; ``job``: ``parts.knob_facts`` of the workload.
-        Without them every structural or optimizer knob value is offered."""
-        import torch
-        from torch._inductor import list_mode_options
-
-        modes = tuple(
-            mode
-            for mode, options in list_mode_options().items()
-            # On CPU a cudagraph mode silently runs as its no-cudagraph twin: a duplicate trial.
-            if device == "cuda" or not options.get("triton.cudagraphs", False)
-        )
-        return cls(
-            device=device,
-            world_size=world_size,
-            shapes_vary=shapes_vary,
-            modes=modes,
-            nested_regions=hasattr(torch.compiler, "nested_compile_region"),
-            **({} if structure is None else dataclasses.asdict(structure)),
-            **(job or {}),
-        )
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A condition on earlier knobs and the environment, with the words that explain it."""
-
-    text: str
-    test: Callable[[Flat, Env], bool]
-
-    def __and__(self, other: Rule) -> Rule:
-        return Rule(f"{self.text} and {other.text}", lambda c, e: self.test(c, e) and other.test(c, e))
-
-
-Values = tuple[Any, ...] | Callable[[Flat, Env], tuple[Any, ...]]
-
-
-@dataclass(frozen=True)
-class KnobSpec:
-    values: Values
-    doc: str
-    when: Rule | None = None
-    search: Values | None = None
-    extended: bool = False
-    question: str = ""
-
-    def allowed(self, config: Flat, env: Env) -> tuple[Any, ...]:
-        return self.values(config, env) if callable(self.values) else self.values
-
-    def searched(self, config: Flat, env: Env) -> tuple[Any, ...]:
-        if self.search is None:
-            return self.allowed(config, env)
-        search = self.search(config, env) if callable(self.search) else self.search
-        return tuple(v for v in search if v in self.allowed(config, env))
-
-
-def knob(default: Any, *, values: Values, doc: str, when: Rule | None = None,
-         search: Values | None = None, extended: bool = False, question: str = "") -> Any:
-    """Declare a knob: a dataclass field whose metadata the table is read from.
-
-    ``search`` narrows what the tuner samples (default: all ``values``); ``extended`` knobs are
-    only sampled when the study asks for the extended space; ``question`` is the user question the
-    knob's verdict answers in the report.
-    """
-    spec = KnobSpec(values=values, doc=doc, when=when, search=search, extended=extended, question=question)
-    return field(default=default, metadata={"knob": spec})
-
-
-COMPILED = Rule("compile.scope is not none", lambda c, e: c["compile.scope"] != "none")
-MODEL_COMPILED = Rule(
-    "compile.scope is module or regional", lambda c, e: c["compile.scope"] in ("module", "regional")
+from autocompile.config.knob_spec import (
+    BOOL,
+    COMPILED,
+    MODEL_COMPILED,
+    REGIONAL,
+    TRISTATE,
+    Env,
+    Flat,
+    KnobSpec,
+    Rule,
+    knob,
 )
-REGIONAL = Rule("compile.scope is regional", lambda c, e: c["compile.scope"] == "regional")
+from autocompile.config.parallel_knobs import USES_FSDP2, DdpKnobs, FsdpKnobs, ParallelKnobs
+
+__all__ = ["KNOBS", "AcKnobs", "AmpKnobs", "CompileKnobs", "DdpKnobs", "Env", "FsdpKnobs", "KnobError", "OptimKnobs",
+           "ParallelKnobs", "PlacementKnobs", "Rule", "TrialConfig", "describe", "knob"]
+
 HAS_REST = Rule("the model has weights outside its repeated blocks and blocks are compiled one by one",
                 lambda c, e: e.has_rest and c["compile.granularity"] != "nested")
 NOT_TRAIN_STEP = Rule(
@@ -132,8 +46,6 @@ HAS_BLOCKS = Rule("the model has a repeated stack of blocks", lambda c, e: e.has
 INDUCTOR = Rule("compile.backend is inductor", lambda c, e: c["compile.backend"] == "inductor")
 SHAPES_VARY = Rule("the workload varies sequence length", lambda c, e: e.shapes_vary)
 AMP_ON = Rule("amp.dtype is not none", lambda c, e: c["amp.dtype"] != "none")
-DISTRIBUTED = Rule("world size > 1", lambda c, e: e.world_size > 1)
-MODULE_SCOPE = Rule("compile.scope is module", lambda c, e: c["compile.scope"] == "module")
 NOT_NESTED = Rule(
     "blocks are not nested compile regions (torch 2.13 inlines a nested region under checkpoint, and "
     "checkpoint inside one breaks the graph)",
@@ -143,6 +55,18 @@ NOT_COMPILE_OF_DDP = Rule(
     "DDP is not wrapped inside compile (placement is decided by DDP then)",
     lambda c, e: e.world_size == 1 or c["ddp.wrap_order"] != "compile_of_ddp",
 )
+NOT_WHOLE_UNDER_FSDP2 = Rule(
+    "the model is not compiled whole under FSDP2 (module scope or nested regions: each block's fully_shard hooks, "
+    "wrapped in dynamo.disable, sit inside the compiled forward and always break its graph)",
+    lambda c, e: not (USES_FSDP2.test(c, e)
+                      and (c["compile.scope"] == "module" or c["compile.granularity"] == "nested")))
+NO_AUTOGRAD_UNDER_FSDP2 = Rule(
+    "parallel.strategy is not fsdp2 (compiled autograd skips FSDP2's post-backward hooks: the modules stay "
+    "unsharded, no gradient reaches the sharded parameters and training stops after the first step, torch 2.13)",
+    lambda c, e: not USES_FSDP2.test(c, e))
+NOT_FSDP2 = Rule(
+    "parallel.strategy is not fsdp2 (fully_shard moves the parameters to its mesh's device itself)",
+    lambda c, e: not USES_FSDP2.test(c, e))
 
 
 OPTIMIZER_STEP_COMPILED = Rule(
@@ -172,14 +96,6 @@ def _amp_dtypes(config: Flat, env: Env) -> tuple[str, ...]:
     return ("none", "bfloat16", "float16") if env.device == "cuda" else ("none", "bfloat16")
 
 
-def _ddp_modes(config: Flat, env: Env) -> tuple[str, ...]:
-    # Compiled autograd rejects every C++-reducer mode, and python_reducer is a no-op without it.
-    # python_reducer_without_compiled_forward behaves as no_optimization in DDP: not offered.
-    if config["compile.compiled_autograd"]:
-        return ("python_reducer",)
-    return ("ddp_optimizer", "no_optimization")
-
-
 def _optimizer_impls(config: Flat, env: Env) -> tuple[str, ...]:
     # Dynamo wraps every fused optimizer kernel in torch.compiler.disable ("don't trace into fused
     # optimizer"): a compiled step with fused=True runs the fused kernel uncompiled between graph breaks.
@@ -187,8 +103,6 @@ def _optimizer_impls(config: Flat, env: Env) -> tuple[str, ...]:
     return ("default", *(impl for impl in env.optimizer_impls if not (step_compiled and impl == "fused")))
 
 
-BOOL = (False, True)
-TRISTATE = (None, True, False)
 
 
 @dataclass(frozen=True)
@@ -242,13 +156,13 @@ class CompileKnobs:
         doc="Dynamic shapes: None = automatic after a recompile, True = from the start, False = never.",
         question="dynamic=None, True or False?")
     fullgraph: bool = knob(
-        False, values=BOOL, when=COMPILED & NOT_TRAIN_STEP,
+        False, values=BOOL, when=COMPILED & NOT_TRAIN_STEP & NOT_WHOLE_UNDER_FSDP2,
         doc="Fail on any graph break instead of splitting the graph.", question="Does fullgraph=True pay?")
     optimizer: bool = knob(
         False, values=BOOL, when=MODEL_COMPILED,
         doc="Also compile optimizer.step (the compiled-optimizer recipe).", question="Compile the optimizer step too?")
     compiled_autograd: bool = knob(
-        False, values=BOOL, when=MODEL_COMPILED,
+        False, values=BOOL, when=MODEL_COMPILED & NO_AUTOGRAD_UNDER_FSDP2,
         doc="Trace the backward with compiled autograd around forward and backward.",
         question="Compiled autograd or not?")
     options: InductorOptions = field(default_factory=InductorOptions)
@@ -268,24 +182,12 @@ class AmpKnobs:
 
 
 @dataclass(frozen=True)
-class DdpKnobs:
-    """DistributedDataParallel, only when more than one process trains."""
-
-    wrap_order: str = knob(
-        "ddp_of_compiled", values=("ddp_of_compiled", "compile_of_ddp"), when=DISTRIBUTED & MODULE_SCOPE,
-        doc="DDP(compiled model) or torch.compile(DDP(model)).", question="Wrap DDP before or after compile?")
-    optimize: str = knob(
-        "ddp_optimizer", values=_ddp_modes, when=DISTRIBUTED & COMPILED,
-        doc="torch._dynamo.config.optimize_ddp: split graphs at buckets, plain, or the Python reducer.",
-        question="Which DDP reducer (optimize_ddp)?")
-
-
-@dataclass(frozen=True)
 class PlacementKnobs:
     """Order of moving the model to its device and compiling it."""
 
     order: str = knob(
-        "to_then_compile", values=("to_then_compile", "compile_then_to"), when=MODEL_COMPILED & NOT_COMPILE_OF_DDP,
+        "to_then_compile", values=("to_then_compile", "compile_then_to"),
+        when=MODEL_COMPILED & NOT_COMPILE_OF_DDP & NOT_FSDP2,
         doc="model.to(device) before or after torch.compile.", question=".to(device) before or after compile?")
 
 
@@ -325,9 +227,11 @@ class OptimKnobs:
 class TrialConfig:
     """One compile configuration; build it with :meth:`from_flat` so it is validated."""
 
+    parallel: ParallelKnobs = field(default_factory=ParallelKnobs)
     compile: CompileKnobs = field(default_factory=CompileKnobs)
     amp: AmpKnobs = field(default_factory=AmpKnobs)
     ddp: DdpKnobs = field(default_factory=DdpKnobs)
+    fsdp: FsdpKnobs = field(default_factory=FsdpKnobs)
     placement: PlacementKnobs = field(default_factory=PlacementKnobs)
     ac: AcKnobs = field(default_factory=AcKnobs)
     optim: OptimKnobs = field(default_factory=OptimKnobs)

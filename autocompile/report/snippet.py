@@ -42,7 +42,7 @@ def warm_start() -> None:
 
 
 def build_step(model: torch.nn.Module, optimizer=None, loss_fn=None, lr_schedule=None):
-    """Your model compiled the way that measured best (call after init_process_group for DDP). The
+    """Your model compiled the way that measured best (call after init_process_group for DDP or FSDP2). The
     optimizer, loss and schedule default to the study's (an optimizer or a factory taking the parameters)."""
     warm_start()
     world_size = int(os.environ.get("WORLD_SIZE", 1))

@@ -50,6 +50,8 @@ def measurement_table(result: dict[str, Any], name: str) -> Table:
         if result.get("compiled"):
             table.add_row("weights inside compiled graphs", f"{result.get('compiled_coverage', 0.0):.1%}")
         table.add_row("program fingerprint", str(result.get("fingerprint", "-")))
+        if result.get("sharded"):
+            table.add_row("fully_shard (FSDP2 hooks run eager)", ", ".join(result["sharded"]))
         table.add_row("graphs / breaks / recompiles in timed part",
                       f"{result['graph_count']} / {result['graph_breaks']} / {result['recompiles_timed']}"
                       + (f" (timed again after {result['rewarm_steps']} steps of late compiles)"

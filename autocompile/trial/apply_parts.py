@@ -1,8 +1,8 @@
 """The parts :func:`autocompile.trial.step.apply` composes: one function per knob group, each over its own
-section of the configuration (``config.ac``, ``config.amp``, ``config.ddp``, ``config.placement``,
-``config.optim``, ``config.compile``), as torchtitan's ``parallelize_llama`` composes ``apply_ac``,
-``apply_compile`` and ``apply_ddp``. A new knob is a field in the knob table, a function (or a line) here,
-its call in ``apply`` and its test.
+section of the configuration (``config.ac``, ``config.amp``, ``config.ddp``, ``config.fsdp``,
+``config.placement``, ``config.optim``, ``config.compile``), as torchtitan's ``parallelize_llama`` composes
+``apply_ac``, ``apply_compile`` and ``apply_fsdp``/``apply_ddp``. A new knob is a field in the knob table,
+a function (or a line) here, its call in ``apply`` and its test.
 
 Each part mutates what it is given as ``apply`` documents (a unit's ``forward``, ``optimizer.step``, the
 process's ``optimize_ddp``) and returns what later parts need, so each can be called and tested alone.
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autocompile.config.knobs import AcKnobs, AmpKnobs, CompileKnobs, DdpKnobs, OptimKnobs, PlacementKnobs
+from autocompile.config.knobs import AcKnobs, AmpKnobs, CompileKnobs, DdpKnobs, FsdpKnobs, OptimKnobs, PlacementKnobs
 from autocompile.trial.programs import CompileLog, Recorder
 from autocompile.workload import units
 from autocompile.workload.optim import (
@@ -170,6 +170,34 @@ def apply_ddp(model: nn.Module, compile_model: Callable[[Any], Any], compile_of_
     boundaries as ``optimize_ddp`` says). Returns what the forward runs through and the DDP module."""
     ddp = nn.parallel.DistributedDataParallel(model, **(ddp_kwargs or {}))
     return (compile_model(ddp) if compile_of_ddp else ddp), ddp
+
+
+def apply_fsdp(model: nn.Module, targets: list[Unit], fsdp: FsdpKnobs, device: torch.device,
+               compile_model: Callable[[Any], Any], log: CompileLog) -> tuple[list[str], list[str]]:
+    """``parallel.strategy=fsdp2``: ``fully_shard`` on each repeated block, then on the root (its own parameters:
+    embeddings, final norm, head), as torchtitan does, on a 1-D mesh of every rank; ``targets`` are compiled
+    before sharding (``fsdp.order=compile_then_shard``, torchtitan's order) or after. Returns the names compiled
+    and the modules sharded (``model`` for the root).
+
+    Units are compiled through their ``forward``, so FSDP2's all-gather and reshard hooks (in ``__call__``,
+    wrapped in ``dynamo.disable``) run eagerly around each compiled block in either order; under module scope the
+    blocks' hooks sit inside the model's compiled forward and break its graph at each block."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": fsdp.reshard_after_forward}
+    if fsdp.mp_policy == "bf16":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model.to(device)
+    compiled = compile_units(targets, compile_model, log) if fsdp.order == "compile_then_shard" else []
+    blocks = units.stacks_blocks(model)
+    for _, block in blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    if fsdp.order == "shard_then_compile":
+        compiled = compile_units(targets, compile_model, log)
+    return compiled, [name for name, _ in blocks] + ["model"]
 
 
 def step_compiled(knobs: CompileKnobs) -> bool:

@@ -202,14 +202,37 @@ class Coverage:
     """Units handed to ``torch.compile`` whose weights are in no graph: they ran eager."""
 
 
-def coverage(log: CompileLog, model: nn.Module, units: list[tuple[str, nn.Module]]) -> Coverage:
-    """Which weights ran inside compiled graphs.
+def sharded_aliases(model: nn.Module) -> dict[int, int]:
+    """FSDP2 runs a sharded module's forward with unsharded parameters (``nn.Parameter``s it all-gathers into
+    before the forward and frees after), so the graphs hold those, not the sharded DTensors that
+    ``model.parameters()`` returns between steps: each unsharded parameter's id -> its sharded one's, matched
+    by name while each FSDP module is unsharded (``FSDPModule.unshard``). A collective: every rank calls it.
+    FSDP2 keeps one unsharded parameter object per parameter for the whole run, so the ids hold."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = dict(model.named_parameters(remove_duplicate=False))
+    aliases: dict[int, int] = {}
+    for prefix, module in model.named_modules():
+        if isinstance(module, FSDPModule):
+            module.unshard()
+            for name, p in module.named_parameters(prefix=prefix, remove_duplicate=False):
+                if name in sharded and p is not sharded[name]:
+                    aliases[id(p)] = id(sharded[name])
+            module.reshard()
+    return aliases
+
+
+def coverage(log: CompileLog, model: nn.Module, units: list[tuple[str, nn.Module]],
+             aliases: dict[int, int] | None = None) -> Coverage:
+    """Which weights ran inside compiled graphs; ``aliases`` maps the parameters graphs took to the model's
+    own (FSDP2's unsharded copies, :func:`sharded_aliases`).
 
     A block that reuses the graph another block of its class compiled is not handed to the backend
     again: it counts as compiled when its compiled forward was entered and an equivalent unit's
     weights are in a graph (a guard that failed for it would have compiled, and recorded, a graph
     of its own)."""
     seen = frozenset().union(*(g.param_ids for g in log.graphs if g.role in MODEL_ROLES))
+    seen |= {aliases[i] for i in seen if i in (aliases or {})}
     direct = {_signature(u) for _, u in units if any(id(p) in seen for p in u.parameters())}
     covered = set(seen)
     missing = []
@@ -242,7 +265,8 @@ def verify(step: Any, model: nn.Module, scope: str) -> dict[str, Any]:
     if not step.compiled:
         return {"coverage": 0.0,
                 "fingerprint": "eager:" + "|".join(f"{k}={v}" for k, v in sorted(step.eager_parts.items()))}
-    cover = coverage(step.log, model, step.units)
+    sharded = step.eager_parts.get("parallel.strategy") == "fsdp2"
+    cover = coverage(step.log, model, step.units, sharded_aliases(model) if sharded else None)
     missing = cover.missing + sorted(step.roles - step.log.roles())
     if not step.log.graphs or len(missing) == len(step.units) + len(step.roles):
         raise NothingCompiled(f"{', '.join(step.compiled)} handed to torch.compile, but no graph was compiled "

@@ -32,6 +32,7 @@ from autocompile.trial.apply_parts import (
     apply_autocast,
     apply_compiled_update,
     apply_ddp,
+    apply_fsdp,
     apply_optim,
     apply_optimize_ddp,
     clipping,
@@ -74,6 +75,9 @@ class TrainStep:
     """The optimizer the step updates (built here when ``apply`` got a factory): save it with checkpoints."""
     scheduler: Any = None
     """The LR scheduler, stepped once per optimizer step (None: constant LR)."""
+    sharded: list[str] = field(default_factory=list)
+    """Modules ``fully_shard`` wrapped (``model`` for the root): their all-gather, reshard and reduce-scatter hooks
+    run eagerly around the compiled code (FSDP2 wraps them in ``dynamo.disable``)."""
     settings: dict[str, Any] = field(default_factory=dict)
     """Process-global dynamo settings this step was built under (``optimize_ddp``): a process that runs
     several steps side by side patches them around each one's calls."""
@@ -135,8 +139,9 @@ def apply(
     (calls) make one optimizer step, DDP syncing gradients on the last only. Inputs may be a tensor, a
     tuple (positional arguments) or a dict (keyword arguments).
 
-    Mutates ``model`` (compiled, checkpointed or autocast ``forward`` of its units), the optimizer
-    (a compiled ``step``, a tensor LR) and ``torch._dynamo.config.optimize_ddp``. ``.to(device)`` keeps
+    Mutates ``model`` (compiled, checkpointed or autocast ``forward`` of its units; ``fully_shard`` under
+    ``parallel.strategy=fsdp2``), the optimizer (a compiled ``step``, a tensor LR) and
+    ``torch._dynamo.config.optimize_ddp``. ``.to(device)`` keeps
     parameter identity, so an optimizer built before still holds the model's parameters.
     ``distributed`` defaults to "a process group of more than one rank is initialised".
     """
@@ -148,15 +153,25 @@ def apply(
     log = CompileLog()
     compilers = Compilers(log, compile_kwargs(knobs))
 
+    sharded = distributed and config.parallel.strategy == "fsdp2"
+    if sharded and isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError("parallel.strategy=fsdp2 replaces the model's parameters with sharded ones, so an optimizer "
+                         "built before holds parameters that no longer train: pass a factory such as "
+                         f"functools.partial(torch.optim.{type(optimizer).__name__}, lr=...)")
     apply_ac(model, config.ac)
     targets = compile_targets(model, knobs)
     apply_autocast(targets, amp, knobs.scope, device)
-    settings = apply_optimize_ddp(config.ddp, distributed)
-    of_ddp = compiles_ddp(config.ddp, knobs.scope, distributed)
+    settings = apply_optimize_ddp(config.ddp, distributed and not sharded)
+    of_ddp = compiles_ddp(config.ddp, knobs.scope, distributed and not sharded)
     compile_model = compilers("model")
-    compiled = place_and_compile(model, [] if of_ddp else targets, config.placement, device, compile_model, log)
-    runner, ddp = apply_ddp(model, compile_model, of_ddp, ddp_kwargs) if distributed else (model, None)
-    compiled += ["DistributedDataParallel(model)"] if of_ddp else []
+    if sharded:
+        compiled, sharded_units = apply_fsdp(model, targets, config.fsdp, device, compile_model, log)
+        runner, ddp = model, None
+    else:
+        sharded_units = []
+        compiled = place_and_compile(model, [] if of_ddp else targets, config.placement, device, compile_model, log)
+        runner, ddp = apply_ddp(model, compile_model, of_ddp, ddp_kwargs) if distributed else (model, None)
+        compiled += ["DistributedDataParallel(model)"] if of_ddp else []
 
     optimizer, scheduler = apply_optim(optimizer, model, config.optim, lr_schedule, step_compiled(knobs), device)
     scaler = grad_scaler(amp, device)
@@ -166,7 +181,8 @@ def apply(
 
     micro = Micro(runner, loss_fn, scaled_backward(scaler, grad_accum_steps),
                   optimizer_update(optimizer, scaler, clip, unscale=grad_clip_norm > 0), grad_accum_steps, ddp,
-                  scheduler, marks_cuda_graph_steps(compilers.kwargs, knobs.scope, device))
+                  scheduler, marks_cuda_graph_steps(compilers.kwargs, knobs.scope, device),
+                  model if sharded else None)
     outer = outer_autocast(amp, knobs.scope, device)
     if knobs.scope == "train_step":
         fn = train_step(micro, outer, inner_autocast(amp, knobs.scope), device.type, compilers("train_step"))
@@ -177,8 +193,9 @@ def apply(
     return TrainStep(fn=fn, model=runner, compiled=compiled, units=checked, roles=_roles(compiled), log=log,
                      eager_parts={"amp.dtype": amp.dtype, "ac.policy": config.ac.policy, "distributed": distributed,
                                   "optim.impl": config.optim.impl, "clip": grad_clip_norm, "accum": grad_accum_steps,
-                                  "schedule": type(scheduler).__name__ if scheduler is not None else None},
-                     optimizer=optimizer, scheduler=scheduler, settings=settings)
+                                  "schedule": type(scheduler).__name__ if scheduler is not None else None,
+                                  **_sharding(config, sharded)},
+                     optimizer=optimizer, scheduler=scheduler, settings=settings, sharded=sharded_units)
 
 
 @dataclass
@@ -195,6 +212,8 @@ class Micro:
     scheduler: Any
     cuda_graphs: bool
     """CUDA graph trees reuse output memory on the next replay: each step starts a new generation."""
+    sharded: nn.Module | None = None
+    """The FSDP2 root (``fully_shard``-ed model), or None."""
     calls: Iterator[int] = field(default_factory=itertools.count)
 
     def begin(self) -> bool:
@@ -205,7 +224,10 @@ class Micro:
         return last
 
     def sync(self, last: bool) -> AbstractContextManager[Any]:
-        """Micro-steps that do not step the optimizer keep their gradients local (DDP's ``no_sync``)."""
+        """Micro-steps that do not step the optimizer keep their gradients local (DDP's ``no_sync``; FSDP2's
+        ``set_requires_gradient_sync``, which keeps them unsharded and unreduced until the last)."""
+        if self.sharded is not None and self.accum > 1:
+            self.sharded.set_requires_gradient_sync(last)  # type: ignore[operator]
         return self.ddp.no_sync() if self.ddp is not None and not last else nullcontext()
 
     def end(self, last: bool) -> None:
@@ -289,6 +311,15 @@ def train_step(micro: Micro, outer: Context, inner: torch.dtype | None, device_t
 def _process_group_of_many() -> bool:
     """``distributed``'s default: a process group of more than one rank is initialised."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _sharding(config: TrialConfig, sharded: bool) -> dict[str, Any]:
+    """What FSDP2 adds to the eager part of the program (the fingerprint's): the strategy and what changes its
+    communication or dtypes. Not ``fsdp.order``: the hooks run around the compiled units in either order."""
+    if not sharded:
+        return {}
+    return {"parallel.strategy": "fsdp2", "fsdp.reshard_after_forward": config.fsdp.reshard_after_forward,
+            "fsdp.mp_policy": config.fsdp.mp_policy}
 
 
 def _roles(compiled: list[str]) -> set[str]:

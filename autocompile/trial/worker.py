@@ -243,6 +243,7 @@ class Trial:
         return {
             "status": "ok",
             "compiled": step.compiled,
+            "sharded": step.sharded,
             "compile_s": compile_s,
             "first_step_s": warm_s[0],
             "warmup_step_s": warm_s,
@@ -302,9 +303,14 @@ class Trial:
         return t.tolist()
 
     def param_checksums(self, model: torch.nn.Module) -> list[float]:
-        """One number per rank: DDP ranks must end the burst with identical parameters."""
+        """One number per rank: DDP ranks must end the burst with identical parameters. FSDP2's sharded
+        parameters (DTensors) count whole, all-gathered (every rank calls this), so the number stands for the
+        model each rank trains; that their gradients were reduced shows in the losses against the reference."""
+        from torch.distributed.tensor import DTensor
+
         with torch.no_grad():
-            local = sum(p.double().sum() * (i + 1) for i, p in enumerate(model.parameters()))
+            local = sum((p.full_tensor() if isinstance(p, DTensor) else p).double().sum() * (i + 1)
+                        for i, p in enumerate(model.parameters()))
         mine = torch.tensor([float(local)], dtype=torch.float64)
         if self.world_size == 1:
             return mine.tolist()
