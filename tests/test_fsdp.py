@@ -258,3 +258,20 @@ def test_ddp_and_fsdp2_candidates_run_their_own_programs_side_by_side_on_two_ran
     assert [c["status"] for c in together["candidates"]] == ["ok"] * 4, together["candidates"]
     assert [c["fingerprint"] for c in together["candidates"]] == [r["fingerprint"] for r in alone]
     assert alone[1]["fingerprint"] == alone[2]["fingerprint"] != alone[0]["fingerprint"]
+
+
+def test_the_shipped_fsdp2_experiment_composes_a_two_rank_study_that_asks_the_fsdp2_questions(
+        settings_for: Any) -> None:
+    from autocompile.config.space import SearchSpace
+
+    both = settings_for("+model=gpt2-tiny", "+experiment=fsdp2")
+    assert both.workload.world_size == 2 and not both.fixed_knobs
+    assert both.study.verdicts == ["parallel.strategy", "fsdp.order", "fsdp.reshard_after_forward", "fsdp.mp_policy"]
+    assert SearchSpace(both.env, {}).options("parallel.strategy", {}) == ("ddp", "fsdp2")
+    sharded = settings_for("+model=gpt2-tiny", "+experiment=fsdp2", "parallel.strategy=fsdp2",
+                           "compile.scope=regional")
+    assert sharded.study.name.endswith("+parallel.strategy=fsdp2+compile.scope=regional")
+    space = SearchSpace(sharded.env, sharded.fixed_knobs)
+    values = TrialConfig.from_flat(sharded.fixed_knobs, sharded.env).flat()
+    for key in ("fsdp.order", "fsdp.reshard_after_forward", "fsdp.mp_policy"):
+        assert len(space.options(key, values)) == 2, key

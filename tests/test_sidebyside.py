@@ -186,3 +186,25 @@ def test_regional_with_block_checkpointing_does_not_share_a_process_with_another
     assert cannot_share([member("eager", {"compile.scope": "none"}), wrapped], settings) is None
     why = cannot_share([member("module", {"compile.scope": "module"}), wrapped], settings)
     assert why is not None and why.startswith("wrapped compile(s) per-block checkpoint wrappers")
+
+
+def test_a_candidate_left_alone_beside_failed_neighbours_is_told_not_timed() -> None:
+    # What the side-by-side worker returned in the FSDP2 verdict phase (regional winner, two neighbours that
+    # compiled other programs beside it): the winner was ready, but no round had two candidates to time.
+    from autocompile.study import sidebyside as study_sidebyside
+    from autocompile.study.together import failure
+
+    result = {"status": "ok", "candidates": [
+        {"label": "winner", "status": "ok", "fingerprint": "7ce5", "step_s": None, "step_s_windows": []},
+        {"label": "fsdp.reshard_after_forward=False", "status": "failed", "failure": "not_same_program",
+         "reason": "NotSameProgram: compiled program 452e beside the other candidates"},
+        {"label": "fsdp.mp_policy=bf16", "status": "failed", "failure": "recompile_limit",
+         "reason": "FailOnRecompileLimitHit: Hard failure due to fail_on_recompile_limit_hit"}]}
+    shared = study_sidebyside.not_shared([result])
+    winner, neighbour, _ = (failure(c, result, shared) for c in result["candidates"])
+    assert winner is not None and winner["failure"] == "not_timed" and "not_same_program" in winner["reason"]
+    assert neighbour == {"failure": "not_same_program", "reason": result["candidates"][1]["reason"]}
+    timed = {**result["candidates"][0], "step_s": 0.02, "step_s_windows": [0.02, 0.02]}
+    assert failure(timed, result, shared) is None
+    assert failure(timed, {"status": "failed", "failure": "timeout", "reason": "killed"}, shared) == {
+        "failure": "timeout", "reason": "killed"}

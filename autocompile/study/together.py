@@ -60,6 +60,18 @@ def cold_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     return result
 
 
+def failure(candidate: dict[str, Any], result: dict[str, Any], shared: str | None) -> dict[str, Any] | None:
+    """Why a candidate of a side-by-side process has no step time (``failure``, ``reason``), or None: it failed,
+    the process failed, or it was ready but every other candidate failed beside it, so no round had two
+    candidates to time (its ``step_s`` is None)."""
+    if candidate.get("status") == "ok" and result.get("status") == "ok":
+        if candidate.get("step_s") is not None:
+            return None
+        return {"failure": "not_timed", "reason": f"not timed: no other candidate was left beside it ({shared})"}
+    return {"failure": candidate.get("failure") or result.get("failure"),
+            "reason": candidate.get("reason") or result.get("reason", "")}
+
+
 def process_dir(run_dir: Path, phase: str, r: int) -> Path:
     """Where round ``r`` of a side-by-side phase runs (its spec, logs, progress and result)."""
     return run_dir / "phases" / f"{phase}-round{r}"
@@ -90,10 +102,9 @@ def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: Sea
                                     beat=beat_all)
     shared = sidebyside.not_shared([result])
     for trial, member, c in zip(trials, members, result.get("candidates") or [{}] * len(trials), strict=True):
-        if c.get("status") != "ok" or result.get("status") != "ok":
-            tell_measured(study, trial, objective, Measurement(
-                status="failed", failure=c.get("failure") or result.get("failure"),
-                reason=c.get("reason") or result.get("reason", "")))
+        failed = failure(c, result, shared)
+        if failed is not None:
+            tell_measured(study, trial, objective, Measurement(status="failed", **failed))
             continue
         cold = Measurement.from_dict(member.cold)
         items_per_step = cold.tokens_per_s * cold.step_s  # a step's tokens (or samples), as measured alone
