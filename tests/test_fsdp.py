@@ -21,7 +21,15 @@ import torch.distributed as dist
 from torch._dynamo.utils import counters
 from torch.distributed.tensor import DTensor
 
-from autocompile.config.knobs import CompileKnobs, Env, FsdpKnobs, KnobError, ParallelKnobs, TrialConfig
+from autocompile.config.knobs import (
+    AmpKnobs,
+    CompileKnobs,
+    Env,
+    FsdpKnobs,
+    KnobError,
+    ParallelKnobs,
+    TrialConfig,
+)
 from autocompile.config.spec import SideBySideSpec
 from autocompile.trial.launcher import launch
 from autocompile.trial.programs import PartiallyCompiled, coverage, listening, verify
@@ -141,6 +149,20 @@ def test_mixed_precision_policy_keeps_fp32_shards_and_combines_with_autocast() -
     step, model, _ = run({"compile.scope": "regional", "amp.dtype": "bfloat16"})
     fingerprints.add(verify(step, model, "regional")["fingerprint"])
     assert len(fingerprints) == 3  # bf16 parameters, and autocast over them, are programs of their own
+
+
+def test_float16_autocast_runs_under_fsdp2_but_not_over_bf16_parameters() -> None:
+    cuda = Env.detect("cuda", 2, False)  # float16 autocast is offered on CUDA; CPU autocast runs it too
+    step, model, losses = run(TrialConfig.from_flat({**FSDP2, "compile.scope": "regional", **AOT,
+                                                     "amp.dtype": "float16"}, cuda), grad_clip_norm=1.0)
+    assert verify(step, model, "regional")["coverage"] == 1.0 and all(loss == loss for loss in losses)
+    assert all(isinstance(p, DTensor) for p in model.parameters())  # the GradScaler stepped the shards
+    both = TrialConfig(parallel=ParallelKnobs("fsdp2"), compile=CompileKnobs(scope="none"),
+                       amp=AmpKnobs(dtype="float16"), fsdp=FsdpKnobs(mp_policy="bf16"))
+    with pytest.raises(RuntimeError, match="mixed dtype"):
+        run(both, steps=1)
+    with pytest.raises(KnobError, match=r"amp\.dtype is not float16"):
+        TrialConfig.from_flat({**FSDP2, "amp.dtype": "float16", "fsdp.mp_policy": "bf16"}, cuda)
 
 
 @pytest.mark.parametrize("knobs", [

@@ -25,6 +25,10 @@ USES_DDP = Rule("world size > 1 and parallel.strategy is ddp",
                 lambda c, e: e.world_size > 1 and c["parallel.strategy"] == "ddp")
 USES_FSDP2 = Rule("world size > 1 and parallel.strategy is fsdp2",
                   lambda c, e: e.world_size > 1 and c["parallel.strategy"] == "fsdp2")
+NOT_FP16 = Rule(
+    "amp.dtype is not float16 (float16 autocast over bf16 parameters hands autocast's fp32 ops, layer_norm "
+    "among them, fp32 inputs with bf16 weights: 'mixed dtype' on CPU, torch 2.13)",
+    lambda c, e: c["amp.dtype"] != "float16")
 
 
 def _ddp_modes(config: Flat, env: Env) -> tuple[str, ...]:
@@ -76,7 +80,7 @@ class FsdpKnobs:
             "or keep them until the backward (more memory, one all-gather fewer per block).",
         question="FSDP2: reshard parameters after forward?")
     mp_policy: str = knob(
-        "none", values=("none", "bf16"), when=USES_FSDP2,
+        "none", values=("none", "bf16"), when=USES_FSDP2 & NOT_FP16,
         doc="FSDP2's mixed precision: bf16 = MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), "
             "parameters all-gathered and computed in bf16, gradients reduced in fp32; none = the parameters' own "
             "dtype. amp.dtype (autocast) applies on top of it, as Accelerate does; torchtitan uses this alone.",
