@@ -19,6 +19,7 @@ from tests.test_interrupt import in_windows
 from tests.test_tuner import ROOT, TINY, load, tune_cli
 
 
+@pytest.mark.integration
 def test_a_normal_study_says_its_cost_first_then_what_it_measured(tmp_path: Path) -> None:
     run = tune_cli(tmp_path, "compile.scope=none", "study.n_trials=3", "study.seed=1")
     assert run.returncode == 0, run.stderr[-3000:]

@@ -76,6 +76,7 @@ def test_ddp_both_wrap_orders_and_every_valid_reducer_keep_ranks_identical(tmp_p
         assert wrapped == (knobs["ddp.wrap_order"] == "compile_of_ddp")
 
 
+@pytest.mark.integration
 def test_one_single_process_and_one_ddp_trial_from_the_matrices_run_ok(tmp_path: Path) -> None:
     # The default run's share of the two matrices above (integration): the least default corner of each.
     single = {"compile.scope": "regional", "amp.dtype": "bfloat16", "amp.placement": "inside",
@@ -139,7 +140,7 @@ def test_peak_flops_are_found_from_device_names() -> None:
 
 
 def test_hanging_trial_is_killed_at_its_timeout_with_nothing_left_alive(tmp_path: Path) -> None:
-    spec = make_spec({"compile.scope": "none"}, model=tiny_lm("hang"), nproc=2, timeout_s=20)
+    spec = make_spec({"compile.scope": "none"}, model=tiny_lm("hang"), nproc=2, timeout_s=10)
     result = launch(tmp_path / "hang", spec)
     assert result["status"] == "failed" and result["failure"] == "timeout"
     assert survivors(str((tmp_path / "hang").resolve())) == []
