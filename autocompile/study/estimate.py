@@ -173,16 +173,17 @@ def run_costs(study: optuna.Study, settings: Settings, prior: tuple[float, str])
 
 
 def phase_costs(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
-                costs: RunCosts) -> tuple[float, float]:
+                costs: RunCosts, winner: Any) -> tuple[float, float]:
     """Seconds left of the confirmation and the verdict phase: the one place that reads how the phases
-    run (:mod:`autocompile.study.phases`): side by side, or in fresh-process rounds."""
+    run (:mod:`autocompile.study.phases`): side by side, or in fresh-process rounds. ``winner``: the trial
+    (or :func:`stand_in`) whose neighbours the verdicts are priced at."""
     from autocompile.study.together import method
 
     if settings.study.side_by_side and all(
             f"method.{p}" not in study.user_attrs or method(study, p)["method"] == "side_by_side"
             for p in ("confirm", "verdict")):
-        return _side_by_side_costs(study, space, objective, settings, costs)
-    return _fresh_phase_costs(study, space, objective, settings, costs)
+        return _side_by_side_costs(study, space, objective, settings, costs, winner)
+    return _fresh_phase_costs(study, space, objective, settings, costs, winner)
 
 
 def process_s(costs: RunCosts, compiled: int, settings: Settings) -> float:
@@ -193,10 +194,10 @@ def process_s(costs: RunCosts, compiled: int, settings: Settings) -> float:
 
 
 def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
-                        costs: RunCosts) -> tuple[float, float]:
+                        costs: RunCosts, winner: Any) -> tuple[float, float]:
     """Side by side: ``compare.processes`` processes per phase, minus those done; verdict neighbours
     first run once cold."""
-    from autocompile.study.confirm import confirm_plan, neighbours, winner_trial
+    from autocompile.study.confirm import confirm_plan, neighbours
     from autocompile.study.racing import phase_trials
 
     s, processes = settings.study, settings.compare.processes
@@ -204,7 +205,6 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
     wanted = s.verdict_knobs()
     searching = sum(counted(t) for t in trials) < s.n_trials or not any(t.state == TrialState.COMPLETE for t in trials)
     if searching:
-        winner: Any = stand_in(study, space, objective, costs)
         # The top trials and the two baselines besides eager: all but one compile.
         members = s.confirm_top + 2
         confirm_s = processes * process_s(costs, members - 1, settings) if s.confirm_top else 0.0
@@ -215,7 +215,7 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
             "config") or {}).get("compile.scope", "none") != "none")
         done = {t.user_attrs["round"] for t in phase_trials(study, "confirm")}
         confirm_s = (processes - len(done)) * process_s(costs, compiled, settings) if labels else 0.0
-        winner = winner_trial(study, objective) if wanted != [] else None
+        winner = winner if wanted != [] else None
     if winner is None or wanted == []:
         return confirm_s, 0.0
     found = neighbours(winner, space, wanted)
@@ -233,7 +233,7 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
 
 
 def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
-                costs: RunCosts) -> tuple[float, float]:
+                costs: RunCosts, winner: Any) -> tuple[float, float]:
     """Seconds left of the phases in fresh-process rounds. Once the search is over, the repeats of their
     plans not yet run, at the cost the phases log (``cost_estimate``); before, the plans' sizes at
     ``costs``, the verdicts counted at the default compile's neighbours."""
@@ -243,14 +243,12 @@ def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objec
         key_of,
         neighbours,
         verdict_plan,
-        winner_trial,
     )
 
     s = settings.study
     trials = study.get_trials(deepcopy=False)
     wanted = s.verdict_knobs()
     if sum(counted(t) for t in trials) < s.n_trials or not any(t.state == TrialState.COMPLETE for t in trials):
-        winner = stand_in(study, space, objective, costs)
         n = len(neighbours(winner, space, wanted)) if wanted != [] else 0
         confirm_s = (s.confirm_top + 2) * s.repeats * costs.warm_s if s.confirm_top else 0.0
         # Round 0: the winner warm, each neighbour cold; then every member warm in each further round.
@@ -264,7 +262,7 @@ def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objec
         return found if math.isfinite(found) else sum(costs.warm_s if x.warm else costs.cold_s for x in todo)
 
     confirm_s = left_s(confirm_plan(study, objective, s.confirm_top, s.repeats)) if s.confirm_top else 0.0
-    winner = winner_trial(study, objective) if wanted != [] else None
+    winner = winner if wanted != [] else None
     plan = verdict_plan(study, winner, space, wanted, s.repeats) if winner is not None else []
     return confirm_s, left_s(plan) if len(plan) > s.repeats else 0.0
 
@@ -292,9 +290,10 @@ def estimate(study: optuna.Study, space: SearchSpace, objective: Objective, sett
     if costs is None:
         return None
     search_s, left = search_left_s(study, space, settings, costs)
-    confirm_s, verdict_s = phase_costs(study, space, objective, settings, costs)
+    winner = stand_in(study, space, objective, costs)  # the confirmation's analysis runs once per estimate
+    confirm_s, verdict_s = phase_costs(study, space, objective, settings, costs, winner)
     warm_start_s = costs.warm_s if settings.study.warm_start and compiles(
-        stand_in(study, space, objective, costs)) else 0.0
+        winner) else 0.0
     return StudyEstimate(search_s=search_s, confirm_s=confirm_s, verdict_s=verdict_s, warm_start_s=warm_start_s,
                          trials_left=left, costs=costs)
 
