@@ -40,13 +40,6 @@ from autocompile.workload.parts import knob_facts
 from autocompile.workload.units import Structure
 
 
-def configurations(space: SearchSpace) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = [{}]
-    for key in KNOBS:
-        found = [{**values, key: choice} for values in found for choice in space.options(key, values)]
-    return found
-
-
 def fingerprint(target: str, kwargs: dict[str, Any], vocab: int, knobs: dict[str, Any], env: Env) -> str:
     torch._dynamo.reset()
     config = TrialConfig.from_flat(knobs, env)
@@ -75,7 +68,7 @@ def main() -> None:
     env = Env.detect("cpu", 1, False, structure, knob_facts(Workload(), "cpu"))
     total = SearchSpace(env, {}).size()
     modes = len(env.modes)
-    aot = configurations(SearchSpace(env, {"compile.backend": "aot_eager"}))
+    aot = SearchSpace(env, {"compile.backend": "aot_eager"}).configurations()
     random.Random(args.seed).shuffle(aot)
     started = time.time()
     programs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)

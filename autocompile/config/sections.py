@@ -9,6 +9,8 @@ from typing import Any
 from autocompile.config.knobs import KNOBS
 
 OBJECTIVES = ("time_to_train", "throughput", "pareto")
+SAMPLERS = ("staged", "tpe", "random", "every")
+"""``study.sampler`` values (:mod:`autocompile.study.samplers` builds them)."""
 
 
 @dataclass
@@ -29,6 +31,10 @@ class StudySettings:
     """Stop starting trials after this many seconds; 0 = no limit."""
     seed: int = 0
     """Sampler seed."""
+    sampler: str = "tpe"
+    """Search strategy: ``staged`` (eager runs settle mixed precision, checkpointing and the optimizer
+    implementation; then the compiled knobs one at a time from the default compile; then TPE), ``tpe``,
+    ``random``, or ``every`` (each configuration once: the tabular benchmark). README: the benchmark."""
     extended: bool = False
     """Also search the extended knobs (inductor options)."""
     baselines: bool = True
@@ -69,6 +75,8 @@ class StudySettings:
             raise ValueError(f"study.confirm_top={self.confirm_top} must be >= 0 (0 = no confirmation phase)")
         if self.repeats < 1:
             raise ValueError(f"study.repeats={self.repeats} must be >= 1 (2 or more give intervals)")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"study.sampler={self.sampler!r}: choose one of {', '.join(SAMPLERS)}")
         if self.repeat_cache not in ("warm", "cold"):
             raise ValueError(f"study.repeat_cache={self.repeat_cache!r}: choose warm or cold")
         if not 0 < self.max_failure_rate <= 1:

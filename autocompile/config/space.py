@@ -74,6 +74,23 @@ class SearchSpace:
             values[key] = flat[key]
         return params
 
+    def normalised(self, flat: dict[str, Any]) -> dict[str, Any]:
+        """``flat`` walked in knob order as :meth:`sample` walks it: a value the knobs before it do not
+        allow (inactive, or narrowed away) becomes the first it may be. A one-knob change of a
+        configuration, made valid."""
+        values: dict[str, Any] = {}
+        for key in KNOBS:
+            choices = self.options(key, values)
+            values[key] = flat[key] if key in flat and flat[key] in choices else choices[0]
+        return values
+
+    def configurations(self) -> list[dict[str, Any]]:
+        """Every configuration (each knob's value, in knob order), as :meth:`size` counts them."""
+        found: list[dict[str, Any]] = [{}]
+        for key in KNOBS:
+            found = [{**values, key: choice} for values in found for choice in self.options(key, values)]
+        return found
+
     def size(self) -> int:
         """Distinct configurations. Inactive knobs only ever take their default, so every path
         through the knob table is a different configuration: count paths, build nothing."""

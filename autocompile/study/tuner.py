@@ -33,6 +33,7 @@ from autocompile.study.phases import run_phases
 from autocompile.study.racing import REPEAT_PHASES, study_noise
 from autocompile.study.record import Measurement, TrialRecord, set_attrs, user_attrs
 from autocompile.study.reference import ensure_reference, reference
+from autocompile.study.samplers import make_sampler
 from autocompile.study.shared import (
     check_measured_on,
     counted,
@@ -74,7 +75,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
     observer = observer or Quiet()
     space = SearchSpace(settings.env, settings.fixed_knobs, settings.study.extended)
     objective = Objective(settings.objective)
-    study = open_for(settings, run_dir, objective)
+    study = open_for(settings, run_dir, objective, space)
     remaining = Remaining(study, space, objective, settings)
     if settings.study.baselines:
         queue_baselines(study, space)
@@ -108,10 +109,11 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
                    len(budget.released))
 
 
-def open_for(settings: Settings, run_dir: Path, objective: Objective) -> optuna.Study:
+def open_for(settings: Settings, run_dir: Path, objective: Objective, space: SearchSpace) -> optuna.Study:
     """The study in its storage, checked to be measured on this workload and machine, its dead trials recovered."""
     storage = storage_for(settings.study.storage, run_dir, settings.study.heartbeat_s)
-    study = open_study(settings.study.name, storage, objective.directions, settings.study.seed)
+    sampler = make_sampler(settings.study.sampler, space, settings.study.seed)
+    study = open_study(settings.study.name, storage, objective.directions, settings.study.seed, sampler)
     check_measured_on(study, settings.measured_on())
     recover_interrupted(study)
     return study

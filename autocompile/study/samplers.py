@@ -1,0 +1,185 @@
+"""Search strategies (``study.sampler``): which configuration a study measures next.
+
+- ``staged``: cheap first. Eager programs cost no compile, so the knobs eager shares with compiled
+  programs (``SHARED``: mixed precision, checkpointing, optimizer implementation) are settled one at a
+  time on eager runs; then the compiled knobs one at a time from the default compile with those
+  values (where compile goes, how, which reducer...), each step keeping the best; then TPE, which by
+  then learns from every run before it. Most knobs act nearly independently, so one pass of
+  one-knob changes finds most of what the space holds, at one compile per alternative.
+- ``tpe``: Optuna's TPE over the conditional space (multivariate, grouped), 8 random trials first.
+- ``random``: uniform over the knobs' values.
+- ``every``: every configuration of the space once, in a seeded order (the tabular benchmark's table).
+
+The plans are stateless: each reads the study's trials (their recorded configuration and value), so a
+resumed study, or several tuners on one storage, continue the same plan.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from autocompile.config.knobs import TrialConfig
+from autocompile.config.sections import SAMPLERS
+from autocompile.config.space import BASELINES, DEFAULTS, SearchSpace, identity
+from autocompile.study.record import TrialRecord
+from autocompile.study.shared import feasible
+
+SHARED = ("amp.dtype", "ac.policy", "optim.impl")
+"""Knobs an eager program has too: settled on eager runs, which cost no compile."""
+
+TPE_STARTUP_TRIALS = 8
+
+Flat = dict[str, Any]
+Plan = Callable[[Sequence[FrozenTrial], Sequence[StudyDirection]], Flat | None]
+"""The study's trials and directions -> the next configuration to measure (every knob's value), or None:
+the fallback sampler's turn."""
+
+
+def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
+    """The sampler ``study.sampler=name`` names, seeded."""
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "tpe":
+        return tpe(seed)
+    if name == "every":
+        return PlanSampler(space, every(space, seed), optuna.samplers.RandomSampler(seed=seed))
+    if name == "staged":
+        return PlanSampler(space, staged(space), tpe(seed))
+    raise ValueError(f"study.sampler={name!r}: choose one of {', '.join(SAMPLERS)}")
+
+
+def tpe(seed: int) -> optuna.samplers.TPESampler:
+    """TPE with a multivariate, grouped model: the conditional space's knobs are modelled together."""
+    with warnings.catch_warnings():  # multivariate and group are "experimental" since Optuna 2.2
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed,
+                                          n_startup_trials=TPE_STARTUP_TRIALS)
+
+
+class PlanSampler(optuna.samplers.BaseSampler):
+    """A trial whose ``plan`` names a configuration takes exactly it (the same params ``enqueue_trial``
+    would fix); without one, ``fallback`` samples as it would alone."""
+
+    def __init__(self, space: SearchSpace, plan: Plan, fallback: optuna.samplers.BaseSampler) -> None:
+        self.space = space
+        self.plan = plan
+        self.fallback = fallback
+        self.planned: dict[int, dict[str, Any]] = {}
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.fallback.before_trial(study, trial)
+        flat = self.plan(study.get_trials(deepcopy=False), study.directions)
+        if flat is not None:
+            self.planned[trial.number] = self.space.params(flat)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        if trial.number in self.planned:
+            return {}
+        return self.fallback.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if trial.number in self.planned:
+            return {}
+        return self.fallback.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        params = self.planned.get(trial.number, {})
+        if param_name in params:
+            return params[param_name]
+        return self.fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self.planned.pop(trial.number, None)
+        self.fallback.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.fallback.reseed_rng()
+
+
+class Seen:
+    """What the study's trials tried, and how each configuration scored (lower is better; a failed,
+    pruned or infeasible one scores infinity)."""
+
+    def __init__(self, space: SearchSpace, trials: Sequence[FrozenTrial],
+                 directions: Sequence[StudyDirection] = (StudyDirection.MINIMIZE,)) -> None:
+        self.space = space
+        self.tried: set[str] = set()
+        self.scores: dict[str, float] = {}
+        for t in trials:
+            key = TrialRecord.of(t).identity
+            if key is None:
+                continue  # asked, not yet sampled (this very trial)
+            self.tried.add(key)
+            if t.state.is_finished():
+                self.scores[key] = min(self.scores.get(key, math.inf), score(t, directions[0]))
+
+    def key(self, flat: Flat) -> str:
+        return identity(TrialConfig.from_flat(flat, self.space.env), self.space.env)
+
+
+def score(trial: FrozenTrial, direction: StudyDirection) -> float:
+    """The trial's first objective, lower is better; infinity without a feasible value."""
+    if trial.state != TrialState.COMPLETE or not trial.values or not feasible(trial):
+        return math.inf
+    return -trial.values[0] if direction == StudyDirection.MAXIMIZE else trial.values[0]
+
+
+def every(space: SearchSpace, seed: int) -> Plan:
+    """Each configuration of the space once, in a seeded random order."""
+    order = space.configurations()
+    random.Random(seed).shuffle(order)
+
+    def plan(trials: Sequence[FrozenTrial], directions: Sequence[StudyDirection]) -> Flat | None:
+        seen = Seen(space, trials, directions)
+        return next((flat for flat in order if seen.key(flat) not in seen.tried), None)
+
+    return plan
+
+
+def staged(space: SearchSpace) -> Plan:
+    """Settle the shared knobs on eager runs, then each compiled knob from the default compile, one at a time."""
+
+    def plan(trials: Sequence[FrozenTrial], directions: Sequence[StudyDirection]) -> Flat | None:
+        seen = Seen(space, trials, directions)
+        eager = space.normalised({**DEFAULTS, **space.fixed, **BASELINES["eager"]})
+        following, best_eager = descend(seen, eager, SHARED)
+        if following is not None or best_eager is None:
+            return following
+        start = {**DEFAULTS, **space.fixed, **BASELINES["compile"], **{k: best_eager[k] for k in SHARED}}
+        compiled = [key for key in DEFAULTS if key not in SHARED]
+        following, _ = descend(seen, space.normalised(start), compiled)
+        return following
+
+    return plan
+
+
+def descend(seen: Seen, start: Flat, keys: Sequence[str]) -> tuple[Flat | None, Flat | None]:
+    """One pass of coordinate descent from ``start`` over ``keys``: the first configuration of the pass not
+    yet tried, or (None, the pass's best) once every one is measured; (None, None) while some still run."""
+    space = seen.space
+    incumbent = start
+    for key in keys:
+        choices = space.options(key, incumbent)
+        if len(choices) < 2:
+            continue
+        candidates = [space.normalised({**incumbent, key: value}) for value in choices]
+        for candidate in candidates:
+            if seen.key(candidate) not in seen.tried:
+                return candidate, None
+        if any(seen.key(c) not in seen.scores for c in candidates):
+            return None, None  # measured elsewhere, not finished yet: the fallback samples meanwhile
+        # Ties keep the incumbent: a change must measure better to be taken.
+        incumbent = min([incumbent, *candidates], key=lambda c: seen.scores[seen.key(c)])
+    return None, incumbent
