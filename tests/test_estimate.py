@@ -25,10 +25,11 @@ from autocompile.study.estimate import (
     estimate,
 )
 from autocompile.study.objective import Objective
+from autocompile.study.samplers import eager_runs_left
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.device=cpu",
-        "study.n_trials=5", "study.confirm_top=2", "study.repeats=3")
+        "study.n_trials=5", "study.confirm_top=2", "study.repeats=3", "study.sampler=tpe")
 Compose = Callable[..., Settings]  # what conftest.settings_for yields
 
 
@@ -86,6 +87,19 @@ def test_before_any_trial_the_reference_and_the_model_size_set_the_estimate(sett
     none = settings_for(*TINY, "study.verdicts=none", "study.confirm_top=0")
     bare = estimate(study, *parts(none)[1:], none, compile_prior_s(none))
     assert bare is not None and bare.confirm_s == bare.verdict_s == 0.0
+
+
+def test_the_staged_search_is_priced_eager_runs_first_then_compiles(settings_for: Compose) -> None:
+    settings = settings_for(*TINY, "study.sampler=staged")
+    study, space, objective = parts(settings)
+    study.set_user_attr("reference", {"status": "ok", "wall_s": 10.0})
+    eager = eager_runs_left(space, study.trials)
+    assert eager >= 3  # eager base, bfloat16, checkpointing...
+    found = estimate(study, space, objective, settings, compile_prior_s(settings))
+    assert found is not None
+    assert found.search_s == pytest.approx(eager * found.costs.eager_s + (5 - eager) * found.costs.cold_s)
+    add(study, space, {"compile.scope": "none"}, wall_s=9.0, compile_s=0.0, baseline="eager")
+    assert eager_runs_left(space, study.trials) == eager - 1
 
 
 def test_measured_trials_replace_the_prior_and_the_search_counts_down(settings_for: Compose) -> None:

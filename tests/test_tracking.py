@@ -356,7 +356,7 @@ def test_tuners_starting_a_fresh_study_together_make_one_parent_run(tmp_path: Pa
 
     settings = tracked_settings(tmp_path)
     run_dir = tmp_path / "study"
-    open_study("fresh", storage_for("", run_dir), ["minimize"], seed=0)
+    open_study("fresh", storage_for("", run_dir), ["minimize"])
     making = MlflowTracker._experiment
 
     def slow_experiment(self: MlflowTracker) -> str:
@@ -382,7 +382,7 @@ def test_parents_made_on_several_machines_merge_into_the_one_the_study_recorded(
     from autocompile.study.shared import open_study, storage_for
 
     settings = tracked_settings(tmp_path)
-    study = open_study("merged", storage_for("", tmp_path / "here"), ["minimize"], seed=0)
+    study = open_study("merged", storage_for("", tmp_path / "here"), ["minimize"])
     here = MlflowTracker(settings, study, tmp_path / "here")
     # Another machine's tuner (another run directory, no shared lock) read the study before `here`
     # recorded its parent, so it made a parent of its own and recorded it last.
@@ -421,7 +421,7 @@ def test_studies_of_one_model_started_together_share_its_experiment(tmp_path: Pa
 
     def start_study(name: str) -> MlflowTracker:  # two jobs of a parallel sweep: a run directory each
         run_dir = tmp_path / name
-        return MlflowTracker(settings, open_study(name, storage_for("", run_dir), ["minimize"], seed=0), run_dir)
+        return MlflowTracker(settings, open_study(name, storage_for("", run_dir), ["minimize"]), run_dir)
 
     with ThreadPoolExecutor(2) as pool:
         trackers = list(pool.map(start_study, ["a", "b"]))

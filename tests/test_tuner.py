@@ -266,7 +266,7 @@ def test_multirun_runs_one_study_per_combination_with_a_combined_summary(tmp_pat
 
 def test_a_trial_waiting_on_a_twin_whose_tuner_died_recovers_it_instead_of_waiting_forever(tmp_path: Path) -> None:
     # The twin's tuner died on this host: found by pid. Two waiters (slots) recover it once.
-    study = open_study("twins", storage_for("", tmp_path), ["minimize"], seed=0)
+    study = open_study("twins", storage_for("", tmp_path), ["minimize"])
     dead = subprocess.Popen(["true"])
     dead.wait()
     twin = study.ask({"x": optuna.distributions.CategoricalDistribution(["a", "b"])})
@@ -279,7 +279,7 @@ def test_a_trial_waiting_on_a_twin_whose_tuner_died_recovers_it_instead_of_waiti
     assert [t.user_attrs["retry_of"] for t in study.get_trials(states=(TrialState.WAITING,))] == [twin.number]
 
     # A twin whose tuner lives elsewhere and never finishes: the waiter gives up after its patience.
-    study2 = open_study("remote", storage_for("", tmp_path / "2"), ["minimize"], seed=0)
+    study2 = open_study("remote", storage_for("", tmp_path / "2"), ["minimize"])
     remote = study2.ask()
     remote.set_user_attr("owner", {**owner(), "host": "another-node", "pid": dead.pid})
     assert wait_finished(study2, remote.number, patience_s=0.3, beat=lambda: None, poll_s=0.05) is None
@@ -290,7 +290,7 @@ def test_a_trial_waiting_on_a_twin_whose_tuner_died_recovers_it_instead_of_waiti
 
     # On a database, a waiter's own heartbeat keeps its trial alive; a silent twin is failed as stale.
     db = storage_for(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path, heartbeat_s=1)
-    study3 = open_study("beats", db, ["minimize"], seed=0)
+    study3 = open_study("beats", db, ["minimize"])
     silent, waiter = study3.ask(), study3.ask()
     heartbeat(study3, silent)()
     beat = heartbeat(study3, waiter)
@@ -303,7 +303,7 @@ def test_a_configuration_that_failed_transiently_is_measured_once_more_before_it
         tmp_path: Path) -> None:
     from autocompile.study.shared import find_measured
 
-    study = open_study("transient", storage_for("", tmp_path), ["minimize"], seed=0)
+    study = open_study("transient", storage_for("", tmp_path), ["minimize"])
 
     def failed(identity: str, failure: str) -> None:
         study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={

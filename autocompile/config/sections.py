@@ -9,7 +9,7 @@ from typing import Any
 from autocompile.config.knobs import KNOBS
 
 OBJECTIVES = ("time_to_train", "throughput", "pareto")
-SAMPLERS = ("staged", "tpe", "random", "every")
+SAMPLERS = ("staged", "tpe", "random", "gp", "every")
 """``study.sampler`` values (:mod:`autocompile.study.samplers` builds them)."""
 
 
@@ -31,10 +31,11 @@ class StudySettings:
     """Stop starting trials after this many seconds; 0 = no limit."""
     seed: int = 0
     """Sampler seed."""
-    sampler: str = "tpe"
+    sampler: str = "staged"
     """Search strategy: ``staged`` (eager runs settle mixed precision, checkpointing and the optimizer
     implementation; then the compiled knobs one at a time from the default compile; then TPE), ``tpe``,
-    ``random``, or ``every`` (each configuration once: the tabular benchmark). README: the benchmark."""
+    ``random``, ``gp`` (Optuna's GPSampler), or ``every`` (each configuration once: the tabular benchmark).
+    README, "Search strategy": how they compare."""
     extended: bool = False
     """Also search the extended knobs (inductor options)."""
     baselines: bool = True

@@ -28,6 +28,7 @@ from autocompile.config.knobs import KNOBS, TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
 from autocompile.study.objective import Objective
+from autocompile.study.samplers import eager_runs_left
 from autocompile.study.shared import FINISHED, counted, interrupted, measured_trials
 
 log = logging.getLogger(__name__)
@@ -270,16 +271,21 @@ def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objec
 def search_left_s(study: optuna.Study, space: SearchSpace, settings: Settings,
                   costs: RunCosts) -> tuple[float, int]:
     """Seconds and number of the search trials still to run: queued baselines at their own cost, a sampled
-    trial at the eager cost as often as ``compile.scope=none`` is among the scopes it is drawn from."""
+    trial at the eager cost as often as ``compile.scope=none`` is among the scopes it is drawn from (``staged``:
+    its eager runs at the eager cost, the rest compiled)."""
     trials = study.get_trials(deepcopy=False)
     left = max(settings.study.n_trials - sum(counted(t) for t in trials), 0)
     queued = [t.user_attrs.get("baseline") for t in trials if t.state == TrialState.WAITING][:left]
     queued_s = sum(costs.cold_s if compiles(baseline(space, name)) else costs.eager_s
                    for name in queued if name in BASELINES)
     queued_s += sum(costs.cold_s for name in queued if name not in BASELINES)
+    sampled = left - len(queued)
+    if settings.study.sampler == "staged":  # its eager runs first, then compiles
+        eager = min(eager_runs_left(space, trials) - ("eager" in queued), sampled)  # its base may be queued
+        return queued_s + eager * costs.eager_s + (sampled - eager) * costs.cold_s, left
     scopes = space.options("compile.scope", {})
     eager_share = scopes.count("none") / len(scopes)
-    sampled_s = (left - len(queued)) * (eager_share * costs.eager_s + (1 - eager_share) * costs.cold_s)
+    sampled_s = sampled * (eager_share * costs.eager_s + (1 - eager_share) * costs.cold_s)
     return queued_s + sampled_s, left
 
 

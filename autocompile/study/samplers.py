@@ -8,6 +8,7 @@
   one-knob changes finds most of what the space holds, at one compile per alternative.
 - ``tpe``: Optuna's TPE over the conditional space (multivariate, grouped), 8 random trials first.
 - ``random``: uniform over the knobs' values.
+- ``gp``: Optuna's GPSampler (categorical kernels) over the knobs every trial has; the others at random.
 - ``every``: every configuration of the space once, in a seeded order (the tabular benchmark's table).
 
 The plans are stateless: each reads the study's trials (their recorded configuration and value), so a
@@ -48,6 +49,10 @@ def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.Ba
     """The sampler ``study.sampler=name`` names, seeded."""
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        # A Gaussian process over the knobs every trial has (the intersection space); the rest at random.
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=TPE_STARTUP_TRIALS,
+                                         warn_independent_sampling=False)
     if name == "tpe":
         return tpe(seed)
     if name == "every":
@@ -165,11 +170,27 @@ def staged(space: SearchSpace) -> Plan:
     return plan
 
 
+def eager_runs_left(space: SearchSpace, trials: Sequence[FrozenTrial]) -> int:
+    """How many eager runs ``staged`` has still to make: its eager base and each other value of each
+    shared knob, less those already tried (the estimate prices them at the eager cost)."""
+    seen = Seen(space, trials)
+    eager = space.normalised({**DEFAULTS, **space.fixed, **BASELINES["eager"]})
+    if eager["compile.scope"] != "none":
+        return 0
+    planned = 1 + sum(len(space.options(key, eager)) - 1 for key in SHARED)
+    done = sum(1 for key in seen.tried if "compile.scope='none'" in key)
+    return max(planned - done, 0)
+
+
 def descend(seen: Seen, start: Flat, keys: Sequence[str]) -> tuple[Flat | None, Flat | None]:
     """One pass of coordinate descent from ``start`` over ``keys``: the first configuration of the pass not
-    yet tried, or (None, the pass's best) once every one is measured; (None, None) while some still run."""
+    yet tried, or (None, the pass's best) once every one is measured; (None, None) while some still run.
+
+    A change is taken when it measured better than the incumbent (ties keep the incumbent). A candidate
+    still running elsewhere (another slot or tuner) does not hold the pass up: the pass goes on from the
+    incumbent as it stands, and its best is only final once every candidate finished."""
     space = seen.space
-    incumbent = start
+    incumbent, pending = start, False
     for key in keys:
         choices = space.options(key, incumbent)
         if len(choices) < 2:
@@ -178,8 +199,8 @@ def descend(seen: Seen, start: Flat, keys: Sequence[str]) -> tuple[Flat | None, 
         for candidate in candidates:
             if seen.key(candidate) not in seen.tried:
                 return candidate, None
-        if any(seen.key(c) not in seen.scores for c in candidates):
-            return None, None  # measured elsewhere, not finished yet: the fallback samples meanwhile
-        # Ties keep the incumbent: a change must measure better to be taken.
-        incumbent = min([incumbent, *candidates], key=lambda c: seen.scores[seen.key(c)])
-    return None, incumbent
+        finished = [c for c in candidates if seen.key(c) in seen.scores]
+        pending = pending or len(finished) < len(candidates)
+        if seen.key(incumbent) in seen.scores:
+            incumbent = min([incumbent, *finished], key=lambda c: seen.scores[seen.key(c)])
+    return None, None if pending else incumbent

@@ -106,13 +106,9 @@ def check_journal(path: Path) -> Path:
     return path
 
 
-def open_study(name: str, storage: optuna.storages.BaseStorage, directions: list[str], seed: int,
+def open_study(name: str, storage: optuna.storages.BaseStorage, directions: list[str],
                sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
-    """Create or resume, with ``sampler`` (None: TPE with a multivariate, grouped model, seeded)."""
-    if sampler is None:
-        with warnings.catch_warnings():  # multivariate and group are "experimental" since Optuna 2.2
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, n_startup_trials=8)
+    """Create or resume, with ``sampler`` (:func:`autocompile.study.samplers.make_sampler`; None: Optuna's default)."""
     study = optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler,
                                 load_if_exists=True)
     if [d.name.lower() for d in study.directions] != directions:

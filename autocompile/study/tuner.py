@@ -113,7 +113,7 @@ def open_for(settings: Settings, run_dir: Path, objective: Objective, space: Sea
     """The study in its storage, checked to be measured on this workload and machine, its dead trials recovered."""
     storage = storage_for(settings.study.storage, run_dir, settings.study.heartbeat_s)
     sampler = make_sampler(settings.study.sampler, space, settings.study.seed)
-    study = open_study(settings.study.name, storage, objective.directions, settings.study.seed, sampler)
+    study = open_study(settings.study.name, storage, objective.directions, sampler)
     check_measured_on(study, settings.measured_on())
     recover_interrupted(study)
     return study

@@ -1,0 +1,131 @@
+"""The tabular benchmark: search strategies replayed against a table of measured programs, many seeds each.
+
+For each strategy and seed, a real Optuna study with that sampler runs against the table
+(``autocompile.study.replay``): trials are answered from their configuration's row with noise drawn
+from the measured noise floor, and cost the row's wall time. Reported: trials and simulated wall time
+until the recommended program (the confirmation's pick among the best measured so far: ``--confirm-top``)
+is within ``--tolerance`` of the table's best time to train, and its curves (median and quartiles of the
+recommendation's regret over the seeds).
+
+    python scripts/replay_search.py --table benchmarks/tables/gpt2-tiny-cpu.csv --seeds 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from program_table import REDUCED, compose
+
+from autocompile.config.space import SearchSpace
+from autocompile.study.replay import Noise, Replay, best_time_to_train, load_table, replay
+from autocompile.study.samplers import make_sampler
+
+SAMPLERS = ("random", "tpe", "staged")
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """Quartiles that allow infinity (a seed that never got there): no interpolation between values."""
+    q = np.quantile(np.array(values, dtype=float), [0.25, 0.5, 0.75], method="inverted_cdf")
+    return float(q[0]), float(q[1]), float(q[2])
+
+
+def regret_at(run: Replay, wall_s: float, best_s: float) -> float:
+    """The recommendation's regret (true time to train over the best, minus 1) at simulated time ``wall_s``."""
+    value = math.inf
+    for w, r in zip(run.wall_s, run.recommended_s, strict=True):
+        if w > wall_s:
+            break
+        value = r
+    return value / best_s - 1
+
+
+def plot(curves: dict[str, list[Replay]], best_s: float, horizon_min: float, title: str, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = np.linspace(0, horizon_min * 60, 241)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for name, runs in curves.items():
+        per_t = [[regret_at(r, t, best_s) * 100 for r in runs] for t in grid]
+        q = np.array([quartiles(v) for v in per_t])
+        ax.plot(grid / 60, q[:, 1], label=f"{name} (median)")
+        ax.fill_between(grid / 60, q[:, 0], q[:, 2], alpha=0.2)
+    ax.axhline(2, color="grey", linestyle="--", linewidth=0.8, label="2 % of the best")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("simulated wall time of the search (min)")
+    ax.set_ylabel("recommended program's time to train\nover the table's best (%)")
+    ax.set_title(f"{title}: {len(next(iter(curves.values())))} seeds each; band: quartiles", fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", type=Path, default=Path("benchmarks/tables/gpt2-tiny-cpu.csv"))
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))
+    parser.add_argument("--seeds", type=int, default=50)
+    parser.add_argument("--trials", type=int, default=60, help="trials per replayed study")
+    parser.add_argument("--tolerance", type=float, default=0.02)
+    parser.add_argument("--horizon-steps", type=int, help="objective.horizon_steps (default: the table's)")
+    parser.add_argument("--confirm-top", type=int, default=3,
+                        help="as study.confirm_top: 0 recommends the search's best single measurement")
+    parser.add_argument("--plot", type=Path, help="a PNG of the curves")
+    args = parser.parse_args()
+    meta = json.loads(args.table.with_suffix(".json").read_text())
+    if meta["fixed"] != REDUCED:
+        sys.exit(f"{args.table} was measured on the space {meta['fixed']}, not {REDUCED}: regenerate it")
+    settings = compose(argparse.Namespace(model=meta["model"], device=meta["device"], output_root="runs/program_table"))
+    space = SearchSpace(settings.env, settings.fixed_knobs)
+    table = load_table(args.table)
+    horizon = args.horizon_steps or meta["horizon_steps"]
+    best_s = best_time_to_train(table, horizon)
+    print(f"table {args.table}: {len(table)} configurations ({sum(r.ok for r in table.values())} ran), "
+          f"best time to train {best_s:.1f} s over {horizon} steps; within {args.tolerance:.0%}: "
+          f"{sum(r.ok and r.compile_s + horizon * r.step_s <= best_s * (1 + args.tolerance) for r in table.values())}"
+          f"; measuring all of it took {sum(r.wall_s for r in table.values()) / 60:.0f} min")
+    noise = Noise()
+    print(f"noise: step time {noise.step:.1%}, compile time {noise.compile:.1%}, confirmation {noise.confirm:.1%} "
+          f"(lognormal sigma); confirm_top {args.confirm_top}; {args.seeds} seeds x {args.trials} trials per strategy")
+    curves: dict[str, list[Replay]] = {}
+    for name in args.samplers:
+        started = time.time()
+        curves[name] = [replay(space, table, make_sampler(name, space, seed), args.trials, horizon, noise, seed,
+                               confirm_top=args.confirm_top) for seed in range(args.seeds)]
+        hits = [r.first_within(best_s, args.tolerance) for r in curves[name]]
+        reached = [h for h in hits if h is not None]
+        trials = quartiles([h[0] if h else math.inf for h in hits])
+        walls = quartiles([h[1] / 60 if h else math.inf for h in hits])
+        final = quartiles([r.recommended_s[-1] / best_s * 100 - 100 for r in curves[name]])
+        print(f"{name:>7}: within {args.tolerance:.0%} in {len(reached)}/{len(hits)} seeds; trials to get there "
+              f"median {trials[1]:g} (quartiles {trials[0]:g}-{trials[2]:g}); simulated wall median "
+              f"{walls[1]:.1f} min ({walls[0]:.1f}-{walls[2]:.1f}); after {args.trials} trials "
+              f"+{final[1]:.1f} % ({final[0]:.1f}-{final[2]:.1f}) [{time.time() - started:.0f} s to replay]")
+        for t in (5, 10, 20, 40, args.trials):
+            if t <= args.trials:
+                at = [r.recommended_s[t - 1] / best_s * 100 - 100 for r in curves[name]]
+                wall = statistics.median(r.wall_s[t - 1] for r in curves[name]) / 60
+                q = quartiles(at)
+                print(f"         after {t:>3} trials ({wall:5.1f} min): regret median {q[1]:6.1f} % "
+                      f"(quartiles {q[0]:.1f}-{q[2]:.1f})")
+    if args.plot:
+        horizon_min = max(statistics.median(r.wall_s[-1] for r in runs) for runs in curves.values()) / 60
+        plot(curves, best_s, horizon_min, f"{args.table.name}, time to train {horizon:,} steps", args.plot)
+        print(f"curves: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

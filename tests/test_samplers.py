@@ -1,0 +1,105 @@
+"""Search strategies: the plans name the configurations they promise, and the replay answers from a table."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autocompile.config.knobs import TrialConfig
+from autocompile.config.space import SearchSpace, identity
+from autocompile.study.replay import Noise, Row, best_time_to_train, load_table, replay
+from autocompile.study.samplers import SHARED, make_sampler
+
+GPT2_TINY = ["+model=gpt2-tiny", "workload.device=cpu", "compile.mode=default", "compile.granularity=block",
+             "compile.fullgraph=false", "placement.order=to_then_compile", "amp.placement=outside"]
+HORIZON = 10_000
+
+
+@pytest.fixture
+def space(settings_for: Any) -> SearchSpace:
+    settings = settings_for(*GPT2_TINY)
+    return SearchSpace(settings.env, settings.fixed_knobs)
+
+
+def made_up(space: SearchSpace) -> dict[str, Row]:
+    """A table whose best is certain: eager, fused AdamW, no AMP or checkpointing; compiled programs step
+    10 % faster but pay 20 s of compile, so over 10 000 steps of ~14 ms none catches up."""
+    table = {}
+    for flat in space.configurations():
+        eager = flat["compile.scope"] == "none"
+        step = 0.014 * (1 + 0.3 * (flat["ac.policy"] == "block") + 0.3 * (flat["amp.dtype"] != "none")
+                        - 0.08 * (flat["optim.impl"] == "fused") - 0.1 * (not eager)
+                        + 0.01 * (flat.get("compile.scope") == "regional"))
+        key = identity(TrialConfig.from_flat(flat, space.env), space.env)
+        table[key] = Row(key, True, step, 0.0 if eager else 20.0, 8.0 if eager else 30.0)
+    return table
+
+
+def test_every_measures_each_configuration_once(space: SearchSpace) -> None:
+    table = made_up(space)
+    run = replay(space, table, make_sampler("every", space, seed=3), len(table), HORIZON, Noise(0, 0), seed=0)
+    assert run.wall_s[-1] == pytest.approx(sum(r.wall_s for r in table.values()))  # no configuration twice
+    assert run.recommended_s[-1] == best_time_to_train(table, HORIZON)
+
+
+def test_staged_settles_the_shared_knobs_on_eager_runs_then_compiles_with_them(space: SearchSpace) -> None:
+    table = made_up(space)
+    study_trials: list[dict[str, Any]] = []
+    sampler = make_sampler("staged", space, seed=0)
+    original = sampler.after_trial
+
+    def keep(study: optuna.Study, trial: optuna.trial.FrozenTrial, *args: Any) -> None:
+        study_trials.append(trial.user_attrs["config"])
+        original(study, trial, *args)
+
+    sampler.after_trial = keep  # type: ignore[method-assign]
+    run = replay(space, table, sampler, 14, HORIZON, Noise(0, 0), seed=0)
+    scopes = [c["compile.scope"] for c in study_trials]
+    assert scopes[:3] == ["none", "module", "regional"]  # the queued baselines
+    # Eager, one shared knob at a time: bfloat16, checkpointing, foreach, fused (4 runs, no compile)
+    assert scopes[3:7] == ["none"] * 4
+    assert {(k, study_trials[i][k]) for i in range(3, 7) for k in SHARED if study_trials[i][k] != study_trials[0][k]} \
+        == {("amp.dtype", "bfloat16"), ("ac.policy", "block"), ("optim.impl", "foreach"), ("optim.impl", "fused")}
+    # Then the default compile with what the eager runs found best, and one compiled knob at a time from it.
+    assert study_trials[7] == {**study_trials[1], "optim.impl": "fused"}
+    assert all(c["compile.scope"] != "none" for c in study_trials[7:])
+    assert run.recommended_s[6] == best_time_to_train(table, HORIZON)  # found by its 7th trial, 4 of them eager
+
+
+def test_a_new_sampler_continues_the_plan_of_a_resumed_study(space: SearchSpace, tmp_path: Path) -> None:
+    """The plan is read from the trials: a second tuner (or a resumed one) never repeats what is measured."""
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "j")))
+    table = made_up(space)
+    seen = []
+    for part in range(2):
+        study = optuna.create_study(study_name="s", storage=storage, load_if_exists=True,
+                                    sampler=make_sampler("staged", space, seed=part))
+        for _ in range(5):
+            trial = study.ask()
+            config = space.sample(trial)
+            key = identity(config, space.env)
+            trial.set_user_attr("identity", key)
+            seen.append(key)
+            study.tell(trial, table[key].compile_s + HORIZON * table[key].step_s)
+    assert len(set(seen)) == 10
+
+
+def test_the_table_loads_failed_rows_as_never_best(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["identity", "status", "step_ms", "compile_s", "wall_s"])
+        writer.writeheader()
+        writer.writerow({"identity": "a", "status": "ok", "step_ms": "10", "compile_s": "5", "wall_s": "20"})
+        writer.writerow({"identity": "b", "status": "failed", "step_ms": "", "compile_s": "", "wall_s": "3"})
+    table = load_table(path)
+    assert not table["b"].ok and table["b"].wall_s == 3
+    assert best_time_to_train(table, 100) == pytest.approx(5 + 100 * 0.010)
+
+
+def test_an_unknown_sampler_is_refused_with_the_choices(settings_for: Any) -> None:
+    with pytest.raises(Exception, match=r"study.sampler=.grid.: choose one of staged, tpe, random, gp, every"):
+        settings_for("+model=gpt2-tiny", "study.sampler=grid")
