@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -74,6 +75,7 @@ def plot(curves: dict[str, list[Replay]], best_s: float, horizon_min: float, tit
 
 
 def main() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # a replay makes thousands of in-memory trials
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", type=Path, default=Path("benchmarks/tables/gpt2-tiny-cpu.csv"))
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))

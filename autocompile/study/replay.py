@@ -29,8 +29,6 @@ from autocompile.study.objective import time_to_train
 from autocompile.study.record import set_attrs
 from autocompile.study.tuner import queue_baselines
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-
 
 @dataclass(frozen=True)
 class Row:
