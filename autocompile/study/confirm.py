@@ -119,10 +119,13 @@ def winner_trial(study: optuna.Study, objective: Objective) -> FrozenTrial | Non
     return ranked[0][0] if ranked else None
 
 
-def neighbours(winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None) -> list[tuple[str, Any, TrialConfig]]:
+def neighbours(winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
+               left_out: list[str] | None = None) -> list[tuple[str, Any, TrialConfig]]:
     """(knob, value, configuration) for every searched knob with a question, changed alone at the winner.
 
-    A change that makes a later knob invalid (no configuration differs in that knob only) is left out."""
+    A change that makes a later knob invalid (no configuration differs in that knob only) is left out, and
+    why is appended to ``left_out`` (the estimate asks for the neighbours at every trial: only the verdict
+    phase says it)."""
     env = space.env
     full = TrialConfig.from_flat(TrialRecord.of(winner).config, env, strict=False).flat()
     found = []
@@ -138,7 +141,8 @@ def neighbours(winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None
             try:
                 found.append((key, value, TrialConfig.from_flat({**full, key: value}, env, strict=False)))
             except KnobError as exc:
-                log.info("verdict %s=%s left out: %s", key, value, exc)
+                if left_out is not None:
+                    left_out.append(f"{key}={value}: {exc}")
     return found
 
 

@@ -79,7 +79,10 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
     if "method.verdict" not in study.user_attrs:
         set_method(study, "verdict", "side_by_side")
     won = TrialRecord.of(winner)
-    found = neighbours(winner, space, wanted)
+    left_out: list[str] = []
+    found = neighbours(winner, space, wanted, left_out)
+    for why in left_out:
+        log.info("verdict %s left out", why)
     cold = [Slot("verdict", -1, f"{key}={value}", space.params(config.flat()), user_attrs(
         knob=key, value=value, reference=won.config.get(key, KNOBS[key][1]), name=describe(config, space.env),
         same_as=won.measured.fingerprint, same_as_trial=winner.number, cold_run=True))
