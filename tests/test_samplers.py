@@ -88,6 +88,17 @@ def test_a_new_sampler_continues_the_plan_of_a_resumed_study(space: SearchSpace,
     assert len(set(seen)) == 10
 
 
+def test_trials_asked_together_are_planned_different_configurations(space: SearchSpace) -> None:
+    """Slots ask before they sample: a queued baseline and a trial another slot was just planned count as
+    taken, so no slot waits on a twin while the plan has other configurations to offer."""
+    study = optuna.create_study(sampler=make_sampler("staged", space, seed=0))
+    study.enqueue_trial(space.baseline_params("eager"))
+    trials = [study.ask() for _ in range(4)]  # four slots, none has sampled yet
+    keys = [identity(space.sample(t), space.env) for t in trials]
+    assert len(set(keys)) == 4
+    assert sum("compile.scope='none'" in k for k in keys) == 4  # the eager base and three of its one-knob changes
+
+
 def test_the_table_loads_failed_rows_as_never_best(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     with path.open("w", newline="") as f:

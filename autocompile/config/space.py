@@ -74,6 +74,20 @@ class SearchSpace:
             values[key] = flat[key]
         return params
 
+    def configuration(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        """The configuration (every knob's value) that ``sample`` makes of Optuna ``params``; None when
+        a knob it would ask for is not among them (the sampler would choose it)."""
+        values: dict[str, Any] = {}
+        for key in KNOBS:
+            choices = self.options(key, values)
+            if len(choices) == 1:
+                values[key] = choices[0]
+            elif (name := self.param_name(key, choices)) in params:
+                values[key] = params[name]
+            else:
+                return None
+        return values
+
     def normalised(self, flat: dict[str, Any]) -> dict[str, Any]:
         """``flat`` walked in knob order as :meth:`sample` walks it: a value the knobs before it do not
         allow (inactive, or narrowed away) becomes the first it may be. A one-knob change of a

@@ -281,7 +281,7 @@ def search_left_s(study: optuna.Study, space: SearchSpace, settings: Settings,
     queued_s += sum(costs.cold_s for name in queued if name not in BASELINES)
     sampled = left - len(queued)
     if settings.study.sampler == "staged":  # its eager runs first, then compiles
-        eager = min(eager_runs_left(space, trials) - ("eager" in queued), sampled)  # its base may be queued
+        eager = min(eager_runs_left(space, trials), sampled)  # a queued eager baseline counts as tried
         return queued_s + eager * costs.eager_s + (sampled - eager) * costs.cold_s, left
     scopes = space.options("compile.scope", {})
     eager_share = scopes.count("none") / len(scopes)

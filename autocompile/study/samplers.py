@@ -40,9 +40,9 @@ SHARED = ("amp.dtype", "ac.policy", "optim.impl")
 TPE_STARTUP_TRIALS = 8
 
 Flat = dict[str, Any]
-Plan = Callable[[Sequence[FrozenTrial], Sequence[StudyDirection]], Flat | None]
-"""The study's trials and directions -> the next configuration to measure (every knob's value), or None:
-the fallback sampler's turn."""
+Plan = Callable[["Seen"], Flat | None]
+"""What the study tried -> the next configuration to measure (every knob's value), or None: the fallback
+sampler's turn."""
 
 
 def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
@@ -79,10 +79,14 @@ class PlanSampler(optuna.samplers.BaseSampler):
         self.plan = plan
         self.fallback = fallback
         self.planned: dict[int, dict[str, Any]] = {}
+        """Params of the trials this sampler planned, until told: another slot's trial is asked before
+        it records its configuration, and must not be planned twice."""
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self.fallback.before_trial(study, trial)
-        flat = self.plan(study.get_trials(deepcopy=False), study.directions)
+        if "fixed_params" in trial.system_attrs:
+            return  # queued (a baseline, a retry): it takes the params it was queued with
+        flat = self.plan(Seen(self.space, study.get_trials(deepcopy=False), study.directions, self.planned))
         if flat is not None:
             self.planned[trial.number] = self.space.params(flat)
 
@@ -114,24 +118,32 @@ class PlanSampler(optuna.samplers.BaseSampler):
 
 
 class Seen:
-    """What the study's trials tried, and how each configuration scored (lower is better; a failed,
-    pruned or infeasible one scores infinity)."""
+    """What the study's trials tried or are about to, and how each configuration scored (lower is better;
+    a failed, pruned or infeasible one scores infinity)."""
 
     def __init__(self, space: SearchSpace, trials: Sequence[FrozenTrial],
-                 directions: Sequence[StudyDirection] = (StudyDirection.MINIMIZE,)) -> None:
+                 directions: Sequence[StudyDirection] = (StudyDirection.MINIMIZE,),
+                 planned: dict[int, dict[str, Any]] | None = None) -> None:
         self.space = space
         self.tried: set[str] = set()
         self.scores: dict[str, float] = {}
         for t in trials:
-            key = TrialRecord.of(t).identity
+            key = TrialRecord.of(t).identity or self.promised(t, planned or {})
             if key is None:
-                continue  # asked, not yet sampled (this very trial)
+                continue  # asked, not yet sampled, and free to be anything (this very trial)
             self.tried.add(key)
             if t.state.is_finished():
                 self.scores[key] = min(self.scores.get(key, math.inf), score(t, directions[0]))
 
     def key(self, flat: Flat) -> str:
         return identity(TrialConfig.from_flat(flat, self.space.env), self.space.env)
+
+    def promised(self, trial: FrozenTrial, planned: dict[int, dict[str, Any]]) -> str | None:
+        """The configuration a trial that has not sampled yet will take: queued params (``enqueue_trial``
+        keeps them in the ``fixed_params`` system attribute, waiting or asked) or this sampler's plan."""
+        params = trial.system_attrs.get("fixed_params") or planned.get(trial.number)
+        flat = self.space.configuration(params) if params else None
+        return self.key(flat) if flat is not None else None
 
 
 def score(trial: FrozenTrial, direction: StudyDirection) -> float:
@@ -146,8 +158,7 @@ def every(space: SearchSpace, seed: int) -> Plan:
     order = space.configurations()
     random.Random(seed).shuffle(order)
 
-    def plan(trials: Sequence[FrozenTrial], directions: Sequence[StudyDirection]) -> Flat | None:
-        seen = Seen(space, trials, directions)
+    def plan(seen: Seen) -> Flat | None:
         return next((flat for flat in order if seen.key(flat) not in seen.tried), None)
 
     return plan
@@ -156,8 +167,7 @@ def every(space: SearchSpace, seed: int) -> Plan:
 def staged(space: SearchSpace) -> Plan:
     """Settle the shared knobs on eager runs, then each compiled knob from the default compile, one at a time."""
 
-    def plan(trials: Sequence[FrozenTrial], directions: Sequence[StudyDirection]) -> Flat | None:
-        seen = Seen(space, trials, directions)
+    def plan(seen: Seen) -> Flat | None:
         eager = space.normalised({**DEFAULTS, **space.fixed, **BASELINES["eager"]})
         following, best_eager = descend(seen, eager, SHARED)
         if following is not None or best_eager is None:
@@ -172,7 +182,7 @@ def staged(space: SearchSpace) -> Plan:
 
 def eager_runs_left(space: SearchSpace, trials: Sequence[FrozenTrial]) -> int:
     """How many eager runs ``staged`` has still to make: its eager base and each other value of each
-    shared knob, less those already tried (the estimate prices them at the eager cost)."""
+    shared knob, less those tried or queued (the estimate prices them at the eager cost)."""
     seen = Seen(space, trials)
     eager = space.normalised({**DEFAULTS, **space.fixed, **BASELINES["eager"]})
     if eager["compile.scope"] != "none":
