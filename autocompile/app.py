@@ -101,10 +101,15 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated("SIGTERM")
 
 
-def stop_on_sigterm() -> None:
-    """Python runs signal handlers in the main thread only, where the tuner's Ctrl-C handling lives."""
+def stop_on_signals() -> None:
+    """Python runs signal handlers in the main thread only, where the tuner's Ctrl-C handling lives.
+
+    SIGINT is handled explicitly too: Python leaves it ignored when the process started with it ignored
+    (a background job of a non-interactive shell: ``cmd &`` in a script, some CI runners), and then
+    ``kill -INT`` would never stop the study."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def interrupted_exit(exc: BaseException) -> None:
@@ -120,7 +125,7 @@ def interrupted_exit(exc: BaseException) -> None:
 def hydra_main(cfg: DictConfig) -> Any:
     from autocompile.study.tuner import StudyFailing, StudyInterrupted, ending_error
 
-    stop_on_sigterm()  # again here: launchers such as submitit call this function without main()
+    stop_on_signals()  # again here: launchers such as submitit call this function without main()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         settings = settings_from(cfg, available_models())
@@ -169,7 +174,7 @@ class MultirunSummary(Callback):
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    stop_on_sigterm()
+    stop_on_signals()
     try:
         register()
         if not any(a in ("--help", "-h", "--hydra-help", "--info", "--version", "--cfg", "-c") for a in argv):

@@ -33,6 +33,21 @@ def in_windows(tmp_path: Path) -> int:
     return sum('"window"' in p.read_text() for p in tmp_path.glob("*/trials/*/progress.jsonl"))
 
 
+def test_sigint_stops_the_tuner_even_when_it_started_ignored() -> None:
+    """A background job of a script (``cmd &``) starts with SIGINT ignored, and Python then leaves it so:
+    the tuner takes it back, or ``kill -INT`` would never stop the study."""
+    from autocompile.app import stop_on_signals
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop_on_signals()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("slots", [2, 1])
 def test_ctrl_c_stops_the_study_kills_its_trials_and_leaves_none_running(tmp_path: Path, slots: int) -> None:
@@ -40,7 +55,9 @@ def test_ctrl_c_stops_the_study_kills_its_trials_and_leaves_none_running(tmp_pat
             "+model.block_sleep_s=0.05", "compile.scope=none", "measure.windows=50", "study.n_trials=6",
             "study.prune=false"]
     with open(tmp_path / "tuner.log", "wb") as out:
-        tuner = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        # Started as a script's background job is (SIGINT ignored), whatever started this test.
+        tuner = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                 preexec_fn=functools.partial(signal.signal, signal.SIGINT, signal.SIG_IGN))
         try:
             deadline = time.time() + 120
             while time.time() < deadline and in_windows(tmp_path) < slots and tuner.poll() is None:
