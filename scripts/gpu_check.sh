@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check in one call, on a machine that has torch but no package index (the project's GPU
+# One command of the GPU check, on a machine that has torch but no package index (the project's GPU
 # boxes): install the carried wheels (.whl/, made by scripts/prepare_wheels.sh on a machine with
 # pip access) and this package into $SITE, then run scripts/gpu_check.py with any arguments given.
-#   bash scripts/gpu_check.sh                                    # results in $OUT or benchmarks/results/<device>/
-#   bash scripts/gpu_check.sh --skip-tests --skip-study --only max-autotune-no-cudagraphs,max-autotune
+# The whole check is three device commands of at most 9 minutes (`python scripts/gpu_check.py --dry-run`
+# prints them with their budgets); results in $OUT or benchmarks/results/<device>/:
+#   bash scripts/gpu_check.sh --stage tests,tf32
+#   bash scripts/gpu_check.sh --stage table
+#   bash scripts/gpu_check.sh --stage autotune,study
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE=${SITE:-/tmp/site}
