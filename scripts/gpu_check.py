@@ -20,10 +20,11 @@ Each command writes to ``$OUT`` if set, else ``benchmarks/results/<device>/``, t
 ``NAME_trials.log`` (the stderr tail of each trial that did not finish); NAME is ``gpu_check-<stages>``.
 
 Time: stages run one after another, never side by side (concurrent compiles would distort the compile times
-measured). Each has a budget (gpu_check_plan.STAGES); a stage may use what earlier stages of the command left,
-never more than the command's sum, and keeps ``KILL_GRACE_S`` for being stopped. Each configuration is a trial in
-a fresh torchrun process tree with a cold inductor cache, time-boxed by ``measure.timeout_s`` = min(its cap, time
-left); one that no longer fits (< 30 s left) is listed as not run, with the command that measures the rest.
+measured). Each has a budget (gpu_check_plan.STAGES); the tests and the table may use what earlier stages of the
+command left, never more than the command's sum (the study keeps to its own), and each keeps ``KILL_GRACE_S``
+for being stopped. Each configuration is a trial in a fresh torchrun process tree with a cold inductor cache,
+time-boxed by ``measure.timeout_s`` = min(its cap, time left); one that no longer fits (< 30 s left) is listed
+as not run, with the command that measures the rest.
 """
 
 from __future__ import annotations
@@ -221,9 +222,10 @@ def bench(args: argparse.Namespace, stage: Stage, deadline: float, out_dir: Path
     return rows
 
 
-def run_study(args: argparse.Namespace, deadline: float, out_dir: Path, work: Path) -> dict[str, Any]:
+def run_study(args: argparse.Namespace, stage: Stage, deadline: float, out_dir: Path, work: Path) -> dict[str, Any]:
     """A short study end to end: Hydra, Optuna, the trial loop, the report (MLflow off: not carried)."""
-    timeout = deadline - KILL_GRACE_S - time.time()
+    # Its own budget at most: the study fills whatever study.timeout_s it is given, time left over is not its.
+    timeout = min(stage.budget_s, deadline - time.time()) - KILL_GRACE_S
     if timeout < MIN_TRIAL_S * 2:
         return {"status": "not run", "reason": f"time budget ({timeout:.0f} s left)"}
     root = work / "study"
@@ -314,7 +316,7 @@ def main() -> int:
         elif s.configs:
             rows += bench(args, s, deadline, out_dir, work)
         else:
-            study = run_study(args, deadline, out_dir, work)
+            study = run_study(args, s, deadline, out_dir, work)
 
     wall_s = time.time() - start
     plain = {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()}
