@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build .whl/: the wheels the tuner needs on a GPU box that has no package index, made on a machine
 # with pip access (any OS or Python: wheels are fetched for CPython 3.12 on x86-64 Linux).
-#   bash scripts/prepare_wheels.sh            # then carry .whl (git-ignored) with the tree; see README "On a GPU"
+#   bash scripts/prepare_wheels.sh            # then carry .whl (git-ignored) with the tree; see docs/gpu.md
 #
 # The GPU boxes already hold torch 2.11, triton, transformers, numpy, pyyaml, psutil, rich, tqdm,
 # packaging, matplotlib, scipy, pytest (+ xdist, timeout): only what is missing travels, with --no-deps,

@@ -99,6 +99,8 @@ class KnobSpec:
     """Only sampled when the study asks for the extended space."""
     question: str = ""
     """The user question its verdict answers in the report (empty: no verdict)."""
+    api: str = ""
+    """The torch API the knob sets (for the reference page ``docs/reference/knobs.md``)."""
 
     def allowed(self, config: Flat, env: Env) -> tuple[Any, ...]:
         return self.values(config, env) if callable(self.values) else self.values
@@ -111,14 +113,14 @@ class KnobSpec:
 
 
 def knob(default: Any, *, values: Values, doc: str, when: Rule | None = None,
-         search: Values | None = None, extended: bool = False, question: str = "") -> Any:
+         search: Values | None = None, extended: bool = False, question: str = "", api: str = "") -> Any:
     """Declare a knob: a dataclass field whose metadata the table is read from.
 
     ``search`` narrows what the tuner samples (default: all ``values``); ``extended`` knobs are
     only sampled when the study asks for the extended space; ``question`` is the user question the
-    knob's verdict answers in the report.
+    knob's verdict answers in the report; ``api`` the torch API behind it.
     """
-    spec = KnobSpec(values=values, doc=doc, when=when, search=search, extended=extended, question=question)
+    spec = KnobSpec(values=values, doc=doc, when=when, search=search, extended=extended, question=question, api=api)
     return field(default=default, metadata={"knob": spec})
 
 

@@ -111,18 +111,23 @@ class InductorOptions:
 
     coordinate_descent_tuning: bool | None = knob(
         None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
+        api="torch.compile(options={'coordinate_descent_tuning': ...})",
         doc="Tune Triton/C++ kernel launch parameters by coordinate descent.")
     shape_padding: bool | None = knob(
         None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
+        api="torch.compile(options={'shape_padding': ...})",
         doc="Pad matmul shapes to hardware-friendly multiples.")
     epilogue_fusion: bool | None = knob(
         None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
+        api="torch.compile(options={'epilogue_fusion': ...})",
         doc="Fuse pointwise epilogues into matmul templates.")
     aggressive_fusion: bool | None = knob(
         None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
+        api="torch.compile(options={'aggressive_fusion': ...})",
         doc="Fuse nodes even without shared memory reads.")
     size_asserts: bool | None = knob(
         None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
+        api="torch.compile(options={'size_asserts': ...})",
         doc="Check each input's size and stride in the generated code (False: less Python work per call).")
 
 
@@ -132,37 +137,46 @@ class CompileKnobs:
 
     scope: str = knob(
         "module", values=_scopes,
+        api="torch.compile(model) / model.compile() / torch.compile(train_step)",
         doc="What is compiled: nothing (eager), the model, each repeated block (regional), or the train step "
             "function (forward, loss and optimizer in one torch.compile; the backward runs outside its graphs).",
         question="Compile the module, its blocks, or the whole train step?")
     granularity: str = knob(
         "block", values=_granularities, when=REGIONAL,
+        api="torch.compile per block or sublayer; torch.compiler.nested_compile_region",
         doc="Regional unit: each block, each sublayer in a block, or blocks as nested regions of one compile.",
         question="Regional compile: per block, per sublayer, or nested regions?")
     rest: str = knob(
         "compiled", values=("compiled", "eager"), when=REGIONAL & HAS_REST,
+        api="torch.compile of each remaining unit (Accelerate's compile_regions)",
         doc="Regional: the rest of the model (embeddings, final norm, head) compiled unit by unit as "
             "Accelerate's compile_regions does, or left eager.",
         question="Regional compile: compile the rest of the model too, or leave it eager?")
     backend: str = knob(
         "inductor", values=("inductor", "aot_eager", "eager"), search=("inductor",), when=COMPILED,
+        api="torch.compile(backend=...)",
         doc="torch.compile backend; aot_eager/eager are for tests and debugging.")
     mode: str = knob(
         "default", values=_modes, when=COMPILED & INDUCTOR,
+        api="torch.compile(mode=...); torch._inductor.list_mode_options()",
         doc="Inductor mode (its options come from torch._inductor.list_mode_options).",
         question="Which compile mode?")
     dynamic: bool | None = knob(
         None, values=TRISTATE, when=COMPILED & SHAPES_VARY,
+        api="torch.compile(dynamic=...)",
         doc="Dynamic shapes: None = automatic after a recompile, True = from the start, False = never.",
         question="dynamic=None, True or False?")
     fullgraph: bool = knob(
         False, values=BOOL, when=COMPILED & NOT_TRAIN_STEP & NOT_WHOLE_UNDER_FSDP2,
+        api="torch.compile(fullgraph=...)",
         doc="Fail on any graph break instead of splitting the graph.", question="Does fullgraph=True pay?")
     optimizer: bool = knob(
         False, values=BOOL, when=MODEL_COMPILED,
+        api="torch.compile(optimizer.step)",
         doc="Also compile optimizer.step (the compiled-optimizer recipe).", question="Compile the optimizer step too?")
     compiled_autograd: bool = knob(
         False, values=BOOL, when=MODEL_COMPILED & NO_AUTOGRAD_UNDER_FSDP2,
+        api="torch._dynamo.compiled_autograd._enable(torch.compile(...))",
         doc="Trace the backward with compiled autograd around forward and backward.",
         question="Compiled autograd or not?")
     options: InductorOptions = field(default_factory=InductorOptions)
@@ -174,9 +188,11 @@ class AmpKnobs:
 
     dtype: str = knob(
         "none", values=_amp_dtypes,
+        api="torch.autocast(dtype=...); torch.amp.GradScaler for float16",
         doc="Autocast dtype; float16 adds a GradScaler.", question="Mixed precision, and which dtype?")
     placement: str = knob(
         "outside", values=("outside", "inside"), when=AMP_ON & COMPILED,
+        api="torch.autocast around or inside the compiled function",
         doc="Autocast around the call of the compiled code, or inside the compiled region.",
         question="Autocast inside or outside the compiled region?")
 
@@ -188,6 +204,7 @@ class PlacementKnobs:
     order: str = knob(
         "to_then_compile", values=("to_then_compile", "compile_then_to"),
         when=MODEL_COMPILED & NOT_COMPILE_OF_DDP & NOT_FSDP2,
+        api="model.to(device) before or after torch.compile",
         doc="model.to(device) before or after torch.compile.", question=".to(device) before or after compile?")
 
 
@@ -197,6 +214,7 @@ class AcKnobs:
 
     policy: str = knob(
         "none", values=("none", "block"), when=NOT_NESTED & HAS_BLOCKS,
+        api="torch.utils.checkpoint.checkpoint per block",
         doc="Recompute each repeated block's activations in backward (torch.utils.checkpoint).",
         question="Activation checkpointing per block?")
 
@@ -207,17 +225,20 @@ class OptimKnobs:
 
     impl: str = knob(
         "default", values=_optimizer_impls, when=IMPLS,
+        api="torch.optim.<Optimizer>(foreach=..., fused=...)",
         doc="Optimizer implementation: torch's default for the device (foreach on CUDA, for-loop on CPU), "
             "for_loop, foreach (multi-tensor) or fused kernels. fused only where the optimizer step is not "
             "compiled: dynamo never traces a fused kernel (torch.compiler.disable), so compiling it adds nothing.",
         question="Which optimizer implementation: default, foreach or fused?")
     tensor_lr: bool = knob(
         True, values=BOOL, search=(True,), when=OPTIMIZER_STEP_COMPILED & SCHEDULED,
+        api="torch.optim.<Optimizer>(lr=torch.tensor(...))",
         doc="The compiled-optimizer-with-scheduler recipe: the learning rate as a tensor, so a scheduler's "
             "change is data, not a recompile (False = a Python float: dynamo guards on it and recompiles the "
             "optimizer step every step where it specialises it, e.g. foreach). Not searched: False is for showing it.")
     clip: str = knob(
         "eager", values=("eager", "compiled"), when=CLIPS & MODEL_COMPILED,
+        api="torch.nn.utils.clip_grad_norm_ (eager or compiled)",
         doc="Gradient clipping (clip_grad_norm_) in eager code between backward and step, or compiled: inside "
             "the compiled optimizer step when compile.optimizer, else a compiled function of its own.",
         question="Clip gradients in eager or in compiled code?")

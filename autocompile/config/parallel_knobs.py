@@ -45,6 +45,7 @@ class ParallelKnobs:
 
     strategy: str = knob(
         "ddp", values=("ddp", "fsdp2"), when=DISTRIBUTED,
+        api="torch.nn.parallel.DistributedDataParallel / torch.distributed.fsdp.fully_shard",
         doc="DDP (a replica of the model per rank, gradients all-reduced) or FSDP2 (torch.distributed.fsdp."
             "fully_shard on each repeated block and on the root, as torchtitan does: parameters sharded across "
             "ranks, all-gathered around each block's forward and backward, gradients reduce-scattered).",
@@ -57,9 +58,11 @@ class DdpKnobs:
 
     wrap_order: str = knob(
         "ddp_of_compiled", values=("ddp_of_compiled", "compile_of_ddp"), when=USES_DDP & MODULE_SCOPE,
+        api="DistributedDataParallel(torch.compile(m)) or torch.compile(DistributedDataParallel(m))",
         doc="DDP(compiled model) or torch.compile(DDP(model)).", question="Wrap DDP before or after compile?")
     optimize: str = knob(
         "ddp_optimizer", values=_ddp_modes, when=USES_DDP & COMPILED,
+        api="torch._dynamo.config.optimize_ddp",
         doc="torch._dynamo.config.optimize_ddp: split graphs at buckets, plain, or the Python reducer.",
         question="Which DDP reducer (optimize_ddp)?")
 
@@ -70,17 +73,20 @@ class FsdpKnobs:
 
     order: str = knob(
         "compile_then_shard", values=("shard_then_compile", "compile_then_shard"), when=USES_FSDP2 & MODEL_COMPILED,
+        api="torch.compile then fully_shard, or fully_shard then torch.compile",
         doc="torch.compile of the units before fully_shard (torchtitan's order) or after it. Units are compiled "
             "through their forward, so FSDP2's hooks (in the module's __call__, wrapped in dynamo.disable) run "
             "outside the compiled code in either order.",
         question="FSDP2: shard then compile, or compile then shard?")
     reshard_after_forward: bool = knob(
         True, values=BOOL, when=USES_FSDP2,
+        api="fully_shard(reshard_after_forward=...)",
         doc="Free each block's all-gathered parameters after its forward (all-gather them again for the backward) "
             "or keep them until the backward (more memory, one all-gather fewer per block).",
         question="FSDP2: reshard parameters after forward?")
     mp_policy: str = knob(
         "none", values=("none", "bf16"), when=USES_FSDP2 & NOT_FP16,
+        api="torch.distributed.fsdp.MixedPrecisionPolicy",
         doc="FSDP2's mixed precision: bf16 = MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), "
             "parameters all-gathered and computed in bf16, gradients reduced in fp32; none = the parameters' own "
             "dtype. amp.dtype (autocast) applies on top of it, as Accelerate does; torchtitan uses this alone.",

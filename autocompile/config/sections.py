@@ -35,7 +35,7 @@ class StudySettings:
     """Search strategy: ``staged`` (eager runs settle mixed precision, checkpointing and the optimizer
     implementation; then the compiled knobs one at a time from the default compile; then TPE), ``tpe``,
     ``random``, ``gp`` (Optuna's GPSampler), or ``every`` (each configuration once: the tabular benchmark).
-    README, "Search strategy": how they compare."""
+    ``docs/benchmarks.md``, "Search strategy": how they compare."""
     extended: bool = False
     """Also search the extended knobs (inductor options)."""
     baselines: bool = True

@@ -133,7 +133,7 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
                                                                                          base["label"], pays)})
     return {"method": method, "why": why, "processes": settings.compare.processes,
             "model": ("log window step time = candidate + process effect + window noise; windows paired within "
-                      "rounds, a random effect per process (see README)") if method == "side_by_side" else
+                      "rounds, a random effect per process (see docs/measuring.md)") if method == "side_by_side" else
             "one fresh process per candidate and round, paired by round",
             "candidates": rows, "pairs": pairs, "wall_s": walls,
             "failed": [{"label": m.label, "reason": m.cold.get("reason")} for m in failed]}
