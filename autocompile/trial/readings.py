@@ -77,6 +77,8 @@ def classify(exc: BaseException) -> dict[str, str]:
         kind = "not_same_program"
     elif isinstance(exc, RanksDiverged):
         kind = "ranks_diverged"
+    elif name == "RanksOutOfStep":  # side by side: a candidate failed on some ranks inside a step
+        kind = "ranks_out_of_step"
     elif name in ("FailOnRecompileLimitHit", "RecompileLimitExceeded"):
         kind = "recompile_limit"
     elif isinstance(exc, dynamo_exc.Unsupported):

@@ -62,8 +62,17 @@ LOSSES_KEPT = 64
 """Per-step losses kept per candidate (the numerics check reads the first few dozen)."""
 
 
+AGREE_S = 120.0
+"""How long a rank waits for the others to report a candidate's status (``AUTOCOMPILE_AGREE_S``): ranks that
+failed alike arrive within seconds of each other; one still missing is stuck in a collective."""
+
+
 class NotSameProgram(RuntimeError):
     """Beside the others, a candidate compiled another program than in its own process."""
+
+
+class RanksOutOfStep(RuntimeError):
+    """A candidate failed on some ranks inside a step; the others wait in its collectives."""
 
 
 def rotate(items: list[Any], r: int) -> list[Any]:
@@ -79,6 +88,7 @@ class SideBySide:
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.device = torch.device(spec.device)
         self.timeline: dict[str, float] = {"worker_start": WORKER_START}
+        self.agreements = 0
         self.staged: dict[str, list[tuple[Any, Any]]] = {}
         """Batches made once per workload (every candidate of a study has the same): :func:`stage`."""
 
@@ -222,22 +232,29 @@ class SideBySide:
 
     def agree(self, outcome: dict[int, dict[str, Any]], candidates: list[int]) -> None:
         """A candidate that failed on any rank fails on every rank, with that rank's reason: ranks that went on
-        with different candidates would wait in each other's collectives until the timeout."""
+        with different candidates would wait in each other's collectives until NCCL's timeout.
+
+        Through the rendezvous store, not a collective: a rank that failed in the middle of a step left the
+        others inside that step's collectives, where a collective of this check would pair with theirs. Such
+        ranks never report; past :data:`AGREE_S` this rank fails the process, and torchrun ends the others."""
         if self.world_size == 1 or not candidates:
             return
-        mine = [outcome[i] if outcome[i]["status"] != "ok" else None for i in candidates]
-        flags = torch.tensor([float(m is None) for m in mine], device=self.device if self.device.type == "cuda"
-                             else "cpu")
-        dist.all_reduce(flags, op=dist.ReduceOp.MIN)
-        if flags.min().item() == 1.0:
-            return
-        failures: list[list[dict[str, Any] | None]] = [[] for _ in range(self.world_size)]
-        dist.all_gather_object(failures, mine)
-        for k, i in enumerate(candidates):
-            if flags[k].item() == 0.0 and outcome[i]["status"] == "ok":
-                rank, failed = next((r, f[k]) for r, f in enumerate(failures) if f[k] is not None)
-                outcome[i] = {**failed, "reason": f"on rank {rank}: {failed['reason']}"}
-                log.warning("candidate %s failed on rank %d: %s", self.spec.labels[i], rank, failed["reason"])
+        from datetime import timedelta
+
+        store = dist.distributed_c10d._get_default_store()
+        self.agreements += 1
+        keys = [f"autocompile/agree{self.agreements}/rank{r}" for r in range(self.world_size)]
+        store.set(keys[self.rank], json.dumps({i: outcome[i] for i in candidates if outcome[i]["status"] != "ok"}))
+        try:
+            store.wait(keys, timedelta(seconds=float(os.environ.get("AUTOCOMPILE_AGREE_S", AGREE_S))))
+        except Exception as exc:  # the store's timeout error type differs across torch versions
+            raise RanksOutOfStep(f"not every rank reported candidates {[self.spec.labels[i] for i in candidates]}: "
+                                 "another rank is still inside a step that failed here") from exc
+        for rank in range(self.world_size):
+            for i, failed in json.loads(store.get(keys[rank])).items():
+                if outcome[int(i)]["status"] == "ok":
+                    outcome[int(i)] = {**failed, "reason": f"on rank {rank}: {failed['reason']}"}
+                    log.warning("candidate %s failed on rank %d: %s", self.spec.labels[int(i)], rank, failed["reason"])
 
     def more_rounds(self, windows: dict[int, list[float]], timed: float) -> bool:
         """Rank 0 decides for every rank (the steps of DDP candidates are collective)."""
