@@ -37,10 +37,13 @@ class TinyLM(nn.Module):
         self.blocks = nn.ModuleList(Block(width, block_sleep_s) for _ in range(layers))
         self.head = nn.Linear(width, vocab_size)
         self.behaviour = behaviour
+        self.calls = 0
         TinyLM.instances += 0 if self.head.weight.is_meta else 1  # the FLOP count builds one on the meta device
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
+        if self.behaviour == "nan_late_on_rank1":
+            self.calls += 1
         if self.behaviour == "graph_break":
             torch._dynamo.graph_break()
         elif self.behaviour == "hang":
@@ -51,6 +54,8 @@ class TinyLM(nn.Module):
             raise RuntimeError("this model holds a process-wide resource: one instance per process")
         elif self.behaviour == "nan":
             x = x * float("nan")
+        elif self.behaviour == "nan_late_on_rank1" and os.environ.get("RANK") == "1" and self.calls > 1:
+            x = x * float("nan")  # from its second step, on rank 1 only: the other ranks see finite losses
         elif self.behaviour == "diverge" and os.environ.get("RANK") == "1":
             with torch.no_grad():  # a change DDP does not see: rank 1's parameters drift away
                 self.head.bias.add_(1e-3)

@@ -127,4 +127,60 @@ def test_worker_measures_allocator_peak_memory_and_mfu_on_the_gpu(tmp_path: Path
 def test_hopper_gpus_get_their_bf16_peak() -> None:
     name = torch.cuda.get_device_name(0)
     if "H100" in name.upper() or "H200" in name.upper():
-        assert peak_flops(name) in (989e12, 756e12)  # SXM/NVL and H200: 989 TFLOP/s dense; PCIe: 756
+        assert peak_flops(name) in (989e12, 835e12, 756e12)  # SXM, H200, GH200: 989 TFLOP/s dense; NVL: 835; PCIe: 756
+
+
+# --- issue 27: measurement (gpu-measure) ---
+
+
+def test_staged_batches_live_on_the_gpu_and_the_timed_steps_copy_nothing_from_pageable_memory() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from autocompile.trial.build import build_candidate, period, stage, tensors, warm_up
+
+    spec = make_spec({"compile.scope": "none"}, device="cuda")
+    device = torch.device("cuda", torch.cuda.current_device())
+    built = build_candidate(spec, TrialConfig.from_flat(spec.knobs, Env.detect("cuda", 1, False)), device, 0, 1)
+    built.staged = stage(built.data, period(spec), device)
+    assert all(t.is_cuda for batch in built.staged for t in tensors(batch))
+    warm_up(built, 3, torch.cuda.synchronize, lambda *a, **k: None)
+
+    def made_while_timing(step: int) -> Any:
+        raise AssertionError(f"batch {step} made in the timed part")
+
+    built.data = made_while_timing
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        built.run(6, torch.cuda.synchronize)
+    pageable = [e.name for e in prof.events() if "HtoD" in e.name and "Pageable" in e.name]
+    assert not pageable, pageable  # such a copy waits for the queued kernels: each step's launches go serial
+
+
+def test_event_window_times_agree_with_a_synchronised_wall_clock_over_the_timed_part() -> None:
+    import time
+
+    from autocompile.trial.clock import WindowClock
+
+    a = torch.randn(4096, 4096, device="cuda")
+    for _ in range(3):
+        b = a @ a  # cuBLAS handle and workspace before timing
+    torch.cuda.synchronize()
+    clock = WindowClock(torch.device("cuda"), torch.cuda.synchronize)
+    t0 = time.perf_counter()
+    for _ in range(12):
+        clock.start()
+        for _ in range(8):
+            b = a @ a
+        clock.stop()
+    assert clock.pending == 12  # nothing read, nothing synchronised between windows
+    seconds = clock.resolve()
+    wall = time.perf_counter() - t0
+    assert clock.pending == 0 and len(seconds) == 12 and b.isfinite().all()
+    assert sum(seconds) == pytest.approx(wall, rel=0.05)  # GPU-bound: the events see what the wall clock sees
+
+
+def test_worker_reads_steady_state_memory_after_the_warm_up_on_the_gpu(tmp_path: Path) -> None:
+    spec = make_spec({"compile.scope": "module"}, device="cuda", windows=3)
+    (result,) = run_trials(tmp_path, [spec])
+    assert_ok(result)
+    assert "after the warm-up" in result["memory_source"] and result["windows"] >= 3
+    assert result["peak_memory_bytes"] > 0 and result["warmup_peak_memory_bytes"] > 0

@@ -17,6 +17,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PARTS = ("data", "loss", "optimizer", "lr_schedule")
 """The workload's parts named by ``_target_`` (``autocompile.workload.parts`` builds them)."""
 CACHE_MODES = ("cold", "warm")
+MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Workload:
     device: str = "auto"
     """``cuda`` when available under ``auto``, else ``cpu``."""
     threads: int = 0
-    """Intra-op threads per process; 0 = this machine's cores / nproc_per_node."""
+    """Intra-op threads per process; 0 = the cores this process may run on (its affinity) / nproc_per_node."""
     seed: int = 0
     """Seed of the weights and the synthetic data: every trial sees the same numbers."""
     data: dict[str, Any] = field(default_factory=lambda: {"_target_": "autocompile.workload.data.SyntheticTokens"})
@@ -76,6 +77,12 @@ class Workload:
     """``clip_grad_norm_`` to this norm before each optimizer step; 0 = no clipping."""
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step (one call of the step each; DDP syncs on the last only)."""
+    float32_matmul_precision: str = "high"
+    """``torch.set_float32_matmul_precision`` of the job, set in every GPU trial before the model is built:
+    ``high`` (TF32 tensor cores for float32 matmuls, what a training job sets), ``highest`` (full float32,
+    torch's own default) or ``medium``. CPU trials leave torch's default (torch 2.13 would also turn oneDNN's
+    CPU matmuls to bf16 under ``medium``). Written into ``best_config.py`` and the exports; part of what a
+    study measured on."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -90,6 +97,9 @@ class Workload:
             raise ValueError(f"workload.threads={self.threads} must be >= 0 (0 = automatic)")
         if self.grad_clip_norm < 0:
             raise ValueError(f"workload.grad_clip_norm={self.grad_clip_norm} must be >= 0 (0 = no clipping)")
+        if self.float32_matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(f"workload.float32_matmul_precision={self.float32_matmul_precision!r}: choose one of "
+                             f"{', '.join(MATMUL_PRECISIONS)}")
         if self.grad_accum_steps < 1:
             raise ValueError(f"workload.grad_accum_steps={self.grad_accum_steps} must be >= 1 (1 = no accumulation)")
         for key in PARTS:
@@ -114,7 +124,9 @@ class Workload:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     def resolved_threads(self) -> int:
-        return self.threads or max(1, (os.cpu_count() or 1) // self.nproc_per_node)
+        # The cores this process may run on (taskset, a container's cpuset), not every core of the machine.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return self.threads or max(1, cores // self.nproc_per_node)
 
 
 @dataclass

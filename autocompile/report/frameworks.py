@@ -164,6 +164,9 @@ def accelerate_yaml(w: Winner) -> str:
     if w.compiled and w.knob("compile.mode") not in ACCELERATE_MODES:
         lines.append(f"# dynamo_mode {w.knob('compile.mode')}: not a choice of --dynamo_mode, but the file passes it "
                      "to torch.compile as is.")
+    if w.device == "cuda":
+        lines.append(f"# float32 matmuls ran under torch.set_float32_matmul_precision({matmul_precision(w)!r}): no "
+                     "Accelerate key; call it in train.py.")
     lines += not_expressible_comments(accelerate_gaps(w))
     return "\n".join(lines) + "\n" + yaml.safe_dump(accelerate_config(w), sort_keys=False)
 
@@ -179,6 +182,8 @@ def trainer_arguments(w: Winner) -> dict[str, Any]:
         "bf16": w.knob("amp.dtype") == "bfloat16" or w.knob("fsdp.mp_policy", "none") == "bf16",
         "fp16": w.knob("amp.dtype") == "float16",
     }
+    if w.device == "cuda":  # set either way: with torch_compile and tf32 unset, the Trainer turns TF32 on itself
+        args["tf32"] = matmul_precision(w) != "highest"
     _, hyper = optimizer_hyper(work)
     if trainer_optim(w):
         args["optim"] = "adamw_torch_fused" if w.knob("optim.impl") == "fused" else "adamw_torch"
@@ -200,6 +205,11 @@ def trainer_arguments(w: Winner) -> dict[str, Any]:
         key = checkpointing_key()
         args |= {key: True, f"{key}_kwargs": {"use_reentrant": False}}  # the study's torch.utils.checkpoint
     return args
+
+
+def matmul_precision(w: Winner) -> str:
+    """The study's ``workload.float32_matmul_precision``; studies from before the field ran at torch's "highest"."""
+    return str(w.workload.get("float32_matmul_precision", "highest"))
 
 
 def trainer_environment(w: Winner) -> dict[str, str]:

@@ -30,6 +30,8 @@ KNOBS = {knobs}
 DEVICE = {device!r}
 SEED = {seed!r}  # the study's workload.seed: every trial started from these weights and data
 WORKLOAD = {workload}
+# The float32 matmul precision every GPU trial ran with ("high": TF32 tensor cores): part of what was measured.
+FLOAT32_MATMUL_PRECISION = {matmul_precision!r}
 # The winner's compile artifacts, kept by the study (torch.compiler.save_cache_artifacts).
 ARTIFACTS = Path(globals().get("__file__", "best_config.py")).with_name({artifacts!r})
 {local_device}
@@ -45,6 +47,8 @@ def build_step(model: torch.nn.Module, optimizer=None, loss_fn=None, lr_schedule
     """Your model compiled the way that measured best (call after init_process_group for DDP or FSDP2). The
     optimizer, loss and schedule default to the study's (an optimizer or a factory taking the parameters)."""
     warm_start()
+    if str(DEVICE).startswith("cuda"):  # as the study's trials did (GPU only)
+        torch.set_float32_matmul_precision(FLOAT32_MATMUL_PRECISION)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     config = TrialConfig.from_flat(KNOBS, Env.detect(DEVICE, world_size, shapes_vary={shapes_vary}))
     return apply(model, optimizer or optimizer_factory(WORKLOAD["optimizer"]), loss_fn or build_loss(WORKLOAD["loss"]),
@@ -114,6 +118,7 @@ def snippet(settings: Settings, best: Entry, space: SearchSpace, command: str | 
         model=settings.model.name, study=settings.study.name, number=best.number, tokens=r.tokens_per_s,
         rate=f"{r.unit}/s", step_ms=r.step_s * 1e3, compile_s=r.compile_s, command=docstring_safe(command),
         knobs=python_dict(best.config), device=settings.device, seed=w.seed, workload=python_dict(workload),
+        matmul_precision=w.float32_matmul_precision,
         artifacts=ARTIFACTS, local_device=LOCAL_DEVICE if per_gpu else "",
         step_device="local_device()" if per_gpu else "DEVICE", shapes_vary=w.shapes_vary, launch_hint=launch_hint,
         setup=setup, target=settings.model.target, kwargs=settings.model.kwargs, batch_size=w.batch_size,

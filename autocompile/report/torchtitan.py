@@ -142,6 +142,10 @@ def torchtitan_toml(w: Winner) -> str:
         lines.append("# The study did not clip gradients; torchtitan always clips at training.max_norm (default 1.0).")
     if len(set(w.workload.get("seq_len") or [])) > 1:
         lines.append("# The study varied the sequence length; torchtitan trains at one training.seq_len (the longest).")
+    precision = str(w.workload.get("float32_matmul_precision", "highest"))  # before the field: torch's default
+    if w.device == "cuda":
+        lines.append(f"# float32 matmuls ran under torch.set_float32_matmul_precision({precision!r}); none of the "
+                     "sections below sets it: call it in your train script.")
     if w.strategy == "ddp":
         lines.append("# torchtitan's DDP (replicate) uses bucket_cap_mb=100; the study's DDP, torch's default (25).")
     gaps = torchtitan_gaps(w)

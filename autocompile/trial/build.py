@@ -31,15 +31,25 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
-def start_process(threads: int, device: torch.device, world_size: int) -> torch.device:
-    """What every timing process sets before it builds anything: its threads, a recompile limit that
-    fails loudly (a hit limit silently runs the rest eagerly), the process group of its ranks, and its
-    own GPU. Returns the device with its index."""
+STAGED_STEPS = 64
+"""Steps of batches made before the warm-up and kept on the device (a ring: step ``i`` trains on batch
+``i % len``); fewer when their bytes pass :data:`STAGED_BYTES`, never less than one period."""
+STAGED_BYTES = 256 * 2**20
+"""Bytes the staged batches may take on the device (large image batches get a shorter ring)."""
+
+
+def start_process(threads: int, device: torch.device, world_size: int, matmul_precision: str = "highest",
+                  ) -> torch.device:
+    """What every timing process sets before it builds anything: its threads, the float32 matmul precision
+    of the job on a GPU (TF32 under "high"), a recompile limit that fails loudly (a hit limit silently runs
+    the rest eagerly), the process group of its ranks, and its own GPU. Returns the device with its index."""
     import os
 
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
+    if device.type == "cuda":  # torch >= 2.13 also sets oneDNN's CPU matmuls from it ("medium": bf16): GPU only
+        torch.set_float32_matmul_precision(matmul_precision)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     if world_size > 1:
         if device.type == "cuda":
@@ -64,6 +74,47 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def align(world_size: int) -> None:
+    """Every rank waits here for the others: work one rank did alone (rank 0 counts FLOPs, saves compile
+    artifacts) must not land in the others' clocks (their next collective would wait for it)."""
+    import torch.distributed as dist
+
+    if world_size > 1:
+        dist.barrier()
+
+
+def period(spec: TrialSpec) -> int:
+    """Steps after which the data's shapes repeat and an optimizer step ends."""
+    return math.lcm(len(spec.workload.seq_len), spec.workload.grad_accum_steps)
+
+
+def stage(data: Callable[[int], tuple[Any, Any]], steps: int, device: torch.device) -> list[tuple[Any, Any]]:
+    """The batches of the first :data:`STAGED_STEPS` steps (whole multiples of ``steps``, the period), made now
+    and moved to ``device``, fewer when they would take more than :data:`STAGED_BYTES`.
+
+    Made in the timed loop, a synthetic batch costs CPU time to generate and a copy from pageable memory,
+    which the CUDA runtime does only after the stream's queued kernels ran: every step would then pay its
+    launch time serially, which a real job (pinned memory, a prefetching loader) does not."""
+    from autocompile.workload.data import map_tensors
+
+    def made(i: int) -> tuple[Any, Any]:
+        return map_tensors(data(i), lambda t: t.to(device))
+
+    batches = [made(i) for i in range(steps)]
+    size = sum(t.numel() * t.element_size() for b in batches for t in tensors(b))
+    periods = max(1, min(-(-STAGED_STEPS // steps), STAGED_BYTES // max(1, size)))
+    batches += [made(i) for i in range(steps, periods * steps)]
+    return batches
+
+
+def tensors(value: Any) -> list[torch.Tensor]:
+    from autocompile.workload.data import map_tensors
+
+    found: list[torch.Tensor] = []
+    map_tensors(value, found.append)
+    return found
+
+
 @dataclass
 class Built:
     """A configuration applied to its own model, with its data and the losses it has produced."""
@@ -81,6 +132,12 @@ class Built:
     """Wall seconds of each warm-up step."""
     program: dict[str, Any] = field(default_factory=dict)
     """What :func:`autocompile.trial.programs.verify` found after the warm-up: coverage, fingerprint."""
+    staged: list[tuple[Any, Any]] = field(default_factory=list)
+    """Batches made before the warm-up, on the device (:func:`stage`); empty: ``data`` is called each step."""
+
+    def batch(self, i: int) -> tuple[Any, Any]:
+        """The batch of step ``i``: the same for every candidate, whatever ran before."""
+        return self.staged[i % len(self.staged)] if self.staged else self.data(i)
 
     def run(self, n: int, sync: Callable[[], None] | None = None) -> int:
         """Run ``n`` steps on the next batches; returns the items (tokens, samples) they processed."""
@@ -88,7 +145,7 @@ class Built:
 
         items = 0
         for _ in range(n):
-            inputs, targets = self.data(self.steps_done)
+            inputs, targets = self.batch(self.steps_done)
             items += count_items(inputs)
             self.losses.append(self.step(inputs, targets))
             self.steps_done += 1
@@ -126,8 +183,8 @@ def warmup_steps(spec: TrialSpec) -> int:
 def window_steps(spec: TrialSpec, wanted: int) -> int:
     """``wanted`` rounded up so that every window runs each sequence length equally often and whole
     optimizer steps: windows then differ by noise only."""
-    period = math.lcm(len(spec.workload.seq_len), spec.workload.grad_accum_steps)
-    return -(-wanted // period) * period
+    every = period(spec)
+    return -(-wanted // every) * every
 
 
 def warm_up(built: Built, steps: int, sync: Callable[[], None], progress: Progress) -> None:

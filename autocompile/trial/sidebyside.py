@@ -20,6 +20,7 @@ Torch only, like the trial worker.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -28,6 +29,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,23 +43,36 @@ from autocompile.trial.build import (
     append_progress,
     build_candidate,
     check_finite,
+    period,
+    stage,
     start_process,
     synchronize,
     warm_up,
     warmup_steps,
     window_steps,
 )
+from autocompile.trial.clock import WindowClock
+from autocompile.trial.readings import classify, environment
 from autocompile.trial.stats import clean_rounds, stalled, t975
 from autocompile.trial.warmstart import load_artifacts
-from autocompile.trial.worker import WORKER_START, classify, environment, exit_now
+from autocompile.trial.worker import WORKER_START, exit_now
 
 log = logging.getLogger("autocompile.trial.sidebyside")
 LOSSES_KEPT = 64
 """Per-step losses kept per candidate (the numerics check reads the first few dozen)."""
 
 
+AGREE_S = 120.0
+"""How long a rank waits for the others to report a candidate's status (``AUTOCOMPILE_AGREE_S``): ranks that
+failed alike arrive within seconds of each other; one still missing is stuck in a collective."""
+
+
 class NotSameProgram(RuntimeError):
     """Beside the others, a candidate compiled another program than in its own process."""
+
+
+class RanksOutOfStep(RuntimeError):
+    """A candidate failed on some ranks inside a step; the others wait in its collectives."""
 
 
 def rotate(items: list[Any], r: int) -> list[Any]:
@@ -73,6 +88,9 @@ class SideBySide:
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.device = torch.device(spec.device)
         self.timeline: dict[str, float] = {"worker_start": WORKER_START}
+        self.agreements = 0
+        self.staged: dict[str, list[tuple[Any, Any]]] = {}
+        """Batches made once per workload (every candidate of a study has the same): :func:`stage`."""
 
     def progress(self, event: str, **data: Any) -> None:
         if self.rank == 0:
@@ -89,8 +107,8 @@ class SideBySide:
 
     def run(self) -> dict[str, Any]:
         spec = self.spec
-        self.device = start_process(spec.threads, self.device, self.world_size)
         first = spec.candidates[0]
+        self.device = start_process(spec.threads, self.device, self.world_size, first.workload.float32_matmul_precision)
         env = Env.detect(self.device.type, self.world_size, first.workload.shapes_vary)
         outcome: dict[int, dict[str, Any]] = {}
         alive: dict[int, Built] = {}
@@ -105,6 +123,7 @@ class SideBySide:
             except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is data; the others go on
                 outcome[i] = {"status": "failed", **classify(exc)}
                 log.warning("candidate %s: %s", label, outcome[i]["reason"])
+            self.agree(outcome, [i])
             self.progress("candidate_ready", candidate=i, label=label, status=outcome[i]["status"])
         self.timeline["warmup_done"] = time.time()
         windows = self.time_rounds(alive, outcome)
@@ -118,7 +137,7 @@ class SideBySide:
                 outcome[i]["losses"] = [float(x) for x in torch.stack(built.losses[:LOSSES_KEPT]).float().tolist()]
         from autocompile.workload.data import item_unit
 
-        inputs, _ = next(iter(alive.values())).data(0) if alive else (None, None)
+        inputs, _ = next(iter(alive.values())).batch(0) if alive else (None, None)
         return {
             "status": "ok",
             "candidates": [{"label": spec.labels[i], **outcome[i]} for i in range(len(spec.candidates))],
@@ -138,6 +157,10 @@ class SideBySide:
             load_artifacts(spec.artifacts[i])
         config = TrialConfig.from_flat(cand.knobs, env)
         built = build_candidate(cand, config, self.device, self.rank, self.world_size)
+        key = json.dumps(asdict(cand.workload), sort_keys=True, default=str)
+        if key not in self.staged:
+            self.staged[key] = stage(built.data, period(cand), self.device)
+        built.staged = self.staged[key]
         with self.scoped(built):
             warm_up(built, warmup_steps(cand), self.sync, lambda *a, **k: None)
         expected = spec.expected[i]
@@ -153,51 +176,90 @@ class SideBySide:
     def time_rounds(self, alive: dict[int, Built], outcome: dict[int, dict[str, Any]]) -> dict[int, list[float]]:
         """Windows in rotating order until the stopping rule. A round in which anything compiled is
         dropped for every candidate (rounds stay aligned); a candidate that compiles in two rounds fails
-        as ``compile_in_timed_part``."""
+        as ``compile_in_timed_part``. On CUDA the windows' times are read (one synchronisation) only where
+        the next decision needs them, every few rounds (:class:`WindowClock`); what failed is agreed there."""
         from torch._dynamo.utils import counters
 
         spec = self.spec
         n = self.window_steps
         windows: dict[int, list[float]] = {i: [] for i in alive if outcome[i]["status"] == "ok"}
         recompiled: dict[int, int] = dict.fromkeys(windows, 0)
+        checked = {i: len(alive[i].losses) for i in windows}
+        clock = WindowClock(self.device, self.sync)
         timed = 0.0
         r = 0
         while self.more_rounds(windows, timed):
-            members = [i for i in rotate(sorted(windows), r + spec.shift) if outcome[i]["status"] == "ok"]
-            if len(members) < 2:
+            rounds: list[tuple[int, dict[int, int], bool]] = []  # (round, candidate -> window index, compiled)
+            for _ in range(clock.before_deciding(rounds_done(windows), spec.min_rounds)):
+                members = [i for i in rotate(sorted(windows), r + spec.shift) if outcome[i]["status"] == "ok"]
+                if len(members) < 2:
+                    break
+                this_round: dict[int, int] = {}
+                compiled_now = False
+                for i in members:
+                    built = alive[i]
+                    with self.scoped(built):
+                        built.run(spec.settle_steps)
+                        frames = counters["frames"]["total"]
+                        clock.start()
+                        built.run(n)
+                        this_round[i] = clock.stop()
+                    if counters["frames"]["total"] != frames:
+                        compiled_now = True
+                        recompiled[i] += 1
+                rounds.append((r, this_round, compiled_now))
+                r += 1
+            if not rounds:
                 break
-            this_round: dict[int, float] = {}
-            compiled_now = False
-            for i in members:
-                built = alive[i]
-                with self.scoped(built):
-                    built.run(spec.settle_steps, self.sync)
-                    frames = counters["frames"]["total"]
-                    t0 = time.perf_counter()
-                    built.run(n, self.sync)
-                    seconds = time.perf_counter() - t0
-                check_finite(built.losses[-n:], built.steps_done)
-                timed += seconds
-                this_round[i] = seconds / n
-                if counters["frames"]["total"] != frames:
-                    compiled_now = True
-                    recompiled[i] += 1
-                    if recompiled[i] > 1:
-                        outcome[i] = {"status": "failed", "failure": "compile_in_timed_part",
-                                      "reason": "frames compiled while timing, in two rounds: no steady state"}
-            if not compiled_now:
-                for i, step_s in self.reduce_max(this_round).items():
-                    windows[i].append(step_s)
-            self.progress("round", round=r, step_s={spec.labels[i]: s for i, s in this_round.items()})
-            r += 1
+            seconds = clock.resolve()
+            for i in checked:
+                check_finite(alive[i].losses[checked[i]:], alive[i].steps_done)
+                checked[i] = len(alive[i].losses)
+            for i, count in recompiled.items():
+                if count > 1 and outcome[i]["status"] == "ok":
+                    outcome[i] = {"status": "failed", "failure": "compile_in_timed_part",
+                                  "reason": "frames compiled while timing, in two rounds: no steady state"}
+            self.agree(outcome, sorted(windows))  # every rank drops the same candidates, or the ranks diverge
+            timed += sum(seconds[k] for _, members, _ in rounds for k in members.values())
+            # A round dropped on one rank is dropped on all: each rank then reduces the same windows.
+            compiled = self.reduce_max({q: float(c) for q, _, c in rounds})
+            kept = {(q, i): seconds[k] / n for q, members, _ in rounds if not compiled[q] for i, k in members.items()}
+            for (_, i), step_s in sorted(self.reduce_max(kept).items()):
+                windows[i].append(step_s)
+            for q, members, _ in rounds:
+                self.progress("round", round=q, step_s={spec.labels[i]: seconds[k] / n for i, k in members.items()})
         return {i: w for i, w in windows.items() if outcome[i]["status"] == "ok"}
+
+    def agree(self, outcome: dict[int, dict[str, Any]], candidates: list[int]) -> None:
+        """A candidate that failed on any rank fails on every rank, with that rank's reason: ranks that went on
+        with different candidates would wait in each other's collectives until NCCL's timeout.
+
+        Through the rendezvous store, not a collective: a rank that failed in the middle of a step left the
+        others inside that step's collectives, where a collective of this check would pair with theirs. Such
+        ranks never report; past :data:`AGREE_S` this rank fails the process, and torchrun ends the others."""
+        if self.world_size == 1 or not candidates:
+            return
+        from datetime import timedelta
+
+        store = dist.distributed_c10d._get_default_store()
+        self.agreements += 1
+        keys = [f"autocompile/agree{self.agreements}/rank{r}" for r in range(self.world_size)]
+        store.set(keys[self.rank], json.dumps({i: outcome[i] for i in candidates if outcome[i]["status"] != "ok"}))
+        try:
+            store.wait(keys, timedelta(seconds=float(os.environ.get("AUTOCOMPILE_AGREE_S", AGREE_S))))
+        except Exception as exc:  # the store's timeout error type differs across torch versions
+            raise RanksOutOfStep(f"not every rank reported candidates {[self.spec.labels[i] for i in candidates]}: "
+                                 "another rank is still inside a step that failed here") from exc
+        for rank in range(self.world_size):
+            for i, failed in json.loads(store.get(keys[rank])).items():
+                if outcome[int(i)]["status"] == "ok":
+                    outcome[int(i)] = {**failed, "reason": f"on rank {rank}: {failed['reason']}"}
+                    log.warning("candidate %s failed on rank %d: %s", self.spec.labels[int(i)], rank, failed["reason"])
 
     def more_rounds(self, windows: dict[int, list[float]], timed: float) -> bool:
         """Rank 0 decides for every rank (the steps of DDP candidates are collective)."""
         spec = self.spec
-        ok = [w for w in windows.values() if w]
-        rounds = len(clean_rounds(*ok)) if ok else 0
-        if rounds < spec.min_rounds:
+        if rounds_done(windows) < spec.min_rounds:
             more = timed < spec.max_timed_s * 3  # dropped rounds may delay the minimum; never forever
         elif timed >= spec.max_timed_s:
             more = False
@@ -209,15 +271,21 @@ class SideBySide:
         dist.broadcast(flag, src=0)
         return bool(flag.item())
 
-    def reduce_max(self, values: dict[int, float]) -> dict[int, float]:
+    def reduce_max(self, values: dict[Any, float]) -> dict[Any, float]:
         """The slowest rank sets the pace of a synchronous job."""
-        if self.world_size == 1:
+        if self.world_size == 1 or not values:
             return values
         keys = sorted(values)
         t = torch.tensor([values[k] for k in keys], dtype=torch.float64,
                          device=self.device if self.device.type == "cuda" else "cpu")
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return dict(zip(keys, t.tolist(), strict=True))
+
+
+def rounds_done(windows: dict[int, list[float]]) -> int:
+    """Rounds every candidate with windows has timed alike."""
+    ok = [w for w in windows.values() if w]
+    return len(clean_rounds(*ok)) if ok else 0
 
 
 def worst_half_width(windows: list[list[float]]) -> float:

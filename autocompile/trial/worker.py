@@ -2,7 +2,7 @@
 
 Run under torchrun (any world size) or alone (world size 1). Reads ``trial.json``, builds the
 model, applies the configuration, warms up over every shape the data uses (this is where
-compilation happens), then times several windows with the device synchronised. Rank 0 writes
+compilation happens), then times several windows (:mod:`autocompile.trial.clock`). Rank 0 writes
 ``result.json`` atomically and appends progress events to ``progress.jsonl`` so the tuner can
 stop a hopeless trial early. A failure is a result too: ``status: failed`` with its kind and reason.
 
@@ -19,9 +19,6 @@ import atexit  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import resource  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -33,18 +30,37 @@ import torch.distributed as dist  # noqa: E402
 from autocompile.config.knobs import Env, TrialConfig  # noqa: E402
 from autocompile.config.spec import TrialSpec, write_json_atomic  # noqa: E402
 from autocompile.trial.build import (  # noqa: E402
+    Built,
     NonFiniteLoss,
+    align,
     append_progress,
     build_candidate,
     check_finite,
+    period,
+    stage,
     start_process,
     synchronize,
+    tensors,
     warm_up,
     warmup_steps,
 )
 from autocompile.trial.build import window_steps as steps_per_window  # noqa: E402
+from autocompile.trial.clock import WindowClock  # noqa: E402
 from autocompile.trial.flops import estimated_flops_per_token, flops_per_item  # noqa: E402
-from autocompile.trial.programs import NothingCompiled, PartiallyCompiled  # noqa: E402
+from autocompile.trial.readings import (  # noqa: E402, F401 - PEAK_FLOPS, peak_flops: read here by scripts and tests
+    PEAK_FLOPS,
+    CompileInTimedPart,
+    CudaGraphsSkipped,
+    RanksDiverged,
+    classify,
+    dynamo_compile_times,
+    environment,
+    mfu,
+    peak_flops,
+    peak_memory,
+    reset_peak_memory,
+    short_reason,
+)
 from autocompile.trial.stats import relative_half_width  # noqa: E402
 from autocompile.trial.warmstart import load_artifacts, save_artifacts  # noqa: E402
 from autocompile.workload.data import count_items, item_unit  # noqa: E402
@@ -52,25 +68,6 @@ from autocompile.workload.models import build  # noqa: E402
 
 IMPORTS_DONE = time.time()
 log = logging.getLogger("autocompile.trial.worker")
-
-# Dense bf16 tensor-core peaks (FLOP/s) for MFU, by the words of the device name (first match
-# wins: "NVIDIA H100 PCIe" before "H100"); anything else: measure.peak_tflops.
-PEAK_FLOPS = (
-    (("H100", "PCIE"), 756e12), (("H100",), 989e12), (("H200",), 989e12), (("H20",), 148e12),
-    (("A100",), 312e12), (("L40S",), 362e12), (("L4",), 121e12), (("A10",), 125e12),
-)
-
-
-class CompileInTimedPart(RuntimeError):
-    """Dynamo kept compiling after a second warm-up: no steady state to time."""
-
-
-class CudaGraphsSkipped(RuntimeError):
-    """A CUDA-graph mode whose graphs inductor declined: it ran as another program."""
-
-
-class RanksDiverged(RuntimeError):
-    """Data-parallel ranks ended the burst with different parameters: the gradients were not synchronised."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,41 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def classify(exc: BaseException) -> dict[str, str]:
-    """Kind and a readable reason: the first lines of the message, not the traceback."""
-    import torch._dynamo.exc as dynamo_exc
-
-    lines = [line.rstrip() for line in str(exc).strip().splitlines() if line.strip()]
-    reason = f"{type(exc).__name__}: " + " | ".join(lines[:4])[:800]
-    if isinstance(exc, torch.OutOfMemoryError):
-        kind = "oom"
-    elif isinstance(exc, NonFiniteLoss):
-        kind = "nan_loss"
-    elif isinstance(exc, NothingCompiled):
-        kind = "nothing_compiled"
-    elif isinstance(exc, PartiallyCompiled):
-        kind = "partially_compiled"
-    elif isinstance(exc, CompileInTimedPart):
-        kind = "compile_in_timed_part"
-    elif isinstance(exc, CudaGraphsSkipped) or ("cudagraph" in reason.lower() and "skip" in reason.lower()):
-        kind = "cudagraphs_skipped"
-    elif "found no compiled frames" in reason:
-        kind = "fullgraph_no_frames"  # torch >= 2.13; 2.11 ran such a step eager without a word
-    elif "exceeded maximum reuse entries" in reason:
-        kind = "region_reuse_limit"  # torch >= 2.13 nested compile regions
-    elif type(exc).__name__ == "NotSameProgram":  # side by side: another program than in its own process
-        kind = "not_same_program"
-    elif isinstance(exc, RanksDiverged):
-        kind = "ranks_diverged"
-    elif type(exc).__name__ in ("FailOnRecompileLimitHit", "RecompileLimitExceeded"):
-        kind = "recompile_limit"
-    elif isinstance(exc, dynamo_exc.Unsupported):
-        kind = "graph_break"
-    else:
-        kind = "exception"
-    return {"failure": kind, "reason": reason}
-
-
 class Trial:
     def __init__(self, spec: TrialSpec, trial_dir: Path, rank: int) -> None:
         self.spec = spec
@@ -159,16 +121,17 @@ class Trial:
     def run(self) -> dict[str, Any]:
         spec, workload = self.spec, self.spec.workload
         self.progress("started")  # the process is up: the tuner's view says "building the model"
-        self.device = start_process(spec.threads, self.device, self.world_size)
+        self.device = start_process(spec.threads, self.device, self.world_size, workload.float32_matmul_precision)
 
         env = Env.detect(self.device.type, self.world_size, workload.shapes_vary)
         config = TrialConfig.from_flat(spec.knobs, env)
         loaded = load_artifacts(spec.measure.artifacts) if spec.measure.artifacts else None
         built = build_candidate(spec, config, self.device, self.rank, self.world_size)
-        model, step, data, loss_fn = built.model, built.step, built.data, built.loss_fn
+        model, step, loss_fn = built.model, built.step, built.loss_fn
+        built.staged = stage(built.data, period(spec), self.device)  # none made or copied while timing
         # Per item (token, image) over one batch of each shape, before compile touches the model.
         shapes = len(workload.seq_len)
-        counted = [data(i) for i in range(shapes)]
+        counted = [built.batch(i) for i in range(shapes)]
         fpi = flops_per_item(lambda: build(spec.model.target, spec.model.kwargs), loss_fn, counted,
                              sum(count_items(x) for x, _ in counted), self.device) if self.rank == 0 else None
         flops = {"flops_per_token": fpi, "flops_source": "counted"} if fpi else {
@@ -184,35 +147,24 @@ class Trial:
             # A CUDA-graph mode whose graphs inductor declines would run as another program.
             torch._inductor.config.triton.cudagraph_or_error = True
 
+        align(self.world_size)  # rank 0 counted FLOPs alone: not in the others' first warm-up step
         warmup = warmup_steps(spec)
         warm_up(built, warmup, self.sync, self.progress)
         losses, warm_s, program = built.losses, built.warm_s, built.program
         self.timeline["warmup_done"] = time.time()
         self.progress("compiled", **program)
         artifacts = save_artifacts(self.trial_dir) if self.rank == 0 and config.compile.scope != "none" else None
+        align(self.world_size)  # nor its saving in their first window
 
         window_steps = steps_per_window(spec, spec.measure.window_steps)
-        s = warmup
-        rewarm_s, rewarm_steps = 0.0, 0
+        rewarm_s, rewarm_steps, warmup_peak = 0.0, 0, 0
         for attempt in range(2):
+            # Steady state from here: compile-time buffers of the warm-up are not what the job needs.
+            warmup_peak = max(warmup_peak, peak_memory(self.device))
+            memory_source = reset_peak_memory(self.device)
+            self.timeline["memory_reset"] = time.time()
             frames_before = counters["frames"]["total"]
-            window_s, window_tokens = [], []
-            w = 0
-            while self.more_windows(window_s):
-                self.sync()
-                t0 = time.perf_counter()
-                items = 0
-                for _ in range(window_steps):
-                    inputs, targets = data(s)
-                    items += count_items(inputs)
-                    losses.append(step(inputs, targets))
-                    s += 1
-                self.sync()
-                window_s.append(time.perf_counter() - t0)
-                window_tokens.append(items)
-                check_finite(losses[-window_steps:], s)
-                self.progress("window", window=w, seconds=window_s[-1], step_s=window_s[-1] / window_steps)
-                w += 1
+            window_s, window_tokens = self.time_windows(built, window_steps)
             recompiles_timed = counters["frames"]["total"] - frames_before
             if not recompiles_timed:
                 break
@@ -233,6 +185,7 @@ class Trial:
         window_s = self.reduce_max(window_s)
         warm_s = self.reduce_max(warm_s)
         step_s = [t / window_steps for t in window_s]
+        s = built.steps_done
         checksums = self.param_checksums(model)
         if not all(math.isclose(c, checksums[0], rel_tol=1e-9) for c in checksums):
             raise RanksDiverged(f"parameters differ across ranks after {s} steps (checksums {checksums})")
@@ -257,8 +210,8 @@ class Trial:
             "windows": len(window_s),
             "tokens_per_s": tps,
             "tokens_per_s_windows": tokens_per_s,
-            "throughput_unit": item_unit(inputs),  # tokens_per_s counts samples for float inputs (images)
-            "peak_memory_bytes": int(self.reduce_max([float(peak_memory(self.device))])[0]),
+            "throughput_unit": item_unit(built.batch(0)[0]),  # tokens_per_s counts samples for float inputs (images)
+            **self.memory(built, warmup_peak, memory_source),
             "graph_count": counters["stats"]["unique_graphs"],
             "graph_breaks": sum(counters["graph_break"].values()),
             "graph_break_reasons": {short_reason(k): v for k, v in counters["graph_break"].items()},
@@ -277,6 +230,37 @@ class Trial:
             "timeline": self.timeline,
             "environment": environment(self.device, self.rank, spec.threads),
         }
+
+    def time_windows(self, built: Built, window_steps: int) -> tuple[list[float], list[int]]:
+        """Timed windows until :meth:`more_windows` says enough; seconds and items of each. On CUDA the
+        windows' times are read (one synchronisation) only where the next decision needs them."""
+        m = self.spec.measure
+        clock = WindowClock(self.device, self.sync)
+        window_s: list[float] = []
+        window_tokens: list[int] = []
+        checked = len(built.losses)
+        while self.more_windows(window_s):
+            for _ in range(clock.before_deciding(len(window_s), m.windows)):
+                clock.start()
+                window_tokens.append(built.run(window_steps))
+                clock.stop()
+            resolved = clock.resolve()
+            check_finite(built.losses[checked:], built.steps_done)
+            checked = len(built.losses)
+            for w in range(len(window_s), len(resolved)):
+                self.progress("window", window=w, seconds=resolved[w], step_s=resolved[w] / window_steps)
+            window_s = list(resolved)
+        return window_s, window_tokens
+
+    def memory(self, built: Built, warmup_peak: int, source: str) -> dict[str, Any]:
+        """Peak memory of the timed part (the largest rank's), without the staged batches beyond
+        one step's (a job holds the batch it trains on, not a ring of them); the warm-up's peak apart."""
+        steady = peak_memory(self.device)
+        if self.device.type == "cuda" and built.staged:
+            sizes = [sum(t.numel() * t.element_size() for t in tensors(b)) for b in built.staged]
+            steady = max(0, steady - (sum(sizes) - max(sizes)))
+        steady, warmup_peak = (int(v) for v in self.reduce_max([float(steady), float(warmup_peak)]))
+        return {"peak_memory_bytes": steady, "warmup_peak_memory_bytes": warmup_peak, "memory_source": source}
 
     def more_windows(self, window_s: list[float]) -> bool:
         """Another timed window? ``measure.windows`` at least; then until the mean window step time is
@@ -319,59 +303,6 @@ class Trial:
             mine, gathered = mine.to(self.device), [g.to(self.device) for g in gathered]
         dist.all_gather(gathered, mine)
         return [float(g) for g in gathered]
-
-
-def short_reason(text: str) -> str:
-    """A graph-break reason's headline and explanation, without hints and debug context."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return " | ".join(lines[:2])[:300]
-
-
-def dynamo_compile_times() -> dict[str, float]:
-    from torch._dynamo.utils import compile_times
-
-    names, seconds = compile_times(repr="csv", aggregate=True)
-    return {n: float(s) for n, s in zip(names, seconds, strict=True)}
-
-
-def peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def mfu(flops_per_token: float | None, tokens_per_s: float, device: torch.device, world_size: int,
-        peak_tflops: float) -> float | None:
-    peak = peak_tflops * 1e12
-    if not peak and device.type == "cuda":
-        peak = peak_flops(torch.cuda.get_device_name(device))
-    if not peak or not flops_per_token:
-        return None
-    return flops_per_token * tokens_per_s / (peak * world_size)
-
-
-def peak_flops(device_name: str) -> float:
-    """"NVIDIA A100-SXM4-80GB" -> words A100, SXM4, 80GB -> the A100 peak; 0.0 when unknown."""
-    words = set(re.split(r"[\s\-_]+", device_name.upper()))
-    return next((flops for needed, flops in PEAK_FLOPS if words.issuperset(needed)), 0.0)
-
-
-def environment(device: torch.device | None, rank: int, threads: int | None = None) -> dict[str, Any]:
-    name = platform.processor() or platform.machine()
-    if device is not None and device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    return {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "device": device.type if device is not None else None,
-        "device_name": name,
-        "world_size": int(os.environ.get("WORLD_SIZE", 1)),
-        "threads": threads if threads is not None else torch.get_num_threads(),
-        "hostname": platform.node(),
-        "rank": rank,
-        "cpus": sorted(os.sched_getaffinity(0)),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-    }
 
 
 def exit_now(code: int) -> None:
