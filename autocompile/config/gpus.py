@@ -56,7 +56,11 @@ def _smi(gpu: str, field: str) -> str | None:
 
 def _child(gpu: str, expression: str) -> str | None:
     """``expression`` (over ``torch``) printed by a child process that sees only ``gpu``: its CUDA
-    context ends with it."""
+    context ends with it. None without CUDA in this torch build (nothing to ask)."""
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return None
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
     try:
         out = subprocess.run([sys.executable, "-c", f"import torch; print({expression})"], env=env,
