@@ -31,16 +31,38 @@ class TinyLM(nn.Module):
     process-wide resource, which cannot be timed side by side with another)."""
 
     def __init__(self, vocab_size: int = 64, width: int = 32, layers: int = 2, behaviour: str = "ok",
-                 block_sleep_s: float = 0.0) -> None:
+                 block_sleep_s: float = 0.0, activation_budget: int = 0) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, width)
         self.blocks = nn.ModuleList(Block(width, block_sleep_s) for _ in range(layers))
         self.head = nn.Linear(width, vocab_size)
         self.behaviour = behaviour
+<<<<<<< HEAD
         self.calls = 0
+=======
+        self.activation_budget = activation_budget
+        """Bytes a forward may save for backward (0: no limit); past it the forward raises torch.OutOfMemoryError,
+        as a GPU too small for the job would: checkpointing and mixed precision save less, and fit."""
+>>>>>>> gpu-tuner
         TinyLM.instances += 0 if self.head.weight.is_meta else 1  # the FLOP count builds one on the meta device
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.activation_budget and torch.is_grad_enabled() and not ids.is_meta:
+            saved = [0]
+
+            def pack(t: torch.Tensor) -> torch.Tensor:
+                saved[0] += t.numel() * t.element_size()
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = self._forward(ids)
+            if saved[0] > self.activation_budget:
+                raise torch.OutOfMemoryError(f"the forward saved {saved[0]} bytes for backward, over this test "
+                                             f"device's {self.activation_budget}")
+            return out
+        return self._forward(ids)
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
         if self.behaviour == "nan_late_on_rank1":
             self.calls += 1
@@ -67,8 +89,10 @@ class TinyLM(nn.Module):
         return out
 
 
-def tiny_lm(vocab_size: int = 64, behaviour: str = "ok", block_sleep_s: float = 0.0) -> nn.Module:
-    return TinyLM(vocab_size=vocab_size, behaviour=behaviour, block_sleep_s=block_sleep_s)
+def tiny_lm(vocab_size: int = 64, behaviour: str = "ok", block_sleep_s: float = 0.0,
+            activation_budget: int = 0) -> nn.Module:
+    return TinyLM(vocab_size=vocab_size, behaviour=behaviour, block_sleep_s=block_sleep_s,
+                  activation_budget=activation_budget)
 
 
 def tiny_lm_with_extras(vocab_size: int = 64, **extras: object) -> nn.Module:

@@ -184,3 +184,30 @@ def test_worker_reads_steady_state_memory_after_the_warm_up_on_the_gpu(tmp_path:
     assert_ok(result)
     assert "after the warm-up" in result["memory_source"] and result["windows"] >= 3
     assert result["peak_memory_bytes"] > 0 and result["warmup_peak_memory_bytes"] > 0
+
+
+# --- issue 27: tuner side (gpu-tuner) ---
+
+
+def test_the_tuner_side_reads_the_gpu_without_initialising_cuda() -> None:
+    """In a fresh process (this one has CUDA up): what the tuner reads about its GPUs leaves CUDA uninitialised
+    (no context on GPU 0 for the whole study), and reads the same name and a free memory the worker would."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = ("import torch\n"
+            "from autocompile.config.gpus import check_triton, free_memory, gpu_name, visible_gpus\n"
+            "from autocompile.config.spec import Workload\n"
+            "from autocompile.workload.parts import knob_facts\n"
+            "impls = knob_facts(Workload(), 'cuda')['optimizer_impls']\n"
+            "print(gpu_name(), '|', free_memory(visible_gpus()[0]), '|', check_triton(), '|', impls)\n"
+            "print(torch.cuda.is_initialized())\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         check=True).stdout.strip().splitlines()
+    name, free, problem, impls = out[-2].split(" | ")
+    assert out[-1] == "False", out
+    assert name == torch.cuda.get_device_name(0)
+    assert 0 < float(free) <= torch.cuda.get_device_properties(0).total_memory
+    assert problem == "None" and "fused" in impls

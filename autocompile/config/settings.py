@@ -14,7 +14,7 @@ import inspect
 import json
 import logging
 import platform
-from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from autocompile.config.comparing import CompareSettings, overrides
+from autocompile.config.gpus import check_triton, gpu_name
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
 from autocompile.config.sections import LaunchSettings, ObjectiveSettings, StudySettings, TrackingSettings
 from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
@@ -115,6 +116,18 @@ def knobs_help() -> str:
     return "\n".join(lines)
 
 
+AUTOTUNE_TIMEOUT_FACTOR = 3.0
+"""A cold max-autotune compile benchmarks every matmul's candidate kernels (and coordinate-descent tuning every
+kernel's launch parameters), on a slot's share of the cores when slots run together: many times a default
+compile. Such trials get this many times ``measure.timeout_s`` rather than timing out as failures."""
+
+
+def autotunes(config: TrialConfig) -> bool:
+    """Whether a configuration compiles with autotuning: a ``max-autotune`` mode or coordinate-descent tuning."""
+    c = config.compile
+    return c.scope != "none" and (c.mode.startswith("max-autotune") or bool(c.options.coordinate_descent_tuning))
+
+
 class ConfigError(ValueError):
     """A configuration the tool cannot run; the message names the fix."""
 
@@ -146,7 +159,11 @@ class Settings:
     @property
     def patience_s(self) -> float:
         """How long a trial running elsewhere may take before waiting on it stops: its own timeout and a margin."""
-        return self.measure.timeout_s + 60
+        return self.measure.timeout_s * AUTOTUNE_TIMEOUT_FACTOR + 60
+
+    def timeout_s(self, config: TrialConfig) -> float:
+        """``measure.timeout_s``, times :data:`AUTOTUNE_TIMEOUT_FACTOR` for a configuration that autotunes."""
+        return self.measure.timeout_s * (AUTOTUNE_TIMEOUT_FACTOR if autotunes(config) else 1.0)
 
     @property
     def tracking_uri(self) -> str:
@@ -169,7 +186,8 @@ class Settings:
                 "measure": measure, "device_name": device_name(self.device), "versions": versions()}
 
     def trial_spec(self, config: TrialConfig, threads: int | None = None) -> TrialSpec:
-        return TrialSpec(knobs=config.flat(), model=self.model, workload=self.workload, measure=self.measure,
+        measure = replace(self.measure, timeout_s=self.timeout_s(config))
+        return TrialSpec(knobs=config.flat(), model=self.model, workload=self.workload, measure=measure,
                          device=self.device, threads=threads or self.threads)
 
     def candidate_configs(self) -> list[TrialConfig]:
@@ -244,9 +262,7 @@ def model_code(target: str) -> str:
 def device_name(device: str) -> str:
     """The accelerator's or the CPU's model name: studies on a shared storage never mix machines."""
     if device == "cuda":
-        import torch
-
-        return torch.cuda.get_device_name()
+        return gpu_name()  # not torch.cuda.get_device_name: the tuner makes no CUDA context (config/gpus.py)
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -319,6 +335,8 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
 
             if not torch.cuda.is_available():
                 raise ConfigError("workload.device=cuda but no CUDA device is visible: use workload.device=cpu")
+            if fixed_knobs(cfg).get("compile.backend", "inductor") == "inductor" and (problem := check_triton()):
+                raise ConfigError(problem)
         settings = Settings(
             task=cfg.task, output_root=Path(cfg.output_root), model=model, workload=workload, measure=measure,
             study=study, objective=objective, tracking=tracking, launch=launch, compare=compare,

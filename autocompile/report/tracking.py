@@ -41,6 +41,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autocompile.config.gpus import gpu_name
 from autocompile.config.knobs import KNOBS
 from autocompile.config.settings import Settings
 from autocompile.config.spec import PARTS
@@ -85,7 +86,7 @@ def local_environment(device: str) -> dict[str, Any]:
 
     name = platform.processor() or platform.machine()
     if device == "cuda" and torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
+        name = gpu_name()  # without a CUDA context in the tuner (config/gpus.py)
     return {"torch": torch.__version__, "device_name": name}
 
 

@@ -25,8 +25,9 @@ from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace, identity
 from autocompile.study.objective import Objective
 from autocompile.study.record import Measurement, TrialRecord, set_attrs
-from autocompile.study.reference import reference
+from autocompile.study.reference import numerics, reference
 from autocompile.study.shared import heartbeat, tell
+from autocompile.study.warmstart import drop_cache
 from autocompile.trial.launcher import Agents, StopRule, launch
 from autocompile.trial.slots import slot_threads
 
@@ -111,6 +112,7 @@ def tell_measured(study: optuna.Study, trial: optuna.Trial, objective: Objective
     compile is not what a new job pays)."""
     set_attrs(trial, result=measured)
     if not measured.ok:
+        drop_cache(trial.user_attrs.get("trial_dir"))  # no repeat or side-by-side process reads it
         set_attrs(trial, reason=measured.reason or "")
         tell(study, trial, TrialState.PRUNED if measured.status == "pruned" else TrialState.FAIL, None, None)
         log.info("trial %d %s: %s", trial.number, measured.status, measured.reason)
@@ -119,6 +121,8 @@ def tell_measured(study: optuna.Study, trial: optuna.Trial, objective: Objective
     constraints = objective.constraints(measured, ref["losses"] if ref else None)
     for k, v in constraints.items():
         trial.set_constraint(k, v)
-    set_attrs(trial, numerics="checked" if ref else "unchecked: no eager reference", constraints=constraints)
+    set_attrs(trial, numerics=numerics(ref), constraints=constraints)
+    if any(v > 0 for v in constraints.values()):
+        drop_cache(trial.user_attrs.get("trial_dir"))  # infeasible: never a candidate of the phases
     told = measured if cold_compile_s is None else dataclasses.replace(measured, compile_s=cold_compile_s)
     tell(study, trial, TrialState.COMPLETE, objective.values(told), constraints)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autocompile.config.gpus import free_memory
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
@@ -40,8 +42,9 @@ class Member:
     """Its cold single-candidate trial's result: fingerprint, compile artifacts, peak memory, compile time."""
 
 
-def cannot_share(members: list[Member], settings: Settings) -> str | None:
-    """Why these candidates cannot share one process (None: they can).
+def cannot_share(members: list[Member], settings: Settings, gpu: str | None = None) -> str | None:
+    """Why these candidates cannot share one process (None: they can). ``gpu``: the GPU it would run on (default:
+    the first visible one, where the phases' slot and a process without a slot run).
 
     Found by test on CPU (tests/test_sidebyside_knobs.py): every knob value of the CPU space scopes to its
     own candidate but one, regional compile with per-block checkpointing beside another compiled
@@ -64,19 +67,17 @@ def cannot_share(members: list[Member], settings: Settings) -> str | None:
         return (f"{', '.join(wrapped)} compile(s) per-block checkpoint wrappers, whose dynamo state other "
                 "compiled candidates in the process change")
     need = sum(float(m.cold.get("peak_memory_bytes") or 0) for m in members)
-    free = _free_memory(settings.device)
+    free = _free_memory(settings.device, gpu)
     if free and need > MEMORY_SHARE * free:
         return (f"the candidates' peak memory together ({need / 2**30:.1f} GiB) does not fit "
                 f"({free / 2**30:.1f} GiB free)")
     return None
 
 
-def _free_memory(device: str) -> float:
+def _free_memory(device: str, gpu: str | None = None) -> float | None:
     if device == "cuda":
-        import torch
-
-        free, _ = torch.cuda.mem_get_info()
-        return float(free)
+        # The GPU the process will run on, read without a CUDA context in the tuner (config/gpus.py).
+        return free_memory(gpu)
     import psutil
 
     # CPU peaks are process RSS, torch's own ~0.5 GiB counted once per candidate: an overestimate.
@@ -93,7 +94,7 @@ def spec_for(members: list[Member], settings: Settings, shift: int, threads: int
         expected=[m.cold.get("fingerprint") for m in members],
         artifacts=[None if m.label in warm else (m.cold.get("compile_artifacts") or {}).get("path") for m in members],
         window_steps=c.window_steps, min_rounds=c.min_rounds, precision=c.precision, max_timed_s=c.max_timed_s,
-        settle_steps=c.settle_steps, shift=shift, timeout_s=settings.measure.timeout_s)
+        settle_steps=c.settle_steps, shift=shift, timeout_s=max(settings.timeout_s(m.config) for m in members))
 
 
 def run_process(out_dir: Path, members: list[Member], settings: Settings, shift: int,
@@ -111,7 +112,12 @@ def run_process(out_dir: Path, members: list[Member], settings: Settings, shift:
         if beat is not None:
             beat()
 
-    return launch(out_dir, spec, cache_dir=cache, should_stop=alive, resources=resources, agents=agents)
+    try:
+        return launch(out_dir, spec, cache_dir=cache, should_stop=alive, resources=resources, agents=agents)
+    finally:
+        # Hard links to the cold caches, and what this process added: never read again, and the links alone
+        # would keep a pruned cold cache's files on disk (study/warmstart.py: prune_caches).
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def merge_caches(members: list[Member], cache: Path) -> set[str]:
@@ -119,8 +125,6 @@ def merge_caches(members: list[Member], cache: Path) -> set[str]:
     named by their hash and written by rename, never in place). A warm cache directory makes a warm
     start cheap (gpt2-tiny on 2 cores: about 4 s against 16 s with ``load_cache_artifacts`` alone, whose
     first step still traces and partitions). Returns the labels whose cache was found."""
-    import shutil
-
     found = set()
     shutil.rmtree(cache, ignore_errors=True)
     cache.mkdir(parents=True)
@@ -168,7 +172,6 @@ def _link_or_copy(src: str, dst: str) -> None:
     """Hard link (another file system: copy); an entry another candidate's cache already holds is the
     same content (entries are named by their hash): kept."""
     import os
-    import shutil
 
     if os.path.exists(dst):
         return

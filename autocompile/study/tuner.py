@@ -51,7 +51,7 @@ from autocompile.study.shared import (
     wait_finished,
 )
 from autocompile.study.together import measure_together, process_dir
-from autocompile.study.warmstart import warm_start
+from autocompile.study.warmstart import prune_caches, warm_start
 from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted
 from autocompile.trial.slots import slots as trial_slots
 
@@ -105,6 +105,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
         interrupted = run.phases(slots[0])
     if settings.study.warm_start and not interrupted:
         warm_start(study, settings, winner_trial(study, objective), run_dir)
+    if not interrupted:  # a resumed study's repeats start warm from the caches it still has
+        prune_caches(study, winner_trial(study, objective), run_dir)
     return Outcome(study, space, objective, budget.stop_reason, time.time() - budget.started, interrupted,
                    len(budget.released))
 

@@ -1,5 +1,14 @@
 """The winner's warm start: its compile artifacts copied next to ``best_config.py`` and a fresh process
-measured with them loaded, once per winner (see :mod:`autocompile.trial.warmstart` for the worker side)."""
+measured with them loaded, once per winner (see :mod:`autocompile.trial.warmstart` for the worker side);
+and the pruning of the trials' inductor caches (a cold cache per trial: up to GBs each on a GPU).
+
+What reads a trial's cache later: a confirm or verdict repeat starts warm from a feasible complete trial's
+(``study.repeat_cache=warm``), and a side-by-side process merges its candidates' cold caches. Neither
+reads a failed, pruned or infeasible trial's, so that one goes once the trial is told (:func:`drop_cache`);
+the rest go when the study ends, all but the winner's (:func:`prune_caches`). Each trial's
+``compile_artifacts.bin`` stays: the warm start and a side-by-side candidate without a cache load it, and a
+repeat of a resumed study whose cache is gone compiles cold and says so (``compile_cache``).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import Settings
@@ -63,3 +72,32 @@ def warm_start(study: optuna.Study, settings: Settings, winner: FrozenTrial | No
     if found is not None:
         study.set_user_attr("warm_start", found)
     return found
+
+
+CACHE = "inductor_cache"
+"""A trial's own cold cache, in its directory (``launcher.trial_environment``); a cache it was handed
+(a warm repeat's, ``measure.cache=warm``'s shared one) lies elsewhere and is never removed here."""
+
+
+def drop_cache(trial_dir: str | Path | None) -> int:
+    """Remove the inductor cache in ``trial_dir``; the bytes it held."""
+    cache = Path(trial_dir) / CACHE if trial_dir else None
+    if cache is None or not cache.is_dir() or cache.is_symlink():
+        return 0
+    size = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file() and not f.is_symlink())
+    shutil.rmtree(cache, ignore_errors=True)
+    return size
+
+
+def prune_caches(study: optuna.Study, winner: FrozenTrial | None, run_dir: Path) -> int:
+    """At the end of a study: the caches of its finished trials (and of the reference and the warm start)
+    removed, the winner's kept; the bytes freed. A running trial's (another tuner's) is left alone."""
+    keep = TrialRecord.of(winner).trial_dir if winner is not None else None
+    dirs = {d for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+            and (d := TrialRecord.of(t).trial_dir) and d != keep}
+    dirs |= {str(d) for d in run_dir.glob("reference*")} | {str(run_dir / "warm_start")}
+    freed = sum(drop_cache(d) for d in sorted(dirs))
+    if freed:
+        log.info("removed the trials' inductor caches (%.2f GiB); kept: the winner's%s and every trial's %s",
+                 freed / 2**30, f" ({keep})" if keep else "", TRIAL_FILE)
+    return freed

@@ -100,6 +100,9 @@ def torchrun_command(trial_dir: Path, spec: Spec, agents: Agents = Agents()) -> 
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={uuid.uuid4().hex[:12]}",
         "--max-restarts=0",
+        # Without it torchrun makes an empty torchelastic_* tree in the system's temp directory per launch
+        # (DefaultLogsSpecs: tempfile.mkdtemp(prefix="torchelastic_")); here it stays with the trial.
+        f"--log-dir={(trial_dir / 'torchrun').resolve()}",
         "-m", spec.module, str(trial_dir.resolve()),
     ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from autocompile.config.gpus import visible_gpus
 from autocompile.config.sections import Resources
 from autocompile.config.settings import ConfigError, Settings
 
@@ -12,12 +13,7 @@ def slots(settings: Settings) -> list[Resources]:
     """One entry per parallel trial slot: a partition of this machine's GPUs or CPU cores."""
     w = settings.workload
     if settings.device == "cuda":
-        import torch
-
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        # Kept as given: indices, GPU-… UUIDs and MIG-… ids all pass through to the trials.
-        gpus = ([g.strip() for g in visible.split(",") if g.strip()] if visible
-                else [str(i) for i in range(torch.cuda.device_count())])
+        gpus = visible_gpus()
         n = settings.launch.slots or max(1, len(gpus) // w.nproc_per_node)
         if n * w.nproc_per_node > len(gpus):
             raise ConfigError(f"launch.slots={n} x nproc_per_node={w.nproc_per_node} needs {n * w.nproc_per_node}"

@@ -134,9 +134,9 @@ _IMPLS: dict[str, tuple[str, ...]] = {}
 
 
 def optimizer_impls(node: dict[str, Any], device: str) -> tuple[str, ...]:
-    """The ``optim.impl`` values worth a trial besides ``default``: the ones the optimizer takes and the
-    device runs (fused is probed on one parameter), minus the device's own default (foreach on CUDA,
-    the for-loop on CPU), none when the workload's optimizer sets foreach or fused itself."""
+    """The ``optim.impl`` values worth a trial besides ``default``: the ones the optimizer takes (fused is
+    probed by building it on one parameter), minus the device's own default (foreach on CUDA, the for-loop
+    on CPU), none when the workload's optimizer sets foreach or fused itself."""
     key = json.dumps([node, device], sort_keys=True, default=str)
     if key not in _IMPLS:
         _IMPLS[key] = _optimizer_impls(node, device)
@@ -152,7 +152,11 @@ def _optimizer_impls(node: dict[str, Any], device: str) -> tuple[str, ...]:
              and impl != ("foreach" if device == "cuda" else "for_loop")]
     if "fused" in params:
         try:
-            target([torch.zeros(2, device=device, requires_grad=True)], **{**kwargs, "fused": True})
+            # On the CPU whatever the device: a CUDA tensor here would make a CUDA context in the tuner for the
+            # whole study. Nothing is lost: torch's optimizers check fused's device at their first step
+            # (_device_dtype_check_for_fused in _init_group: torch/optim/adam.py, sgd.py, adagrad.py), not when
+            # built, so the probe only ever asked whether the constructor takes fused=True.
+            target([torch.zeros(2, requires_grad=True)], **{**kwargs, "fused": True})
             impls.append("fused")
         except Exception as exc:  # noqa: BLE001 (any failure of the probe means "not here": no CUDA, old torch)
             log.info("optim.impl=fused not offered: %s", str(exc).splitlines()[0] if str(exc) else exc)
