@@ -47,6 +47,7 @@ from autocompile.trial.build import (
     warmup_steps,
     window_steps,
 )
+from autocompile.trial.recordings import cudagraph_recordings
 from autocompile.trial.stats import clean_rounds, stalled, t975
 from autocompile.trial.warmstart import load_artifacts
 from autocompile.trial.worker import WORKER_START, classify, environment, exit_now
@@ -172,19 +173,20 @@ class SideBySide:
                 built = alive[i]
                 with self.scoped(built):
                     built.run(spec.settle_steps, self.sync)
-                    frames = counters["frames"]["total"]
+                    frames = counters["frames"]["total"] + cudagraph_recordings()
                     t0 = time.perf_counter()
                     built.run(n, self.sync)
                     seconds = time.perf_counter() - t0
                 check_finite(built.losses[-n:], built.steps_done)
                 timed += seconds
                 this_round[i] = seconds / n
-                if counters["frames"]["total"] != frames:
+                if counters["frames"]["total"] + cudagraph_recordings() != frames:
                     compiled_now = True
                     recompiled[i] += 1
                     if recompiled[i] > 1:
                         outcome[i] = {"status": "failed", "failure": "compile_in_timed_part",
-                                      "reason": "frames compiled while timing, in two rounds: no steady state"}
+                                      "reason": "frames compiled or CUDA graphs recorded while timing, "
+                                                "in two rounds: no steady state"}
             if not compiled_now:
                 for i, step_s in self.reduce_max(this_round).items():
                     windows[i].append(step_s)

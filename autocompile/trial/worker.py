@@ -45,6 +45,7 @@ from autocompile.trial.build import (  # noqa: E402
 from autocompile.trial.build import window_steps as steps_per_window  # noqa: E402
 from autocompile.trial.flops import estimated_flops_per_token, flops_per_item  # noqa: E402
 from autocompile.trial.programs import NothingCompiled, PartiallyCompiled  # noqa: E402
+from autocompile.trial.recordings import cudagraph_recordings  # noqa: E402
 from autocompile.trial.stats import relative_half_width  # noqa: E402
 from autocompile.trial.warmstart import load_artifacts, save_artifacts  # noqa: E402
 from autocompile.workload.data import count_items, item_unit  # noqa: E402
@@ -179,11 +180,8 @@ class Trial:
 
         from torch._dynamo.utils import counters
 
-        if self.device.type == "cuda" and config.compile.scope != "none" and hasattr(
-                torch._inductor.config.triton, "cudagraph_or_error"):
-            # A CUDA-graph mode whose graphs inductor declines would run as another program.
-            torch._inductor.config.triton.cudagraph_or_error = True
-
+        # A CUDA-graph mode whose graphs inductor declines runs as another program: its cudagraph_skips counter
+        # fails the trial below (not triton.cudagraph_or_error: inductor's FX-graph cache key holds every config).
         warmup = warmup_steps(spec)
         warm_up(built, warmup, self.sync, self.progress)
         losses, warm_s, program = built.losses, built.warm_s, built.program
@@ -195,7 +193,7 @@ class Trial:
         s = warmup
         rewarm_s, rewarm_steps = 0.0, 0
         for attempt in range(2):
-            frames_before = counters["frames"]["total"]
+            frames_before = counters["frames"]["total"] + cudagraph_recordings()
             window_s, window_tokens = [], []
             w = 0
             while self.more_windows(window_s):
@@ -213,14 +211,16 @@ class Trial:
                 check_finite(losses[-window_steps:], s)
                 self.progress("window", window=w, seconds=window_s[-1], step_s=window_s[-1] / window_steps)
                 w += 1
-            recompiles_timed = counters["frames"]["total"] - frames_before
+            recompiles_timed = counters["frames"]["total"] + cudagraph_recordings() - frames_before
             if not recompiles_timed:
                 break
             if attempt == 1:
-                raise CompileInTimedPart(f"{recompiles_timed} frame(s) compiled again while timing, after a second "
-                                         "warm-up: the step never reaches a steady state (see graph breaks/guards)")
+                raise CompileInTimedPart(f"{recompiles_timed} frame(s) compiled or CUDA graph(s) recorded again while "
+                                         "timing, after a second warm-up: the step never reaches a steady state (see "
+                                         "graph breaks/guards, and cudagraph re-record reasons)")
             # Compile work in the timed part: those windows become warm-up, their time counts as compile.
-            log.warning("%d frame(s) compiled during the timed part: timing again", recompiles_timed)
+            log.warning("%d frame(s) compiled or CUDA graph(s) recorded during the timed part: timing again",
+                        recompiles_timed)
             rewarm_s += sum(window_s)
             rewarm_steps += len(window_s) * window_steps
             self.progress("rewarm", frames=recompiles_timed)
