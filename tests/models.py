@@ -37,13 +37,10 @@ class TinyLM(nn.Module):
         self.blocks = nn.ModuleList(Block(width, block_sleep_s) for _ in range(layers))
         self.head = nn.Linear(width, vocab_size)
         self.behaviour = behaviour
-<<<<<<< HEAD
         self.calls = 0
-=======
         self.activation_budget = activation_budget
         """Bytes a forward may save for backward (0: no limit); past it the forward raises torch.OutOfMemoryError,
         as a GPU too small for the job would: checkpointing and mixed precision save less, and fit."""
->>>>>>> gpu-tuner
         TinyLM.instances += 0 if self.head.weight.is_meta else 1  # the FLOP count builds one on the meta device
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

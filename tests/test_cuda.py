@@ -211,3 +211,125 @@ def test_the_tuner_side_reads_the_gpu_without_initialising_cuda() -> None:
     assert name == torch.cuda.get_device_name(0)
     assert 0 < float(free) <= torch.cuda.get_device_properties(0).total_memory
     assert problem == "None" and "fused" in impls
+
+# --- issue 27: step and knob rules (gpu-step) ---
+
+
+def _gpt2_step(config: TrialConfig, loss_fn: Any = lm_loss) -> tuple[TrainStep, torch.nn.Module, SyntheticTokens]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = gpt2(**TINY_GPT2.kwargs)
+    step = apply(model, torch.optim.AdamW(model.parameters(), lr=1e-3), loss_fn, config, device="cuda")
+    return step, model, SyntheticTokens(TINY_GPT2.vocab_size, 4, [32], seed=0, device="cuda")
+
+
+def _accumulated(graphed: bool, steps: int = 3, micro_batches: int = 2) -> list[torch.Tensor]:
+    """What a CUDA-graph mode with accumulation would run: a step marked per micro-batch, gradients summed by
+    AccumulateGrad over the micro-batches, then an SGD step. Returns the parameters after ``steps``."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 1)).cuda()
+    run = torch.compile(model, mode="reduce-overhead") if graphed else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = torch.randn(steps * micro_batches, 8, 16, generator=torch.Generator().manual_seed(0)).cuda()
+    for i, x in enumerate(batches):
+        torch.compiler.cudagraph_mark_step_begin()
+        run(x).square().mean().backward()
+        if i % micro_batches == micro_batches - 1:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_cuda_graphs_still_overwrite_accumulated_gradients_on_this_torch() -> None:
+    """Finding 1's rule (no CUDA-graph mode with workload.grad_accum_steps > 1; apply() refuses) rests on this:
+    each micro-batch's replay overwrites the gradients AccumulateGrad kept from the graph pool (pytorch#169545).
+    If this fails, this torch accumulates correctly under CUDA graphs: offer the modes again (knobs._modes,
+    step.accumulation_error)."""
+    eager = _accumulated(graphed=False)
+    try:
+        graphed = _accumulated(graphed=True)
+    except RuntimeError as exc:
+        assert "overwritten" in str(exc)
+        return
+    assert not all(torch.allclose(g, e, rtol=1e-4, atol=1e-6) for g, e in zip(graphed, eager, strict=True))
+
+
+def test_accumulating_in_a_cuda_graph_mode_is_neither_offered_nor_built() -> None:
+    from autocompile.config.knobs import KNOBS
+    from autocompile.config.spec import Workload
+    from autocompile.workload.parts import knob_facts
+
+    accumulating = Env.detect("cuda", 1, False, job=knob_facts(Workload(grad_accum_steps=2), "cuda"))
+    offered = KNOBS["compile.mode"][0].allowed(TrialConfig().flat(), accumulating)
+    assert "default" in offered and not {"reduce-overhead", "max-autotune"} & set(offered)
+    config = TrialConfig.from_flat({"compile.mode": "reduce-overhead"}, Env.detect("cuda", 1, False))
+    model = gpt2(**TINY_GPT2.kwargs)
+    with pytest.raises(ValueError, match="grad_accum_steps=1"):
+        apply(model, torch.optim.AdamW(model.parameters()), lm_loss, config, device="cuda", grad_accum_steps=2)
+
+
+def test_a_loss_the_model_computes_inside_a_cuda_graph_survives_later_replays(
+        cuda_graph_recordings: list[int]) -> None:
+    """Finding 3: under module scope ``output.loss`` is a CUDA-graph output; the step hands back a copy, so
+    losses kept over steps and read at the end (as the worker does) are each step's own."""
+    from autocompile.workload.losses import model_loss
+
+    def losses(knobs: dict[str, Any]) -> list[float]:
+        config = TrialConfig.from_flat({"compile.scope": "none", **knobs}, Env.detect("cuda", 1, False))
+        step, _, data = _gpt2_step(config, model_loss)
+        kept = [step({"input_ids": data.batch(i)[0], "labels": data.batch(i)[0]}, None) for i in range(STEPS)]
+        return torch.stack(kept).float().cpu().tolist()
+
+    eager = losses({"compile.scope": "none"})
+    graphed = losses({"compile.scope": "module", "compile.mode": "reduce-overhead"})
+    assert cuda_graph_recordings
+    assert graphed == pytest.approx(eager, rel=FP32_RTOL)
+    assert len(set(graphed)) == len(graphed)  # not one overwritten value read STEPS times
+
+
+def test_cuda_graph_recordings_and_re_recordings_are_counted(cuda_graph_recordings: list[int]) -> None:
+    """Finding 4: the worker counts recordings with the frames it compiles; a static input that moves (FSDP2
+    re-allocates its parameters' storage, pytorch#183451) makes the tree record again."""
+    from autocompile.trial.recordings import cudagraph_recordings
+
+    config = TrialConfig.from_flat({"compile.mode": "reduce-overhead"}, Env.detect("cuda", 1, False))
+    step, model, data = _gpt2_step(config)
+    start = cudagraph_recordings()
+    for i in range(3):  # a graph's first call warms up, its second records
+        step(*data.batch(i))
+    warm = cudagraph_recordings() - start
+    assert warm == len(cuda_graph_recordings) > 0
+    for i in range(3, 6):
+        step(*data.batch(i))
+    assert cudagraph_recordings() - start == warm  # steady state: replays only
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.clone()
+    step(*data.batch(6))
+    assert cudagraph_recordings() - start == len(cuda_graph_recordings) > warm
+
+
+def test_fp16_train_step_in_a_cuda_graph_mode_skips_cuda_graphs_which_is_why_it_is_not_offered() -> None:
+    """Finding 7: GradScaler.update() mutates the scaler's tensors inside the compiled train step. If the first
+    assertion on skips fails, this torch graphs it: the rule in knobs._amp_dtypes can go."""
+    from torch._dynamo.utils import counters
+
+    from autocompile.config.knobs import AmpKnobs, CompileKnobs, KnobError
+
+    cuda = Env.detect("cuda", 1, False)
+    refused = {"compile.scope": "train_step", "compile.mode": "reduce-overhead", "amp.dtype": "float16"}
+    with pytest.raises(KnobError, match="GradScaler"):
+        TrialConfig.from_flat(refused, cuda)
+
+    def skips(config: TrialConfig) -> int:
+        step, _, data = _gpt2_step(config)
+        counters.clear()
+        losses = [step(*data.batch(i)) for i in range(4)]
+        assert all(torch.isfinite(torch.stack(losses)).tolist())
+        return int(counters["inductor"]["cudagraph_skips"])
+
+    assert skips(TrialConfig(compile=CompileKnobs(scope="train_step", mode="reduce-overhead"),
+                             amp=AmpKnobs(dtype="float16"))) > 0
+    offered = {**refused, "compile.scope": "module"}
+    assert skips(TrialConfig.from_flat(offered, cuda)) == 0

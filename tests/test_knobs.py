@@ -146,3 +146,60 @@ def test_a_knob_whose_values_earlier_knobs_narrow_is_its_own_optuna_parameter(cp
                                                      "compile.backend": "eager", "optim.impl": "foreach"}):
         study.enqueue_trial(space.params(flat))
         assert space.sample(study.ask()).flat() == TrialConfig.from_flat(flat, cpu_env).flat()
+
+
+def test_cuda_graph_modes_are_not_offered_when_the_workload_accumulates_gradients() -> None:
+    """Issue 27 finding 1: each micro-batch's replay overwrites the gradients AccumulateGrad took from the graph
+    pool (torch/_inductor/cudagraph_trees.py format_dealloc_msg, is_grad_output). workload.grad_accum_steps
+    reaches the knob table through parts.knob_facts."""
+    from autocompile.config.spec import Workload
+    from autocompile.workload.parts import knob_facts
+
+    cuda = Env.detect("cuda", 1, False, job=knob_facts(Workload(grad_accum_steps=1), "cuda"))
+    accumulating = Env.detect("cuda", 1, False, job=knob_facts(Workload(grad_accum_steps=4), "cuda"))
+    assert {"reduce-overhead", "max-autotune"} <= set(cuda.graph_modes) and not Env.detect("cpu", 1, False).graph_modes
+    assert accumulating.accumulates and not cuda.accumulates
+    mode = KNOBS["compile.mode"][0]
+    assert not set(mode.allowed(TrialConfig().flat(), accumulating)) & set(cuda.graph_modes)
+    assert {"default", "max-autotune-no-cudagraphs"} <= set(mode.allowed(TrialConfig().flat(), accumulating))
+    for graphed in cuda.graph_modes:
+        assert TrialConfig.from_flat({"compile.mode": graphed}, cuda).compile.mode == graphed
+        with pytest.raises(KnobError, match=rf"compile.mode='{graphed}' is not valid here.*grad_accum_steps=1"):
+            TrialConfig.from_flat({"compile.mode": graphed}, accumulating)
+
+
+def test_fp16_is_not_offered_to_a_train_step_in_a_cuda_graph_mode() -> None:
+    """Issue 27 finding 7: GradScaler.update() mutates its scale tensors (torch/amp/grad_scaler.py
+    _amp_update_scale_) inside the compiled train step; they are not static inputs, so inductor skips CUDA graphs
+    (torch/_inductor/cudagraph_utils.py check_for_mutation*, log_cudagraph_skip_and_bump_counter)."""
+    cuda = Env.detect("cuda", 1, False)
+    fp16 = {"amp.dtype": "float16"}
+    with pytest.raises(KnobError, match=r"amp.dtype='float16' is not valid here.*GradScaler.update"):
+        TrialConfig.from_flat({"compile.scope": "train_step", "compile.mode": "reduce-overhead", **fp16}, cuda)
+    for fine in ({"compile.scope": "module", "compile.mode": "reduce-overhead"},
+                 {"compile.scope": "regional", "compile.mode": "max-autotune"},
+                 {"compile.scope": "train_step", "compile.mode": "default"},
+                 {"compile.scope": "train_step", "compile.mode": "max-autotune-no-cudagraphs"}):
+        assert TrialConfig.from_flat({**fine, **fp16}, cuda).amp.dtype == "float16"
+    bf16 = {"compile.scope": "train_step", "compile.mode": "reduce-overhead", "amp.dtype": "bfloat16"}
+    assert TrialConfig.from_flat(bf16, cuda).amp.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize(("fixed", "ruled_out"), [
+    ({"compile.scope": "train_step", "amp.dtype": "float16"}, lambda v: v["compile.mode"] in ("reduce-overhead",
+                                                                                              "max-autotune")),
+    ({"compile.scope": "module", "optim.impl": "fused"}, lambda v: v["compile.optimizer"]),
+], ids=["float16", "fused"])
+def test_a_fixed_knob_narrows_the_earlier_knobs_it_depends_on(fixed: dict, ruled_out) -> None:
+    """A study that fixes amp.dtype=float16 never samples a CUDA-graph train_step (nor one that fixes a fused
+    optimizer a compiled optimizer step): every configuration the space walks is valid with the fixed values."""
+    from autocompile.config.space import SearchSpace
+
+    cuda = Env.detect("cuda", 1, False, job={"scheduled": False, "clips": False})
+    small = {"compile.backend": "inductor", "ac.policy": "none", "compile.compiled_autograd": False}
+    space = SearchSpace(cuda, {**small, **fixed})
+    configurations = space.configurations()
+    assert len(configurations) == space.size() > 1
+    for values in configurations:
+        config = TrialConfig.from_flat(values, cuda)  # a KnobError before the narrowing
+        assert {k: config.flat()[k] for k in fixed} == fixed and not ruled_out(values)

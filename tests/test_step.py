@@ -237,3 +237,39 @@ def test_numerics_compare_the_first_loss_steps_only_so_a_fast_correct_program_st
     assert everything.constraints(Measurement(losses=correct), reference)["loss_drift_over_rtol"] > 0
     with pytest.raises(ValueError, match=r"objective.loss_steps=1 must be >= 2"):
         ObjectiveSettings(loss_steps=1)
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_apply_refuses_to_accumulate_gradients_in_a_cuda_graph_mode(mode: str) -> None:
+    """Issue 27 finding 1, for users who call apply() themselves: a replay overwrites the accumulated gradients.
+    Refused before anything touches the model or the device (this runs without a GPU)."""
+    config = TrialConfig.from_flat({"compile.mode": mode}, Env.detect("cuda", 1, False))
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(ValueError, match=rf"compile.mode='{mode}'.*grad_accum_steps=4.*Set grad_accum_steps=1"):
+        apply(model, torch.optim.SGD(model.parameters(), lr=0.1), lm_loss, config, device="cuda", grad_accum_steps=4)
+    assert "forward" not in model.__dict__  # untouched
+    # On the CPU the same mode records no CUDA graphs (inductor runs it as its no-cudagraph twin): accumulating is fine.
+    step = apply(model, torch.optim.SGD(model.parameters(), lr=0.1), lm_loss, config, device="cpu", grad_accum_steps=4)
+    assert step.compiled == ["model"]
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_a_loss_the_model_returns_is_copied_out_of_cuda_graph_memory(cuda_graphs: bool) -> None:
+    """Issue 27 finding 3: under module/regional scope a loss that is a compiled unit's output (model_loss,
+    output.loss) lives in the CUDA-graph pool, and the next replay overwrites it; the step returns a copy."""
+    from contextlib import nullcontext
+
+    from autocompile.trial.step import Micro, eager_step
+
+    returned: list[torch.Tensor] = []
+    model = torch.nn.Linear(4, 1)
+
+    def loss_of_output(output: torch.Tensor, targets: Any) -> torch.Tensor:
+        returned.append(output.sum())
+        return returned[-1]
+
+    micro = Micro(model, loss_of_output, lambda loss: loss.backward(), lambda: None, 1, None, None, cuda_graphs)
+    loss = eager_step(micro, nullcontext, nullcontext)(torch.randn(2, 4), None)
+    assert float(loss) == float(returned[-1]) and not loss.requires_grad
+    shares = loss.untyped_storage().data_ptr() == returned[-1].untyped_storage().data_ptr()
+    assert shares != cuda_graphs  # a copy exactly where a replay could overwrite it

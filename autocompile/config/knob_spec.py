@@ -29,6 +29,8 @@ class Env:
     """True when the data schedule uses more than one sequence length."""
     modes: tuple[str, ...] = ("default",)
     """``torch.compile`` modes worth running here (cudagraph modes only on CUDA)."""
+    graph_modes: tuple[str, ...] = ()
+    """Those of ``modes`` that record CUDA graphs (inductor's ``triton.cudagraphs``)."""
     nested_regions: bool = False
     """Whether ``torch.compiler.nested_compile_region`` exists in the running torch."""
     has_blocks: bool = True
@@ -43,6 +45,8 @@ class Env:
     """The workload has an LR schedule (``workload.lr_schedule``)."""
     clips: bool = True
     """The workload clips gradients (``workload.grad_clip_norm`` > 0)."""
+    accumulates: bool = False
+    """The workload accumulates gradients over micro-batches (``workload.grad_accum_steps`` > 1)."""
 
     @classmethod
     def detect(cls, device: str, world_size: int, shapes_vary: bool, structure: Any = None,
@@ -52,17 +56,15 @@ class Env:
         import torch
         from torch._inductor import list_mode_options
 
-        modes = tuple(
-            mode
-            for mode, options in list_mode_options().items()
-            # On CPU a cudagraph mode silently runs as its no-cudagraph twin: a duplicate trial.
-            if device == "cuda" or not options.get("triton.cudagraphs", False)
-        )
+        graphs = {mode: bool(options.get("triton.cudagraphs", False)) for mode, options in list_mode_options().items()}
+        # On CPU a cudagraph mode silently runs as its no-cudagraph twin: a duplicate trial.
+        modes = tuple(mode for mode, graphed in graphs.items() if device == "cuda" or not graphed)
         return cls(
             device=device,
             world_size=world_size,
             shapes_vary=shapes_vary,
             modes=modes,
+            graph_modes=tuple(mode for mode in modes if graphs[mode]),
             nested_regions=hasattr(torch.compiler, "nested_compile_region"),
             **({} if structure is None else dataclasses.asdict(structure)),
             **(job or {}),

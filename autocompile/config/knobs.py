@@ -80,7 +80,10 @@ CLIPS = Rule("the workload clips gradients (workload.grad_clip_norm > 0)", lambd
 
 
 def _modes(config: Flat, env: Env) -> tuple[str, ...]:
-    return env.modes
+    # Accumulating, each micro-batch replays the backward graph over the gradients that AccumulateGrad took
+    # from the graph pool on the micro-batch before (torch's "accessing gradient tensor output of CUDAGraphs
+    # that has been overwritten", pytorch#169545).
+    return tuple(mode for mode in env.modes if not (env.accumulates and mode in env.graph_modes))
 
 
 def _scopes(config: Flat, env: Env) -> tuple[str, ...]:
@@ -93,7 +96,9 @@ def _granularities(config: Flat, env: Env) -> tuple[str, ...]:
 
 def _amp_dtypes(config: Flat, env: Env) -> tuple[str, ...]:
     # fp16 on CPU is slower than fp32 and needs no trial to say so.
-    return ("none", "bfloat16", "float16") if env.device == "cuda" else ("none", "bfloat16")
+    if env.device != "cuda" or (config["compile.scope"] == "train_step" and config["compile.mode"] in env.graph_modes):
+        return ("none", "bfloat16")
+    return ("none", "bfloat16", "float16")
 
 
 def _optimizer_impls(config: Flat, env: Env) -> tuple[str, ...]:
@@ -159,7 +164,10 @@ class CompileKnobs:
     mode: str = knob(
         "default", values=_modes, when=COMPILED & INDUCTOR,
         api="torch.compile(mode=...); torch._inductor.list_mode_options()",
-        doc="Inductor mode (its options come from torch._inductor.list_mode_options).",
+        doc="Inductor mode (its options come from torch._inductor.list_mode_options). CUDA-graph modes "
+            "(reduce-overhead, max-autotune) only on CUDA and with workload.grad_accum_steps=1: each micro-batch's "
+            "replay would overwrite the gradients accumulated from the one before (accumulate in a mode without "
+            "CUDA graphs, or raise workload.batch_size and set grad_accum_steps=1).",
         question="Which compile mode?")
     dynamic: bool | None = knob(
         None, values=TRISTATE, when=COMPILED & SHAPES_VARY,
@@ -189,7 +197,10 @@ class AmpKnobs:
     dtype: str = knob(
         "none", values=_amp_dtypes,
         api="torch.autocast(dtype=...); torch.amp.GradScaler for float16",
-        doc="Autocast dtype; float16 adds a GradScaler.", question="Mixed precision, and which dtype?")
+        doc="Autocast dtype; float16 adds a GradScaler. float16 not with compile.scope=train_step in a CUDA-graph "
+            "mode: GradScaler.update() mutates the scaler's state inside the graphed step and inductor skips CUDA "
+            "graphs for it (compile.scope=module or regional, or bfloat16, instead).",
+        question="Mixed precision, and which dtype?")
     placement: str = knob(
         "outside", values=("outside", "inside"), when=AMP_ON & COMPILED,
         api="torch.autocast around or inside the compiled function",

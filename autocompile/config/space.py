@@ -40,7 +40,27 @@ class SearchSpace:
             return (self.fixed[key],)
         if spec.extended and not self.extended:
             return (default,)
-        return spec.searched(values, self.env)
+        return self.keeping_fixed(key, values, spec.searched(values, self.env))
+
+    def keeping_fixed(self, key: str, values: dict[str, Any], choices: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``choices`` less those that rule out a fixed knob's value further down the table (a fixed
+        ``amp.dtype=float16`` takes the CUDA-graph modes out of ``train_step``, a fixed ``optim.impl=fused`` the
+        compiled optimizer step), judged with the knobs in between at their defaults; all of them when none is
+        left (validation then names the clash)."""
+        later = [k for k in list(KNOBS)[list(KNOBS).index(key) + 1:] if k in self.fixed]
+        if not later:
+            return choices
+        kept = tuple(c for c in choices if self.fixed_allowed({**DEFAULTS, **values, key: c, **self.fixed}, later))
+        return kept or choices
+
+    def fixed_allowed(self, probe: dict[str, Any], keys: list[str]) -> bool:
+        """Whether each of ``keys`` that applies under ``probe`` may take its value there."""
+        for key in keys:
+            spec, _ = KNOBS[key]
+            applies = spec.when is None or spec.when.test(probe, self.env)
+            if applies and probe[key] not in spec.allowed(probe, self.env):
+                return False
+        return True
 
     def param_name(self, key: str, choices: tuple[Any, ...]) -> str:
         """The Optuna parameter for ``key`` offered ``choices``. Optuna fixes one distribution per name,

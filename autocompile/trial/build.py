@@ -174,9 +174,11 @@ def build_candidate(spec: TrialSpec, config: TrialConfig, device: torch.device, 
 
 def warmup_steps(spec: TrialSpec) -> int:
     """Every shape twice, so first compiles and the automatic-dynamic recompile land in the warm-up, and
-    whole optimizer steps (twice when accumulating: micro-steps and the stepping one may compile apart)."""
+    whole optimizer steps (twice when accumulating: micro-steps and the stepping one may compile apart). One
+    step more when shapes vary: CUDA graph trees record a graph on its second call per shape, and the dynamic
+    graph first sees the first shape on that shape's second round, so it is recorded on its third."""
     shapes, accum = len(spec.workload.seq_len), spec.workload.grad_accum_steps
-    warmup = max(spec.measure.warmup_steps, 2 * shapes, 2 * accum if accum > 1 else 1)
+    warmup = max(spec.measure.warmup_steps, 2 * shapes + int(shapes > 1), 2 * accum if accum > 1 else 1)
     return -(-warmup // accum) * accum
 
 

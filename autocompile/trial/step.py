@@ -117,6 +117,14 @@ def marks_cuda_graph_steps(kwargs: dict[str, Any], scope: str, device: torch.dev
     return device.type == "cuda" and scope != "none" and uses_cuda_graphs(kwargs)
 
 
+def accumulation_error(mode: str, grad_accum_steps: int) -> str:
+    """Why a CUDA-graph mode cannot accumulate gradients, and what to do instead."""
+    return (f"compile.mode={mode!r} records CUDA graphs, which cannot accumulate gradients over "
+            f"grad_accum_steps={grad_accum_steps} micro-batches: each micro-batch's replay overwrites the gradients "
+            "AccumulateGrad kept from the one before (pytorch#169545). Set grad_accum_steps=1 (with a batch that "
+            "many times larger), or choose a mode without CUDA graphs (default, max-autotune-no-cudagraphs).")
+
+
 def apply(
     model: nn.Module,
     optimizer: OptimizerLike,
@@ -136,8 +144,8 @@ def apply(
     (``functools.partial(torch.optim.AdamW, lr=3e-4)``: needed for ``optim.impl``, it is then built
     after the model is on its device). ``lr_schedule``: None, an LR scheduler, or a factory taking the
     optimizer. ``grad_clip_norm`` > 0 clips before each optimizer step; ``grad_accum_steps`` micro-batches
-    (calls) make one optimizer step, DDP syncing gradients on the last only. Inputs may be a tensor, a
-    tuple (positional arguments) or a dict (keyword arguments).
+    (calls) make one optimizer step, DDP syncing gradients on the last only (not in a CUDA-graph mode on CUDA:
+    ValueError). Inputs may be a tensor, a tuple (positional arguments) or a dict (keyword arguments).
 
     Mutates ``model`` (compiled, checkpointed or autocast ``forward`` of its units; ``fully_shard`` under
     ``parallel.strategy=fsdp2``), the optimizer (a compiled ``step``, a tensor LR) and
@@ -152,6 +160,9 @@ def apply(
     knobs, amp = config.compile, config.amp
     log = CompileLog()
     compilers = Compilers(log, compile_kwargs(knobs))
+    cuda_graphs = marks_cuda_graph_steps(compilers.kwargs, knobs.scope, device)
+    if cuda_graphs and grad_accum_steps > 1:
+        raise ValueError(accumulation_error(knobs.mode, grad_accum_steps))
 
     sharded = distributed and config.parallel.strategy == "fsdp2"
     if sharded and isinstance(optimizer, torch.optim.Optimizer):
@@ -181,8 +192,7 @@ def apply(
 
     micro = Micro(runner, loss_fn, scaled_backward(scaler, grad_accum_steps),
                   optimizer_update(optimizer, scaler, clip, unscale=grad_clip_norm > 0), grad_accum_steps, ddp,
-                  scheduler, marks_cuda_graph_steps(compilers.kwargs, knobs.scope, device),
-                  model if sharded else None)
+                  scheduler, cuda_graphs, model if sharded else None)
     outer = outer_autocast(amp, knobs.scope, device)
     if knobs.scope == "train_step":
         fn = train_step(micro, outer, inner_autocast(amp, knobs.scope), device.type, compilers("train_step"))
@@ -266,7 +276,8 @@ def optimizer_update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradSca
 
 def eager_step(micro: Micro, outer: Context, autograd: Context) -> Callable[[Any, Any], torch.Tensor]:
     """The step of the scopes that compile parts (``none``, ``module``, ``regional``): the loop in eager code,
-    forward and backward under compiled autograd's context when it is on."""
+    forward and backward under compiled autograd's context when it is on. A loss that a compiled unit returned
+    (``model_loss``, ``output.loss``) is CUDA-graph memory: copied out before the next replay overwrites it."""
     def step(inputs: Any, targets: Any) -> torch.Tensor:
         last = micro.begin()
         with micro.sync(last), autograd():
@@ -276,7 +287,7 @@ def eager_step(micro: Micro, outer: Context, autograd: Context) -> Callable[[Any
             if last:
                 micro.update()
         micro.end(last)
-        return loss.detach()
+        return loss.detach().clone() if micro.cuda_graphs else loss.detach()
 
     return step
 

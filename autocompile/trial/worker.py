@@ -61,6 +61,7 @@ from autocompile.trial.readings import (  # noqa: E402, F401 - PEAK_FLOPS, peak_
     reset_peak_memory,
     short_reason,
 )
+from autocompile.trial.recordings import cudagraph_recordings  # noqa: E402
 from autocompile.trial.stats import relative_half_width  # noqa: E402
 from autocompile.trial.warmstart import load_artifacts, save_artifacts  # noqa: E402
 from autocompile.workload.data import count_items, item_unit  # noqa: E402
@@ -142,10 +143,8 @@ class Trial:
 
         from torch._dynamo.utils import counters
 
-        if self.device.type == "cuda" and config.compile.scope != "none" and hasattr(
-                torch._inductor.config.triton, "cudagraph_or_error"):
-            # A CUDA-graph mode whose graphs inductor declines would run as another program.
-            torch._inductor.config.triton.cudagraph_or_error = True
+        # A CUDA-graph mode whose graphs inductor declines runs as another program: its cudagraph_skips counter
+        # fails the trial below (not triton.cudagraph_or_error: inductor's FX-graph cache key holds every config).
 
         align(self.world_size)  # rank 0 counted FLOPs alone: not in the others' first warm-up step
         warmup = warmup_steps(spec)
@@ -163,16 +162,18 @@ class Trial:
             warmup_peak = max(warmup_peak, peak_memory(self.device))
             memory_source = reset_peak_memory(self.device)
             self.timeline["memory_reset"] = time.time()
-            frames_before = counters["frames"]["total"]
+            frames_before = counters["frames"]["total"] + cudagraph_recordings()
             window_s, window_tokens = self.time_windows(built, window_steps)
-            recompiles_timed = counters["frames"]["total"] - frames_before
+            recompiles_timed = counters["frames"]["total"] + cudagraph_recordings() - frames_before
             if not recompiles_timed:
                 break
             if attempt == 1:
-                raise CompileInTimedPart(f"{recompiles_timed} frame(s) compiled again while timing, after a second "
-                                         "warm-up: the step never reaches a steady state (see graph breaks/guards)")
+                raise CompileInTimedPart(f"{recompiles_timed} frame(s) compiled or CUDA graph(s) recorded again while "
+                                         "timing, after a second warm-up: the step never reaches a steady state (see "
+                                         "graph breaks/guards, and cudagraph re-record reasons)")
             # Compile work in the timed part: those windows become warm-up, their time counts as compile.
-            log.warning("%d frame(s) compiled during the timed part: timing again", recompiles_timed)
+            log.warning("%d frame(s) compiled or CUDA graph(s) recorded during the timed part: timing again",
+                        recompiles_timed)
             rewarm_s += sum(window_s)
             rewarm_steps += len(window_s) * window_steps
             self.progress("rewarm", frames=recompiles_timed)

@@ -167,4 +167,4 @@ def knob_facts(workload: Any, device: str) -> dict[str, Any]:
     """What the job's parts allow, for ``knobs.Env``."""
     return {"optimizer_impls": optimizer_impls(workload.optimizer, device),
             "scheduled": workload.lr_schedule.get("_target_") is not None,
-            "clips": workload.grad_clip_norm > 0}
+            "clips": workload.grad_clip_norm > 0, "accumulates": workload.grad_accum_steps > 1}
