@@ -27,7 +27,7 @@ TINY = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_siz
 CUDA_INITIALISING = re.compile(r"get_device_name\(|get_device_properties\(|get_device_capability\(|mem_get_info\("
                                r"|cuda\.set_device\(|cuda\.current_device\(|cuda\.synchronize\(|cuda\.init\(")
 WORKER_SIDE = {"worker.py", "step.py", "build.py", "apply_parts.py", "programs.py", "sidebyside.py", "stats.py",
-               "flops.py", "warmstart.py", "timeline.py"}
+               "flops.py", "warmstart.py", "timeline.py", "clock.py", "readings.py", "recordings.py"}
 """autocompile/trial/ modules that run only in the trial processes, which own their GPU."""
 
 
