@@ -59,7 +59,7 @@ from gpu_check_plan import (  # noqa: E402
     check_plan,
     dry_run,
 )
-from gpu_check_report import check_results, describe_row, junit_outcomes, merge, report  # noqa: E402
+from gpu_check_report import check_results, describe_row, junit_outcomes, log_outcomes, merge, report  # noqa: E402
 
 MIN_TRIAL_S = 30.0
 """A configuration is not started with less time left than this: it could not even finish its imports."""
@@ -140,11 +140,12 @@ def device_slug(env: dict[str, Any], device: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def run_tests(deadline: float, out_dir: Path) -> dict[str, Any]:
+def run_tests(deadline: float, out_dir: Path, tests_k: str = "") -> dict[str, Any]:
     """``pytest -m cuda``: pass/fail of every GPU-only path, and of each check of the plan."""
     timeout = deadline - KILL_GRACE_S - time.time()
-    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-m", "cuda", "-q", "-rs",
-           "--junitxml", str(out_dir / "pytest.xml"), CUDA_TESTS]
+    # -v: each test's outcome is in the log as it ends, so a run stopped at its budget still says what passed.
+    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-m", "cuda", "-v", "-rs",
+           "--tb=short", "--junitxml", str(out_dir / "pytest.xml"), CUDA_TESTS, *(["-k", tests_k] if tests_k else [])]
     if importlib.util.find_spec("pytest_timeout"):
         cmd += ["--timeout", str(int(max(1.0, timeout)))]
     if importlib.util.find_spec("xdist"):
@@ -157,7 +158,7 @@ def run_tests(deadline: float, out_dir: Path) -> dict[str, Any]:
     lines = [ln for ln in output.strip().splitlines() if ln.strip()]
     summary = next((ln.strip("= ") for ln in reversed(lines) if re.search(r"\d+ (passed|failed|skipped|error)", ln)),
                    lines[-1] if lines else "")
-    checks = check_results(ROOT, junit_outcomes(out_dir / "pytest.xml"))
+    checks = check_results(ROOT, junit_outcomes(out_dir / "pytest.xml") or log_outcomes(output))
     log(f"CUDA tests: exit {code}: {summary}")
     for c in checks:
         log(f"  {c['result']:<18} {c['what'][:90]}")
@@ -176,7 +177,9 @@ def bench(args: argparse.Namespace, stage: Stage, deadline: float, out_dir: Path
     from autocompile.config.spec import MeasureSettings, TrialSpec, Workload
     from autocompile.trial.launcher import launch
 
-    model = model_spec(yaml.safe_load((CONF_DIR / "model" / f"{args.model}.yaml").read_text()), [])
+    node = yaml.safe_load((CONF_DIR / "model" / f"{args.model}.yaml").read_text())
+    node = node.get("model", node) if "_target_" not in node else node  # gpt2.yaml is a _global_ package
+    model = model_spec({k: v for k, v in node.items() if k != "defaults"}, [])
     fields = {f.name for f in dataclasses.fields(Workload)}
     env = Env.detect(args.device, 1, False)
     rows: list[dict[str, Any]] = []
@@ -253,6 +256,7 @@ def run_study(args: argparse.Namespace, stage: Stage, deadline: float, out_dir: 
 def parse_args() -> argparse.Namespace:
     names = [s.name for s in STAGES]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tests-k", default="", help="pytest -k expression: run only these CUDA tests")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (commands, stages, budgets) and exit")
     parser.add_argument("--merge", type=Path, metavar="DIR", help="write DIR/gpu_check.md from DIR/gpu_check-*.json")
     parser.add_argument("--stage", type=lambda s: tuple(s.split(",")), default=tuple(names),
@@ -312,7 +316,7 @@ def main() -> int:
     for s in stages:
         deadline += s.budget_s  # what an earlier stage left over goes to the next
         if s.name == "tests":
-            tests = run_tests(deadline, out_dir)
+            tests = run_tests(deadline, out_dir, args.tests_k)
         elif s.configs:
             rows += bench(args, s, deadline, out_dir, work)
         else:

@@ -4,6 +4,7 @@ one command's files, or all commands' files merged (``gpu_check.py --merge DIR``
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,13 @@ def junit_outcomes(path: Path) -> dict[str, str]:
         outcome = next((k for k in ("failure", "error", "skipped") if k in kinds), "passed")
         outcomes[case.get("name", "?")] = {"failure": "failed"}.get(outcome, outcome)
     return outcomes
+
+
+def log_outcomes(output: str) -> dict[str, str]:
+    """The same from pytest's ``-v`` log (a run stopped at its budget writes no XML): ``name[params]`` -> outcome."""
+    found = re.findall(r"(PASSED|FAILED|ERROR|SKIPPED)\s+\S*::(\S+)|\S*::(\S+)\s+(PASSED|FAILED|ERROR|SKIPPED)", output)
+    return {(a_name or b_name): (a_kind or b_kind).lower()
+            for a_kind, a_name, b_name, b_kind in found}
 
 
 def check_results(root: Path, outcomes: dict[str, str]) -> list[dict[str, Any]]:
