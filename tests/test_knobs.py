@@ -168,31 +168,21 @@ def test_cuda_graph_modes_are_not_offered_when_the_workload_accumulates_gradient
             TrialConfig.from_flat({"compile.mode": graphed}, accumulating)
 
 
-def test_fp16_is_not_offered_to_a_train_step_in_a_cuda_graph_mode() -> None:
-    """Issue 27 finding 7: GradScaler.update() mutates its scale tensors (torch/amp/grad_scaler.py
-    _amp_update_scale_) inside the compiled train step; they are not static inputs, so inductor skips CUDA graphs
-    (torch/_inductor/cudagraph_utils.py check_for_mutation*, log_cudagraph_skip_and_bump_counter)."""
+def test_fp16_is_offered_to_a_train_step_in_a_cuda_graph_mode() -> None:
+    """Issue 27 finding 7, rejected by measurement: GradScaler.update() inside a compiled train step under
+    reduce-overhead kept its CUDA graphs on an H100 with torch 2.11 (0 cudagraph_skips,
+    benchmarks/results/h100/pytest.log); a torch that skips them fails the trial as cudagraphs_skipped."""
     cuda = Env.detect("cuda", 1, False)
-    fp16 = {"amp.dtype": "float16"}
-    with pytest.raises(KnobError, match=r"amp.dtype='float16' is not valid here.*GradScaler.update"):
-        TrialConfig.from_flat({"compile.scope": "train_step", "compile.mode": "reduce-overhead", **fp16}, cuda)
-    for fine in ({"compile.scope": "module", "compile.mode": "reduce-overhead"},
-                 {"compile.scope": "regional", "compile.mode": "max-autotune"},
-                 {"compile.scope": "train_step", "compile.mode": "default"},
-                 {"compile.scope": "train_step", "compile.mode": "max-autotune-no-cudagraphs"}):
-        assert TrialConfig.from_flat({**fine, **fp16}, cuda).amp.dtype == "float16"
-    bf16 = {"compile.scope": "train_step", "compile.mode": "reduce-overhead", "amp.dtype": "bfloat16"}
-    assert TrialConfig.from_flat(bf16, cuda).amp.dtype == "bfloat16"
+    fp16 = {"compile.scope": "train_step", "compile.mode": "reduce-overhead", "amp.dtype": "float16"}
+    assert TrialConfig.from_flat(fp16, cuda).amp.dtype == "float16"
 
 
 @pytest.mark.parametrize(("fixed", "ruled_out"), [
-    ({"compile.scope": "train_step", "amp.dtype": "float16"}, lambda v: v["compile.mode"] in ("reduce-overhead",
-                                                                                              "max-autotune")),
     ({"compile.scope": "module", "optim.impl": "fused"}, lambda v: v["compile.optimizer"]),
-], ids=["float16", "fused"])
+], ids=["fused"])
 def test_a_fixed_knob_narrows_the_earlier_knobs_it_depends_on(fixed: dict, ruled_out) -> None:
-    """A study that fixes amp.dtype=float16 never samples a CUDA-graph train_step (nor one that fixes a fused
-    optimizer a compiled optimizer step): every configuration the space walks is valid with the fixed values."""
+    """A study that fixes a fused optimizer never samples a compiled optimizer step: every configuration the space
+    walks is valid with the fixed values."""
     from autocompile.config.space import SearchSpace
 
     cuda = Env.detect("cuda", 1, False, job={"scheduled": False, "clips": False})
