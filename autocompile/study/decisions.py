@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from scipy import stats
+from scipy import special
 
 from autocompile.trial.stats import Ratio
 
@@ -29,6 +29,8 @@ PRUNE_ALPHA = 0.05
 PRIOR_ALONE_NOISE = 0.086
 """Relative sd of one program's step time across alone fresh processes, until the study measures it: the
 largest the studies of issue 26 recorded (6.7-8.6 % on the 2-core VM)."""
+POWER = 0.8
+"""The chance of deciding that :func:`processes_to_decide` plans for."""
 MAX_MORE = 1000
 """Beyond this many further processes an undetermined comparison is called undecidable in practice."""
 
@@ -43,7 +45,7 @@ class LogInterval:
 
     @property
     def se(self) -> float:
-        return self.half / float(stats.t.ppf(1 - ALPHA / 2, self.df)) if self.df >= 1 else math.inf
+        return self.half / float(special.stdtrit(self.df, 1 - ALPHA / 2)) if self.df >= 1 else math.inf
 
 
 def log_interval(ratio: Ratio | None) -> LogInterval | None:
@@ -65,7 +67,7 @@ def p_value(ratio: Ratio | None) -> float | None:
         return None
     if li.half == 0:
         return 0.0 if li.mu != 0 else 1.0
-    return float(2 * stats.t.sf(abs(li.mu) / li.se, li.df))
+    return float(2 * special.stdtr(li.df, -abs(li.mu) / li.se))
 
 
 def classify(ratio: Ratio | None, margin: float) -> str:
@@ -87,10 +89,11 @@ def classify(ratio: Ratio | None, margin: float) -> str:
 
 
 def processes_to_decide(ratio: Ratio | None, margin: float, processes: int) -> int | None:
-    """About how many further processes (rounds) would decide an undetermined comparison: the half-width
-    shrinks as t(df) / sqrt(n) with ``n`` processes, and the comparison is decided once it is below the
-    distance of the estimate to the nearer decision (tied: inside the margin; slower: above zero).
-    None: no interval to scale, or more than :data:`MAX_MORE`."""
+    """About how many further processes (rounds) would decide an undetermined comparison with 80% power if
+    the difference is what it measured so far: the standard error shrinks as 1 / sqrt(n) with ``n``
+    processes, and the comparison is decided once (t(df) + z(0.8)) standard errors fit in the distance of
+    the estimate to the easier decision (tied: inside the margin; apart: beyond zero). A planning figure:
+    the estimate itself is uncertain. None: no interval to scale, or more than :data:`MAX_MORE`."""
     li = log_interval(ratio)
     if li is None or processes < 1:
         return None
@@ -100,9 +103,11 @@ def processes_to_decide(ratio: Ratio | None, margin: float, processes: int) -> i
         return 0
     spread = li.se * math.sqrt(processes)
     per_process = li.df / processes  # side by side, pooled windows add many df per process
+    power = float(special.ndtri(POWER))
     for more in range(1, MAX_MORE + 1):
         n = processes + more
-        if float(stats.t.ppf(1 - ALPHA / 2, li.df + per_process * more)) * spread / math.sqrt(n) < target:
+        t = float(special.stdtrit(li.df + per_process * more, 1 - ALPHA / 2))
+        if (t + power) * spread / math.sqrt(n) < target:
             return more
     return None
 
@@ -124,7 +129,7 @@ def expected_max_normal(k: int) -> float:
     the best of ``k`` equally good noisy measurements is lucky by."""
     if k <= 1:
         return 0.0
-    return float(stats.norm.ppf((k - 0.375) / (k + 0.25)))
+    return float(special.ndtri((k - 0.375) / (k + 0.25)))
 
 
 def prune_margin(noise: float, window_cv: float, k: int, alpha: float = PRUNE_ALPHA) -> float:
@@ -132,7 +137,7 @@ def prune_margin(noise: float, window_cv: float, k: int, alpha: float = PRUNE_AL
     pruned: the one-sided ``1 - alpha`` quantile of the difference of two alone processes (the challenger's
     process and its one window's spread, ``window_cv``; the best's process) plus the best's luck as the
     minimum of ``k`` noisy values (``noise``: relative sd across alone processes)."""
-    z = float(stats.norm.ppf(1 - alpha))
+    z = float(special.ndtri(1 - alpha))
     return z * math.sqrt(2 * noise**2 + window_cv**2) + expected_max_normal(k) * noise
 
 

@@ -27,7 +27,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from scipy import stats
+from scipy import special
 
 from autocompile.trial.stats import Ratio, clean_rounds, t975
 
@@ -83,7 +83,7 @@ def paired_windows(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[fl
     else:
         s2_means = statistics.variance(means)
         f = s2_means / (ms_w * inv_r) if ms_w > 0 else math.inf
-        p_value = float(stats.f.sf(f, len(groups) - 1, df_w))
+        p_value = float(special.fdtrc(len(groups) - 1, df_w, f))
         pooled = (ms_w * inv_r / len(groups), df_w, "windows pooled")
         means_only = (s2_means / len(groups), len(groups) - 1, "process means")
         var, df, basis = max(pooled, means_only, key=_half_width)
@@ -97,7 +97,7 @@ def _half_width(estimate: tuple[float, float, str]) -> float:
 
 def t_quantile(df: float) -> float:
     """The 97.5% quantile of Student's t (a two-sided 95% interval)."""
-    return float(stats.t.ppf(0.975, df))
+    return float(special.stdtrit(df, 0.975))
 
 
 def _interval(mu: float, var: float, df: float, rounds: int, processes: int, basis: str,
@@ -134,8 +134,19 @@ def from_rounds(ratio: Ratio | None) -> Paired | None:
                   se, df)
 
 
+def level(per_process: Mapping[int, Sequence[float]]) -> tuple[float, float]:
+    """Standard error of a candidate's mean log step time over processes (each process's mean log window, or
+    one fresh process's step time), with its degrees of freedom; (0, 0) from one process. A time-to-train
+    ratio depends on the absolute step time (against the compile), which processes disagree on."""
+    means = [statistics.fmean(math.log(x) for x in w) for w in per_process.values() if w and min(w) > 0]
+    if len(means) < 2:
+        return 0.0, 0.0
+    return statistics.stdev(means) / math.sqrt(len(means)), len(means) - 1
+
+
 def time_to_train(step: Paired, a: tuple[float, float], b: tuple[float, float], horizon: int,
-                  compile_cv: float, compile_df: float = 4, shared_cold: bool = False) -> Paired:
+                  compile_cv: float, compile_df: float = 4, shared_cold: bool = False,
+                  step_level: tuple[float, float] = (0.0, 0.0)) -> Paired:
     """``b / a`` of time to train ``horizon`` steps (cold compile + steps), from the paired step ratio and
     each side's cold compile seconds; ``a`` and ``b`` are (step seconds, compile seconds).
 
@@ -143,17 +154,20 @@ def time_to_train(step: Paired, a: tuple[float, float], b: tuple[float, float], 
     plus each compile's (``compile_cv``: relative sd of one cold compile across fresh processes, with
     ``compile_df`` degrees of freedom) weighted by the compile's share; degrees of freedom by
     Welch-Satterthwaite. ``shared_cold``: both sides took their compile time from one cold run (an A/A
-    comparison), whose error enters both times alike: only the difference of the shares carries it."""
+    comparison), whose error enters both times alike: only the difference of the shares carries it.
+    ``step_level``: (standard error, df) of the log of the absolute step time (:func:`level`), which moves
+    both step times together and so the ratio by the difference of the steps' shares."""
     (sa, ca), (sb, cb) = a, b
     ta, tb = ca + horizon * sa, cb + horizon * sb
     mu = math.log(tb / ta)
     w_step = (horizon * sa / ta + horizon * sb / tb) / 2
-    if shared_cold:
-        parts = [(w_step * step.log_se) ** 2, ((ca / ta - cb / tb) * compile_cv) ** 2]
-        dfs = [step.df, compile_df]
-    else:
-        parts = [(w_step * step.log_se) ** 2, ((ca / ta) * compile_cv) ** 2, ((cb / tb) * compile_cv) ** 2]
-        dfs = [step.df, compile_df, compile_df]
+    # Both compiles' variances come from one estimate of the spread: one part with its df, not two.
+    compiles = (ca / ta - cb / tb) ** 2 if shared_cold else (ca / ta) ** 2 + (cb / tb) ** 2
+    parts = [(w_step * step.log_se) ** 2, compiles * compile_cv**2]
+    dfs = [step.df, compile_df]
+    if step_level[1] >= 1:
+        parts.append(((horizon * sb / tb - horizon * sa / ta) * step_level[0]) ** 2)
+        dfs.append(step_level[1])
     var = sum(parts)
     if not step.df:
         return Paired(math.expm1(mu), None, None, step.rounds, step.processes, step.basis, step.process_p)

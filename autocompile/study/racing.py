@@ -23,7 +23,15 @@ from autocompile.config.knobs import KNOBS, Env
 from autocompile.config.sections import ObjectiveSettings
 from autocompile.study.decisions import holm, p_value, processes_to_decide, race
 from autocompile.study.effect import Effect
-from autocompile.study.intervals import CompileSpread, Paired, break_even, from_rounds, paired_windows, time_to_train
+from autocompile.study.intervals import (
+    CompileSpread,
+    Paired,
+    break_even,
+    from_rounds,
+    level,
+    paired_windows,
+    time_to_train,
+)
 from autocompile.study.objective import Objective
 from autocompile.study.objective import time_to_train as time_to_train_s
 from autocompile.study.record import TrialRecord
@@ -153,7 +161,8 @@ def versus(a: Candidate, b: Candidate, objective: Objective, score: bool,
         return step
     spread = spread or CompileSpread(objective.settings.compile_cv, objective.settings.compile_df, "prior")
     return time_to_train(step, (b.step_s(), b.compile_s), (a.step_s(), a.compile_s),
-                         objective.settings.horizon_steps, spread.cv, spread.df)
+                         objective.settings.horizon_steps, spread.cv, spread.df,
+                         step_level=level(b.windows or {r: [s] for r, s in b.steps.items()}))
 
 
 def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
@@ -305,7 +314,8 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
                 if theirs else None
         step = ratio if isinstance(ratio, Paired) else from_rounds(ratio)
         score = time_to_train(step, (theirs, cold), (mine, result.compile_s or 0.0),
-                              objective.settings.horizon_steps, spread.cv, spread.df) \
+                              objective.settings.horizon_steps, spread.cv, spread.df,
+                              step_level=level(winner_windows or {r: [s] for r, s in winner.items()})) \
             if objective is not None and spread is not None and step is not None and theirs else None
         effects.append(Effect(key, question, ref, value, ratio.change, half, (result.compile_s or 0.0) - cold,
                               ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high, how=how,
