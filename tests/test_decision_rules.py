@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from autocompile.config.knobs import Env
 from autocompile.config.settings import ObjectiveSettings
 from autocompile.config.space import SearchSpace
-from autocompile.study.confirm import neighbours
+from autocompile.study.confirm import neighbours, recommended
 from autocompile.study.decisions import (
     classify,
     expected_max_normal,
@@ -299,6 +299,22 @@ def test_a_verdict_neighbour_measurably_faster_to_train_is_found_after_holm() ->
     assert amp.family == 3 and amp.family_measurable and amp.beats_winner and amp.score_high < 0
     assert "Holm over 3 verdicts" in amp.verdict and "measurably faster than the winner" in amp.verdict
     assert not found["optim.impl"].beats_winner
+
+
+def test_a_study_never_recommends_what_its_own_verdicts_beat() -> None:
+    objective = Objective(ObjectiveSettings(horizon_steps=10000))
+    study = verdict_study({"amp.dtype": -0.3, "optim.impl": 0.0}, seed=0)
+    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+        "phase": "search", "config": {"compile.scope": "module"}, "identity": "w", "constraints": {},
+        "result": {"status": "ok", "step_s": 0.010, "compile_s": 10.0}}))
+    chosen, why = recommended(study, objective)
+    assert chosen is not None and chosen.user_attrs["label"] == "amp.dtype"  # before: the search's best
+    assert why.startswith("changed from trial 9") and "amp.dtype=bfloat16 trains measurably faster" in why
+    calm = verdict_study({"amp.dtype": 0.0, "optim.impl": 0.0}, seed=0)
+    calm.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+        "phase": "search", "config": {"compile.scope": "module"}, "identity": "w", "constraints": {},
+        "result": {"status": "ok", "step_s": 0.010, "compile_s": 10.0}}))
+    assert recommended(calm, objective) == (calm.trials[-1], "")
 
 
 def test_an_invalid_one_knob_neighbour_is_asked_at_the_nearest_valid_configuration() -> None:

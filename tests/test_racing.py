@@ -137,6 +137,21 @@ def test_an_interval_wider_than_the_margin_is_undetermined_and_the_best_mean_is_
     assert outcome["tied_with_leader"] == [outcome["leader"]] and outcome["undetermined"][0]["more_processes"] is None
 
 
+def test_the_report_says_which_candidates_are_undetermined_and_what_would_decide_them() -> None:
+    from rich.console import Console
+
+    from autocompile.report.summary import print_confirmed
+
+    outcome = confirmed(race_study({"compile": [0.0200, 0.0210, 0.0195], "fancy": [0.0195, 0.0212, 0.0190]}),
+                        Objective(ObjectiveSettings(kind="throughput")))
+    console = Console(record=True, width=300)
+    print_confirmed(console, outcome)
+    text = console.export_text()
+    more = outcome["undetermined"][0]["more_processes"]
+    assert f"undetermined (about {more} more processes would decide)" in text
+    assert "every ± and [ ] is a 95% interval" in text and "prior objective.compile_cv" in text
+
+
 def test_verdicts_come_from_the_rounds_of_the_winner_and_its_neighbours() -> None:
     study = optuna.create_study(directions=["minimize"])
     for r, (w, same_cost, slower) in enumerate([(0.020, 0.0202, 0.030), (0.024, 0.0238, 0.036),

@@ -205,8 +205,6 @@ def pareto_front(entries: list[Entry]) -> list[Entry]:
     return sorted(front, key=lambda e: e.result.compile_s)
 
 
-
-
 def write_artifacts(report: Report, run_dir: Path) -> None:
     (run_dir / "summary.json").write_text(json.dumps(report.summary, indent=2, default=str))
     chosen = report.recommended
@@ -327,6 +325,9 @@ def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
     console.print(f"  Recommended (trial {w['trial']}): {w['name'] or 'defaults'}; steps "
                   f"{w['step_s_geomean'] * 1e3:.2f} ms (geometric mean of its repeats), compile "
                   f"{w['compile_s_cold']:.1f} s (cold, search)")
+    if outcome.get("compile_spread"):
+        console.print(f"  Cold compile spread in time-to-train intervals: {outcome['compile_spread']['cv']:.1%} "
+                      f"({outcome['compile_spread']['source']}); every ± and [ ] is a 95% interval")
     for name, gain in outcome["gains"].items():
         console.print(f"  step time vs {name}: {gain['text']} ({'paired windows' if side else 'paired by round'}; "
                       "negative = faster)")
@@ -340,8 +341,21 @@ def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
                       str(c["rounds"]), f"{c['step_s_geomean'] * 1e3:.2f}",
                       "leader" if c["label"] == outcome["leader"] else (
                           f"{vs['change']:+.1%} [{vs['low'] * 100:+.1f}, {vs['high'] * 100:+.1f}]"
-                          if vs and vs["low"] is not None else "-"))
+                          if vs and vs["low"] is not None else "-") + race_status(c, outcome))
     console.print(table)
+
+
+def race_status(candidate: dict[str, Any], outcome: dict[str, Any]) -> str:
+    """How a candidate stands against the leader, in words: within the tie margin, measurably slower, or
+    undetermined with the processes that would decide it."""
+    status = candidate.get("status")
+    if status in (None, "leader"):
+        return ""
+    if status != "undetermined":
+        return f" {status}" + (f" (within +-{outcome['tie_margin']:.0%})" if status == "tied" else "")
+    more = next((u["more_processes"] for u in outcome.get("undetermined", []) if u["label"] == candidate["label"]),
+                None)
+    return " undetermined" + (f" (about {more} more processes would decide)" if more else "")
 
 
 def pareto_table(front: list[Entry]) -> Table:
