@@ -98,22 +98,58 @@ def race_study(steps: dict[str, list[float]]) -> optuna.Study:
     return study
 
 
-def test_the_confirmed_winner_is_the_simplest_of_those_that_tie() -> None:
-    throughput = Objective(ObjectiveSettings(kind="throughput"))
-    # fancy is 1% faster on average, within the noise: nothing beats default compile; eager is slower.
+def test_the_confirmed_winner_is_the_simplest_of_those_that_tie_within_the_margin() -> None:
+    throughput = Objective(ObjectiveSettings(kind="throughput"))  # objective.tie_margin: 2%
+    # fancy is 0.5% faster in every round, an interval well within +-2%: a tie, the simpler compile wins.
     study = race_study({"eager": [0.030, 0.031, 0.029], "compile": [0.0200, 0.0210, 0.0195],
-                                  "fancy": [0.0195, 0.0212, 0.0190]})
+                        "fancy": [0.0199, 0.02089, 0.01941]})
     outcome = confirmed(study, throughput)
     assert outcome["leader"] == "#2" and set(outcome["tied_with_leader"]) == {"#1", "#2"}
     assert outcome["winner"]["name"] == "compile"  # the simplest of the tied
+    assert outcome["decided"] and not outcome["undetermined"]
+    assert {c["label"]: c["status"] for c in outcome["candidates"]}["#0"] == "slower"
     assert not outcome["beats_default_compile"]
     assert "nothing beats default torch.compile(model) beyond the noise" in outcome["conclusion"]
+    assert "tie within +-2%" in outcome["conclusion"]
     assert outcome["gains"]["eager"]["step"]["measurable"] and outcome["gains"]["eager"]["step"]["high"] < 0
 
     clear = race_study({"eager": [0.030, 0.031, 0.029], "compile": [0.0200, 0.0210, 0.0195],
-                                        "fancy": [0.0150, 0.0158, 0.0147]})
+                        "fancy": [0.0150, 0.0158, 0.0147]})
     outcome = confirmed(clear, throughput)
     assert outcome["winner"]["name"] == "fancy" and outcome["beats_default_compile"]
+
+
+def test_an_interval_wider_than_the_margin_is_undetermined_and_the_best_mean_is_recommended() -> None:
+    # Before: "the interval contains 0" read as a tie and the simpler compile was recommended.
+    throughput = Objective(ObjectiveSettings(kind="throughput"))
+    study = race_study({"compile": [0.0200, 0.0210, 0.0195], "fancy": [0.0195, 0.0212, 0.0190]})
+    outcome = confirmed(study, throughput)
+    assert outcome["winner"]["name"] == "fancy" and outcome["leader"] == "#1" and not outcome["decided"]
+    (undetermined,) = outcome["undetermined"]
+    assert undetermined["label"] == "#0" and undetermined["more_processes"] > 0
+    assert f"about {undetermined['more_processes']} more processes would decide" in outcome["conclusion"]
+    # A candidate without a round shared with the leader is no tie either.
+    apart = optuna.create_study(directions=["minimize"])
+    for number, (label, rnd, step) in enumerate((("compile", 0, 0.020), ("compile", 1, 0.021), ("fancy", 2, 0.019))):
+        repeat(apart, "confirm", rnd, f"#{label}", step, candidate=number, config={"compile.scope": "module"},
+               name=label, baseline=None, compile_s_cold=0.0)
+    outcome = confirmed(apart, throughput)
+    assert outcome["tied_with_leader"] == [outcome["leader"]] and outcome["undetermined"][0]["more_processes"] is None
+
+
+def test_the_report_says_which_candidates_are_undetermined_and_what_would_decide_them() -> None:
+    from rich.console import Console
+
+    from autocompile.report.summary import print_confirmed
+
+    outcome = confirmed(race_study({"compile": [0.0200, 0.0210, 0.0195], "fancy": [0.0195, 0.0212, 0.0190]}),
+                        Objective(ObjectiveSettings(kind="throughput")))
+    console = Console(record=True, width=300)
+    print_confirmed(console, outcome)
+    text = console.export_text()
+    more = outcome["undetermined"][0]["more_processes"]
+    assert f"undetermined (about {more} more processes would decide)" in text
+    assert "every ± and [ ] is a 95% interval" in text and "prior objective.compile_cv" in text
 
 
 def test_verdicts_come_from_the_rounds_of_the_winner_and_its_neighbours() -> None:

@@ -7,7 +7,8 @@ single-process measurements. Two trials form a matched pair for a knob when thei
 configurations differ in that knob only, so the difference is the knob's and nothing else's. The
 effect is the median relative change in step time over the pairs; its uncertainty combines the
 study's run-to-run noise (each trial is one fresh process; see ``racing.study_noise``) with the
-spread between pairs. An effect within twice its uncertainty is "no measurable effect". When every
+spread between pairs, as a 95% half-width (1.96 standard uncertainties; every "±" of the report is a
+95% half-width). An effect within it is "no measurable effect". When every
 matched pair compiled one and the same program (equal fingerprints), the verdict is "identical
 program": measured, and certain. Without a matched pair there is no verdict: a comparison of group
 medians mixes in every other knob that varied.
@@ -22,6 +23,9 @@ from typing import Any
 from autocompile.config.knobs import KNOBS
 from autocompile.report.entry import Entry
 from autocompile.study.effect import Effect
+
+Z95 = 1.96
+"""Standard uncertainties in a 95% half-width (normal: the pooled noise has many degrees of freedom)."""
 
 
 def knob_effects(measured: list[Entry], programs: list[dict[str, Any]] | None = None,
@@ -76,4 +80,5 @@ def matched_effect(measured: list[Entry], key: str, reference: Any, value: Any,
         return None
     spread = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0
     noise = statistics.median(noises) / math.sqrt(len(noises))
-    return (statistics.median(ratios), max(noise, spread), statistics.median(compile_deltas), len(ratios), True)
+    return (statistics.median(ratios), Z95 * max(noise, spread), statistics.median(compile_deltas), len(ratios),
+            True)

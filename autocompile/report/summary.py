@@ -19,11 +19,12 @@ from rich.table import Table
 from autocompile.config.commands import measure_command
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
-from autocompile.report.effects import knob_effects
+from autocompile.report.effects import Z95, knob_effects
 from autocompile.report.entry import Entry
 from autocompile.report.frameworks import write_framework_configs
 from autocompile.report.snippet import snippet
 from autocompile.report.view import console as make_console
+from autocompile.study.confirm import recommended as recommended_trial
 from autocompile.study.effect import Effect
 from autocompile.study.objective import Objective
 from autocompile.study.racing import confirmed, phase, phase_trials, study_noise, verdicts
@@ -58,7 +59,10 @@ class Report:
     verdicts: list[Effect] = field(default_factory=list)
     """The verdict phase's verdicts (empty: not run; ``effects`` then holds the search's fallback)."""
     recommended: Entry | None = None
-    """What best_config.* applies: the confirmed winner, else the search's best."""
+    """What best_config.* applies: the confirmed winner, else the search's best; a verdict neighbour that
+    trains measurably faster than either replaces it."""
+    recommendation_changed: str = ""
+    """Why a verdict neighbour replaced the confirmed winner (empty: it did not)."""
     phases_wall_s: dict[str, float] = field(default_factory=dict)
     warm_start: dict[str, Any] | None = None
     """The winner's compile artifacts and the compile time a warm start with them saved (``warmstart``)."""
@@ -75,6 +79,7 @@ class Report:
             "pareto": [e.as_dict() for e in self.pareto], "effects": [e.as_dict() for e in self.effects],
             "noise": self.noise, "confirmed": self.confirmed, "verdicts": [e.as_dict() for e in self.verdicts],
             "recommended": self.recommended.as_dict() if self.recommended else None,
+            "recommendation_changed": self.recommendation_changed,
             "phases_wall_s": self.phases_wall_s, "warm_start": self.warm_start,
             "failures": self.failures,
             "run_dir": self.run_dir, "measure_command": self.measure_command, "commands": self.commands,
@@ -103,11 +108,12 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     noise = study_noise(study, space.env)
     rel_sd = noise.rel_sd if noise else 0.0
     speedups = {name: speedup(best, base, rel_sd) for name, base in baselines.items()} if best else {}
-    verdict_effects = verdicts(study)
+    verdict_effects = verdicts(study, objective)
     outcome = confirmed(study, objective)
     recommended = best
-    if outcome and outcome.get("winner"):
-        recommended = Entry.of(study.trials[outcome["winner"]["trial"]], objective)
+    chosen, changed = recommended_trial(study, objective)
+    if chosen is not None and ((outcome and outcome.get("winner")) or changed):
+        recommended = Entry.of(chosen, objective)
     counts |= {"confirm_repeats": len(phase_trials(study, "confirm")),
                "verdict_repeats": len(phase_trials(study, "verdict"))}
     report = Report(
@@ -116,7 +122,8 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         best=best, baselines=baselines, speedups=speedups, pareto=pareto_front(complete),
         effects=verdict_effects or knob_effects(complete, compiled_programs(trials), rel_sd), run_dir=str(run_dir),
         commands=look_commands(settings, run_dir), noise=noise.as_dict() if noise else None, confirmed=outcome,
-        verdicts=verdict_effects, recommended=recommended, phases_wall_s=phases_wall(trials),
+        verdicts=verdict_effects, recommended=recommended, recommendation_changed=changed,
+        phases_wall_s=phases_wall(trials),
         failures=failure_groups(measured, complete),
     )
     if recommended is not None:
@@ -177,13 +184,14 @@ def look_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
 
 
 def speedup(best: Entry, base: Entry, noise: float = 0.0) -> dict[str, float]:
-    """Best over a baseline in the search (one fresh process each): steady-state speedup with its
-    noise, and time-to-train speedup. ``noise`` is the study's run-to-run relative sd; each side has
-    it, so the ratio's is sqrt(2) x it (the windows' spread inside each process when not measured)."""
+    """Best over a baseline in the search (one fresh process each): steady-state speedup with the 95%
+    half-width of its noise (``noise``), and time-to-train speedup. ``noise`` (argument) is the study's
+    run-to-run relative sd of alone processes; each side has it, so the ratio's is sqrt(2) x it (the
+    windows' spread inside each process when not measured)."""
     b, r = best.result, base.result
     ratio = r.step_s / b.step_s
     within = math.hypot(b.step_s_cv or 0, r.step_s_cv or 0)
-    return {"step_speedup": ratio, "noise": ratio * max(within, math.sqrt(2) * noise),
+    return {"step_speedup": ratio, "noise": Z95 * ratio * max(within, math.sqrt(2) * noise),
             "time_to_train_speedup": base.time_to_train_s / best.time_to_train_s}
 
 
@@ -197,8 +205,6 @@ def pareto_front(entries: list[Entry]) -> list[Entry]:
     return sorted(front, key=lambda e: e.result.compile_s)
 
 
-
-
 def write_artifacts(report: Report, run_dir: Path) -> None:
     (run_dir / "summary.json").write_text(json.dumps(report.summary, indent=2, default=str))
     chosen = report.recommended
@@ -207,7 +213,8 @@ def write_artifacts(report: Report, run_dir: Path) -> None:
     outcome = report.confirmed or {}
     (run_dir / "best_config.yaml").write_text(yaml.safe_dump(
         {"study": report.study_name, "trial": chosen.number, "knobs": chosen.config,
-         "decided_by": "confirmation repeats" if outcome.get("winner") else "search (one measurement each)",
+         "decided_by": ("verdict phase: " + report.recommendation_changed if report.recommendation_changed else
+                        "confirmation repeats" if outcome.get("winner") else "search (one measurement each)"),
          **({"conclusion": outcome["conclusion"]} if outcome.get("winner") else {}),
          "measure_command": report.measure_command}, sort_keys=False))
     (run_dir / "best_config.py").write_text(report.snippet)
@@ -233,6 +240,9 @@ def print_report(report: Report, console: Console | None = None) -> None:
                       f"time to train {s['time_to_train_speedup']:.2f}x (search: one fresh process each)")
     console.print(noise_line(report.noise))
     print_confirmed(console, report.confirmed)
+    if report.recommendation_changed and report.recommended is not None:
+        console.print(f"[bold yellow]Recommendation[/] (trial {report.recommended.number}, "
+                      f"{report.recommended.name}): {report.recommendation_changed}")
     console.print(pareto_table(report.pareto))
     if report.effects:
         console.print(effects_table(report.effects))
@@ -290,10 +300,10 @@ def no_result_lines(report: Report) -> list[str]:
 
 def noise_line(noise: dict[str, Any] | None) -> str:
     if not noise:
-        return ("Run-to-run noise: not measured (no configuration ran in two fresh processes); each ± below is "
-                "the windows' spread inside one process and understates it.")
-    return (f"Run-to-run noise of step time: {noise['rel_sd']:.1%} (relative sd across fresh processes, "
-            f"{noise['df']} degrees of freedom: {noise['source']}); the search's ± use it.")
+        return ("Run-to-run noise: not measured (no configuration ran alone in two fresh processes); each ± below "
+                "(a 95% half-width) uses the windows' spread inside one process and understates it.")
+    return (f"Run-to-run noise of step time, alone: {noise['rel_sd']:.1%} (relative sd across fresh processes, "
+            f"{noise['df']} degrees of freedom: {noise['source']}); the search's ± (95% half-widths) use it.")
 
 
 def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
@@ -315,6 +325,9 @@ def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
     console.print(f"  Recommended (trial {w['trial']}): {w['name'] or 'defaults'}; steps "
                   f"{w['step_s_geomean'] * 1e3:.2f} ms (geometric mean of its repeats), compile "
                   f"{w['compile_s_cold']:.1f} s (cold, search)")
+    if outcome.get("compile_spread"):
+        console.print(f"  Cold compile spread in time-to-train intervals: {outcome['compile_spread']['cv']:.1%} "
+                      f"({outcome['compile_spread']['source']}); every ± and [ ] is a 95% interval")
     for name, gain in outcome["gains"].items():
         console.print(f"  step time vs {name}: {gain['text']} ({'paired windows' if side else 'paired by round'}; "
                       "negative = faster)")
@@ -328,8 +341,21 @@ def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
                       str(c["rounds"]), f"{c['step_s_geomean'] * 1e3:.2f}",
                       "leader" if c["label"] == outcome["leader"] else (
                           f"{vs['change']:+.1%} [{vs['low'] * 100:+.1f}, {vs['high'] * 100:+.1f}]"
-                          if vs and vs["low"] is not None else "-"))
+                          if vs and vs["low"] is not None else "-") + race_status(c, outcome))
     console.print(table)
+
+
+def race_status(candidate: dict[str, Any], outcome: dict[str, Any]) -> str:
+    """How a candidate stands against the leader, in words: within the tie margin, measurably slower, or
+    undetermined with the processes that would decide it."""
+    status = candidate.get("status")
+    if status in (None, "leader"):
+        return ""
+    if status != "undetermined":
+        return f" {status}" + (f" (within +-{outcome['tie_margin']:.0%})" if status == "tied" else "")
+    more = next((u["more_processes"] for u in outcome.get("undetermined", []) if u["label"] == candidate["label"]),
+                None)
+    return " undetermined" + (f" (about {more} more processes would decide)" if more else "")
 
 
 def pareto_table(front: list[Entry]) -> Table:

@@ -125,7 +125,8 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
             continue
         a = (base["step_s"], base["compile_s"] or 0.0)
         bb = (row["step_s"], row["compile_s"] or 0.0)
-        ttt = time_to_train(step, a, bb, horizon, settings.objective.compile_cv)
+        ttt = time_to_train(step, a, bb, horizon, settings.objective.compile_cv, settings.objective.compile_df,
+                            shared_cold=base["cold_trial"] is not None and base["cold_trial"] == row["cold_trial"])
         pays = break_even(step, a, bb, (base["label"], row["label"]))
         pairs.append({"a": 0, "b": b, "change": step.change, "low": step.low, "high": step.high,
                       "measurable": step.measurable, "step": step.as_dict(), "time_to_train": ttt.as_dict(),

@@ -119,13 +119,34 @@ def winner_trial(study: optuna.Study, objective: Objective) -> FrozenTrial | Non
     return ranked[0][0] if ranked else None
 
 
+def recommended(study: optuna.Study, objective: Objective) -> tuple[FrozenTrial | None, str]:
+    """What the study recommends and why it changed, if it did: the confirmed winner (or the search's best),
+    unless a verdict neighbour measured beside it is measurably faster to train (time to train, after
+    Holm's correction over the neighbours): then the fastest such neighbour, whose own cold run holds its
+    configuration and measurement. A study never recommends what something it measured beats."""
+    from autocompile.study.racing import verdicts
+
+    winner = winner_trial(study, objective)
+    beaters = [e for e in verdicts(study, objective) if e.beats_winner and e.trial is not None
+               and step_time(study.trials[e.trial]) is not None]
+    if winner is None or not beaters:
+        return winner, ""
+    best = min(beaters, key=lambda e: e.score_change if e.score_change is not None else 0.0)
+    return study.trials[best.trial], (  # type: ignore[index]
+        f"changed from trial {winner.number} ({TrialRecord.of(winner).name}): its verdict neighbour "
+        f"{best.knob}={best.value} trains measurably faster ({best.score_change:+.1%} time to train "
+        f"[95% CI {(best.score_low or 0) * 100:+.1f}, {(best.score_high or 0) * 100:+.1f}], Holm over "
+        f"{best.family} verdicts)")
+
+
 def neighbours(winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
                left_out: list[str] | None = None) -> list[tuple[str, Any, TrialConfig]]:
-    """(knob, value, configuration) for every searched knob with a question, changed alone at the winner.
+    """(knob, value, configuration) for every searched knob with a question, changed at the winner.
 
-    A change that makes a later knob invalid (no configuration differs in that knob only) is left out, and
-    why is appended to ``left_out`` (the estimate asks for the neighbours at every trial: only the verdict
-    phase says it)."""
+    A change that makes another knob invalid (train_step with fused AdamW) is asked with the nearest valid
+    configuration (:func:`nearest_valid`: only the knobs it invalidates change, each to its default or its
+    first allowed value); one that cannot be made valid is left out, and why is appended to ``left_out``
+    (the estimate asks for the neighbours at every trial: only the verdict phase says it)."""
     env = space.env
     full = TrialConfig.from_flat(TrialRecord.of(winner).config, env, strict=False).flat()
     found = []
@@ -141,9 +162,29 @@ def neighbours(winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None
             try:
                 found.append((key, value, TrialConfig.from_flat({**full, key: value}, env, strict=False)))
             except KnobError as exc:
-                if left_out is not None:
+                config = nearest_valid(full, key, value, space)
+                if config is not None:
+                    found.append((key, value, config))
+                elif left_out is not None:
                     left_out.append(f"{key}={value}: {exc}")
     return found
+
+
+def nearest_valid(full: dict[str, Any], key: str, value: Any, space: SearchSpace) -> TrialConfig | None:
+    """``full`` with ``key`` = ``value`` made valid by changing the fewest other knobs: walking the knob table
+    in order, each knob whose value the ones before it no longer allow takes its default (or its first
+    allowed value); None when that is no valid configuration either."""
+    flat = {**full, key: value}
+    values: dict[str, Any] = {}
+    for k, (_, default) in KNOBS.items():
+        options = space.options(k, values)
+        if k != key and flat[k] not in options:
+            flat[k] = default if default in options else options[0]
+        values[k] = flat[k]
+    try:
+        return TrialConfig.from_flat(flat, space.env, strict=False)
+    except KnobError:
+        return None
 
 
 def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,

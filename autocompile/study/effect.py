@@ -4,7 +4,7 @@ search's matched pairs; read by the report, the exports and MLflow)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -24,7 +24,8 @@ class Effect:
     step_change: float
     """Relative change of step time, value vs reference (negative = faster)."""
     uncertainty: float
-    """Single-process basis: the effect's standard uncertainty (relative)."""
+    """The 95% half-width of ``step_change`` (relative): single-process basis, 1.96 x its standard
+    uncertainty; verdict phase, half the interval's width. Every "±" of the report is such a half-width."""
     compile_change_s: float
     """Change of compile seconds, value vs reference."""
     pairs: int
@@ -45,14 +46,34 @@ class Effect:
     """Verdict phase: how the steps were compared (``paired windows side by side in N processes``)."""
     pays_back: str = ""
     """Faster steps but a longer compile: after how many steps it pays back."""
+    p_value: float | None = None
+    """Verdict phase: two-sided p-value of "no effect on step time"."""
+    family: int = 0
+    """Verdict phase: how many verdicts were tested together (Holm's family)."""
+    family_measurable: bool | None = None
+    """Verdict phase: Holm's decision at family-wise 5% over the study's verdicts (None: not corrected)."""
+    trial: int | None = None
+    """Verdict phase: the neighbour's first (cold) run, which records its configuration and compile."""
+    score_change: float | None = None
+    """Verdict phase: relative change of time to train (cold compile + horizon), value vs reference, with its
+    95% interval (the study's compile spread carried in)."""
+    score_low: float | None = None
+    score_high: float | None = None
+    score_p_value: float | None = None
+    beats_winner: bool = False
+    """Measurably faster to train than the winner, after Holm's correction over the neighbours."""
+    also: dict[str, Any] = field(default_factory=dict)
+    """Verdict phase: other knobs the neighbour had to change to be valid (train_step with fused AdamW: the
+    optimizer's implementation too), knob -> its value."""
 
     @property
     def measurable(self) -> bool:
         if self.identical or self.failure:
             return False
         if self.basis == "verdict":
-            return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
-        return abs(self.step_change) > 2 * self.uncertainty
+            apart = self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
+            return apart if self.family_measurable is None else self.family_measurable
+        return abs(self.step_change) > self.uncertainty
 
     @property
     def verdict(self) -> str:
@@ -63,16 +84,19 @@ class Effect:
                     f"{self.pairs} matched pair{'s' * (self.pairs != 1)}): cannot matter here")
         compile_part = f"compile {self.compile_change_s:+.1f} s"
         if not self.measurable:
-            step_part = f"no measurable effect on step time ({self.step_change:+.1%} ± {self.uncertainty:.1%})"
+            step_part = f"no measurable effect on step time ({self.step_change:+.1%} ± {self.uncertainty:.1%}, 95%)"
         else:
             word = "faster" if self.step_change < 0 else "slower"
-            step_part = f"steps {abs(self.step_change):.1%} {word} (± {self.uncertainty:.1%})"
+            step_part = f"steps {abs(self.step_change):.1%} {word} (± {self.uncertainty:.1%}, 95%)"
         basis = f"{self.pairs} matched pair{'s' * (self.pairs != 1)}" if self.matched else (
             "group medians, confounded: no matched pair")
         return f"{self.value} vs {self.reference}: {step_part}, {compile_part}; {basis}, single-process measurements"
 
     def _verdict_phase(self) -> str:
         head = f"at the best configuration, {self.value} instead of {self.reference}"
+        if self.also:
+            changed = ", ".join(f"{k}={v}" for k, v in self.also.items())
+            head += f" (with {changed}: the nearest valid configuration)"
         if self.identical:
             return f"{head}: identical program (compiles the same graphs): cannot matter here"
         if self.failure:
@@ -86,9 +110,16 @@ class Effect:
             judged = f"measurably {word}"
         else:
             judged = "no measurable effect"
+        if self.family > 1:
+            judged += f" (Holm over {self.family} verdicts, p = {self.p_value:.2g})"
         pays = f"; {self.pays_back}" if self.pays_back else ""
+        ttt = ""
+        if self.score_change is not None and self.score_low is not None and self.score_high is not None:
+            ttt = (f"; time to train {self.score_change:+.1%} [95% CI {self.score_low * 100:+.1f}, "
+                   f"{self.score_high * 100:+.1f}]" + (", measurably faster than the winner" if self.beats_winner
+                                                         else ""))
         return (f"{head}: step time {interval}, {judged}; compile {self.compile_change_s:+.1f} s (cold, one run "
-                f"each){pays}; {self.pairs} {self.how}")
+                f"each){pays}{ttt}; {self.pairs} {self.how}")
 
     def as_dict(self) -> dict[str, Any]:
         return {"knob": self.knob, "question": self.question, "reference": self.reference, "value": self.value,
@@ -96,4 +127,8 @@ class Effect:
                 "compile_change_s": self.compile_change_s, "pairs": self.pairs, "matched": self.matched,
                 "measurable": self.measurable, "identical": self.identical, "basis": self.basis, "low": self.low,
                 "high": self.high, "failure": self.failure, "how": self.how, "pays_back": self.pays_back,
+                "p_value": self.p_value, "family": self.family, "family_measurable": self.family_measurable,
+                "trial": self.trial, "score_change": self.score_change, "score_low": self.score_low,
+                "score_high": self.score_high, "score_p_value": self.score_p_value, "beats_winner": self.beats_winner,
+                "also": self.also,
                 "verdict": self.verdict}

@@ -13,7 +13,8 @@ Its interval is the wider of two, so it is never narrower than what the processe
 - the process means as the data: Var = var(means) / P with P - 1 degrees of freedom, which widens as
   the processes disagree (and carries the process effect whatever its size).
 
-An F test of the process effect is reported beside it (``process_p``).
+An F test of the process effect is reported beside it (``process_p``; None where it cannot be made: one
+process, or one round per process, whose process means are then the data).
 
 With one process the process effect cannot be seen: the interval is the windows' alone and says so.
 ``exp`` of the interval is the ratio ``b / a`` a user reads ("+3.1 %").
@@ -26,9 +27,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from scipy import stats
+from scipy import special
 
-from autocompile.trial.stats import Ratio, clean_rounds
+from autocompile.trial.stats import Ratio, clean_rounds, t975
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,18 @@ class Paired(Ratio):
                 "log_se": self.log_se, "df": self.df, "dropped": self.dropped}
 
 
-def paired_windows(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[float]]) -> Paired | None:
+def paired_windows(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[float]],
+                   cpu_a: Mapping[int, Sequence[float]] | None = None,
+                   cpu_b: Mapping[int, Sequence[float]] | None = None) -> Paired | None:
     """``b / a`` from window step times per process (process -> windows, aligned by round); None when no
-    process timed both."""
+    process timed both. ``cpu_a`` / ``cpu_b``: the windows' process CPU seconds, which tell a descheduled
+    window from the program's own slow one (``trial.stats.descheduled``); without them a window over
+    ``STALL`` x the median is taken for a stall."""
     groups = []
     dropped = 0
     for p in sorted(a.keys() & b.keys()):
-        rounds = clean_rounds(a[p], b[p])  # a stalled window says nothing about either program
+        cpu = [(cpu_a or {}).get(p), (cpu_b or {}).get(p)]
+        rounds = clean_rounds(a[p], b[p], cpu=cpu)  # a stalled window says nothing about either program
         dropped += min(len(a[p]), len(b[p])) - len(rounds)
         logs = [math.log(b[p][r] / a[p][r]) for r in rounds if a[p][r] > 0 and b[p][r] > 0]
         if logs:
@@ -72,10 +78,12 @@ def paired_windows(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[fl
     inv_r = statistics.fmean(1 / len(g) for g in groups)
     if len(groups) == 1:
         var, df, basis, p_value = ms_w * inv_r, df_w, "one process", None
+    elif not df_w:  # one round per process: the process means are the data, no window-level test
+        var, df, basis, p_value = statistics.variance(means) / len(groups), len(groups) - 1, "process means", None
     else:
         s2_means = statistics.variance(means)
         f = s2_means / (ms_w * inv_r) if ms_w > 0 else math.inf
-        p_value = float(stats.f.sf(f, len(groups) - 1, df_w)) if df_w else 0.0
+        p_value = float(special.fdtrc(len(groups) - 1, df_w, f))
         pooled = (ms_w * inv_r / len(groups), df_w, "windows pooled")
         means_only = (s2_means / len(groups), len(groups) - 1, "process means")
         var, df, basis = max(pooled, means_only, key=_half_width)
@@ -89,7 +97,7 @@ def _half_width(estimate: tuple[float, float, str]) -> float:
 
 def t_quantile(df: float) -> float:
     """The 97.5% quantile of Student's t (a two-sided 95% interval)."""
-    return float(stats.t.ppf(0.975, df))
+    return float(special.stdtrit(df, 0.975))
 
 
 def _interval(mu: float, var: float, df: float, rounds: int, processes: int, basis: str,
@@ -102,20 +110,64 @@ def _interval(mu: float, var: float, df: float, rounds: int, processes: int, bas
                   se, df)
 
 
+@dataclass(frozen=True)
+class CompileSpread:
+    """The relative sd of one cold compile across fresh processes, with its degrees of freedom and source."""
+
+    cv: float
+    df: float
+    source: str
+    """``measured: ...`` (pooled over programs compiled cold more than once) or ``prior ...``."""
+
+    def as_dict(self) -> dict[str, float | str]:
+        return {"cv": self.cv, "df": self.df, "source": self.source}
+
+
+def from_rounds(ratio: Ratio | None) -> Paired | None:
+    """A fresh-process rounds ratio (``trial.stats.paired_ratio``) as a :class:`Paired` with its log-scale
+    standard error and ``rounds - 1`` degrees of freedom (each round a process per candidate)."""
+    if ratio is None:
+        return None
+    df = ratio.rounds - 1
+    se = (math.log1p(ratio.high) - math.log1p(ratio.change)) / t975(df) if ratio.high is not None else 0.0
+    return Paired(ratio.change, ratio.low, ratio.high, ratio.rounds, ratio.rounds, "fresh-process rounds", None,
+                  se, df)
+
+
+def level(per_process: Mapping[int, Sequence[float]]) -> tuple[float, float]:
+    """Standard error of a candidate's mean log step time over processes (each process's mean log window, or
+    one fresh process's step time), with its degrees of freedom; (0, 0) from one process. A time-to-train
+    ratio depends on the absolute step time (against the compile), which processes disagree on."""
+    means = [statistics.fmean(math.log(x) for x in w) for w in per_process.values() if w and min(w) > 0]
+    if len(means) < 2:
+        return 0.0, 0.0
+    return statistics.stdev(means) / math.sqrt(len(means)), len(means) - 1
+
+
 def time_to_train(step: Paired, a: tuple[float, float], b: tuple[float, float], horizon: int,
-                  compile_cv: float, compile_df: int = 4) -> Paired:
+                  compile_cv: float, compile_df: float = 4, shared_cold: bool = False,
+                  step_level: tuple[float, float] = (0.0, 0.0)) -> Paired:
     """``b / a`` of time to train ``horizon`` steps (cold compile + steps), from the paired step ratio and
     each side's cold compile seconds; ``a`` and ``b`` are (step seconds, compile seconds).
 
     Delta method on the log scale: the step ratio's variance weighted by the steps' share of the time,
-    plus each compile's (``compile_cv``: relative sd of one cold compile across fresh processes)
-    weighted by the compile's share; degrees of freedom by Welch-Satterthwaite."""
+    plus each compile's (``compile_cv``: relative sd of one cold compile across fresh processes, with
+    ``compile_df`` degrees of freedom) weighted by the compile's share; degrees of freedom by
+    Welch-Satterthwaite. ``shared_cold``: both sides took their compile time from one cold run (an A/A
+    comparison), whose error enters both times alike: only the difference of the shares carries it.
+    ``step_level``: (standard error, df) of the log of the absolute step time (:func:`level`), which moves
+    both step times together and so the ratio by the difference of the steps' shares."""
     (sa, ca), (sb, cb) = a, b
     ta, tb = ca + horizon * sa, cb + horizon * sb
     mu = math.log(tb / ta)
     w_step = (horizon * sa / ta + horizon * sb / tb) / 2
-    parts = [(w_step * step.log_se) ** 2, ((ca / ta) * compile_cv) ** 2, ((cb / tb) * compile_cv) ** 2]
-    dfs = [step.df, compile_df, compile_df]
+    # Both compiles' variances come from one estimate of the spread: one part with its df, not two.
+    compiles = (ca / ta - cb / tb) ** 2 if shared_cold else (ca / ta) ** 2 + (cb / tb) ** 2
+    parts = [(w_step * step.log_se) ** 2, compiles * compile_cv**2]
+    dfs = [step.df, compile_df]
+    if step_level[1] >= 1:
+        parts.append(((horizon * sb / tb - horizon * sa / ta) * step_level[0]) ** 2)
+        dfs.append(step_level[1])
     var = sum(parts)
     if not step.df:
         return Paired(math.expm1(mu), None, None, step.rounds, step.processes, step.basis, step.process_p)

@@ -2,18 +2,21 @@
 
 Also the two pruning rules, as stop rules the launcher polls while a trial runs: a trial whose
 warm-up (compile) alone already exceeds the best time-to-train, and a trial whose first timed
-window is clearly slower than the best. "Clearly" is measured: the margin is at least 10% and at
-least three times the study's run-to-run noise (the relative sd of one configuration's step time
-across fresh processes, ``racing.study_noise``); until the study has measured that, the best
-trial's own window-to-window spread stands in (it understates the noise between processes).
+window is clearly slower than the best. "Clearly" allows for the noise of both sides and for the best
+being the minimum of ``k`` noisy measurements (:func:`decisions.prune_margin`): a configuration no worse
+than the best is pruned with a chance of at most ``decisions.PRUNE_ALPHA`` (5%, one-sided). The noise
+is the study's run-to-run noise of alone processes (``racing.study_noise``); until the study has
+measured it, the prior ``decisions.PRIOR_ALONE_NOISE`` (or the best's window spread, if larger).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 from autocompile.config.settings import ObjectiveSettings
+from autocompile.study.decisions import PRIOR_ALONE_NOISE, prune_margin
 from autocompile.study.record import Measurement
 from autocompile.trial.launcher import StopRule
 
@@ -69,15 +72,18 @@ class Objective:
         numerics = drift - self.settings.loss_rtol if drift is not None else 1.0
         return {"memory_gb_over_limit": memory, "loss_drift_over_rtol": numerics}
 
-    def stop_rule(self, best: tuple[int, Measurement] | None, noise: float | None = None) -> StopRule | None:
+    def stop_rule(self, best: tuple[int, Measurement] | None, noise: float | None = None,
+                  k: int = 1) -> StopRule | None:
         """Prune against the best complete trial so far (its number and measurement); Pareto studies keep
         every trial.
 
-        ``noise``: the study's run-to-run relative sd of step time (None: not measured yet)."""
+        ``noise``: the study's run-to-run relative sd of step time in alone processes (None: not measured
+        yet, the prior stands in); ``k``: how many complete trials the best is the best of."""
         if best is None or self.kind == "pareto":
             return None
         number, measured = best
-        margin = 1.0 + max(0.10, 3.0 * (noise if noise is not None else measured.step_s_cv or 0.0))
+        sd = max(noise if noise is not None else PRIOR_ALONE_NOISE, measured.step_s_cv or 0.0)
+        margin = math.exp(prune_margin(sd, measured.step_s_cv or 0.0, k))
         best_score = self.score(measured)
         horizon = self.settings.horizon_steps
 
@@ -92,7 +98,8 @@ class Objective:
                 spent = time.time() - started["time"]
                 if spent > best_score * margin:
                     return (f"warm-up (compile) alone took {spent:.1f} s > best time to train "
-                            f"{best_score:.1f} s (trial {number})")
+                            f"{best_score:.1f} s (trial {number}, the best of {k}) by more than the noise allows "
+                            f"(margin {margin - 1:.0%})")
                 return None
             if window is None:
                 return None
@@ -101,10 +108,10 @@ class Objective:
                 bound = sum(warm) + (horizon - len(warm)) * step
                 if bound > best_score * margin:
                     return (f"after the first timed window: time to train ~{bound:.1f} s vs best {best_score:.1f} s "
-                            f"(trial {number}, margin {margin - 1:.0%})")
+                            f"(trial {number}, the best of {k}; margin {margin - 1:.0%} for noise {sd:.1%})")
             elif step > measured.step_s * margin:
                 return (f"first timed window {step * 1e3:.2f} ms/step vs best {measured.step_s * 1e3:.2f} ms "
-                        f"(trial {number}, margin {margin - 1:.0%})")
+                        f"(trial {number}, the best of {k}; margin {margin - 1:.0%} for noise {sd:.1%})")
             return None
 
         return rule

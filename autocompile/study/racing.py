@@ -4,7 +4,9 @@ Pure functions of the study's trials, so a resumed study, the report and MLflow 
 answer. Every repeat is a trial with user attributes ``phase`` (``confirm`` / ``verdict``),
 ``round`` and ``label`` (the candidate or neighbour it measures). Within a round the candidates
 ran back to back, so a round's ratio of step times cancels the machine's drift; a difference is
-"measurable" only when the 95% interval of the mean log-ratio over rounds excludes zero.
+"measurable" only when the 95% interval of the mean log-ratio over rounds excludes zero (verdicts: with
+Holm's correction over the study's neighbours); two candidates tie only when their interval lies within
+``objective.tie_margin`` (:mod:`autocompile.study.decisions`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,18 @@ from optuna import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.knobs import KNOBS, Env
+from autocompile.config.sections import ObjectiveSettings
+from autocompile.study.decisions import holm, p_value, processes_to_decide, race
 from autocompile.study.effect import Effect
-from autocompile.study.intervals import Paired, break_even, paired_windows, time_to_train
+from autocompile.study.intervals import (
+    CompileSpread,
+    Paired,
+    break_even,
+    from_rounds,
+    level,
+    paired_windows,
+    time_to_train,
+)
 from autocompile.study.objective import Objective
 from autocompile.study.objective import time_to_train as time_to_train_s
 from autocompile.study.record import TrialRecord
@@ -57,24 +69,49 @@ def simplicity(config: dict[str, Any]) -> tuple[int, int]:
     return (0 if config.get("compile.scope") == "none" else 1, changed)
 
 
-def study_noise(study: Study, env: Env) -> Noise | None:
+def study_noise(study: Study, env: Env, kind: str = "alone") -> Noise | None:
     """Run-to-run noise of step time: one program measured in several fresh processes under one set of
-    measurement settings, pooled. A program's repeats alone in a process (search retries, fresh-process
-    rounds) form one group, its side-by-side rounds another; the numerics reference never joins (it ran
-    at another time and is no repeat), nor a verdict neighbour's single cold run."""
-    groups: dict[tuple[str, str], list[float]] = {}
+    measurement settings, pooled. Two components kept apart (a single alone process must not be judged by
+    the far smaller noise of side-by-side processes): ``alone`` pools a program's repeats alone in a process
+    (search retries, fresh-process rounds), ``side_by_side`` its side-by-side rounds. The numerics
+    reference never joins (it ran at another time and is no repeat), nor a verdict neighbour's single cold
+    run."""
+    groups: dict[str, list[float]] = {}
     for t in [*measured_trials(study), *phase_trials(study, "confirm"), *phase_trials(study, "verdict")]:
         step = step_time(t)
         rec = TrialRecord.of(t)
-        if step is not None and rec.same_program_as is None and not rec.cold_run:
-            how = rec.method if not rec.is_search else "fresh_processes"
-            groups.setdefault((rec.identity, how), []).append(step)
+        how = "side_by_side" if rec.method == "side_by_side" and not rec.is_search else "alone"
+        if step is not None and rec.same_program_as is None and not rec.cold_run and how == kind:
+            groups.setdefault(rec.identity or "", []).append(step)
     repeated = {k: v for k, v in groups.items() if len(v) > 1}
-    kinds = sorted({"side by side" if how == "side_by_side" else "alone" for _, how in repeated})
+    words = "side by side" if kind == "side_by_side" else "alone"
     return pooled_noise(list(repeated.values()),
-                        f"{len(repeated)} configuration(s) measured in several fresh processes "
-                        f"({' and '.join(kinds) or 'none'}), {sum(map(len, repeated.values()))} measurements; "
-                        "the numerics reference is not pooled")
+                        f"{len(repeated)} configuration(s) measured {words} in several fresh processes, "
+                        f"{sum(map(len, repeated.values()))} measurements; the numerics reference is not pooled")
+
+
+def compile_spread(study: Study, settings: ObjectiveSettings, shared_cache: bool = False) -> CompileSpread:
+    """The spread of one cold compile across fresh processes, as measured in the study: the pooled sd of
+    log compile seconds of every program (fingerprint) compiled cold more than once (search trials, cold
+    repeats, verdict neighbours' cold runs). Nothing measured twice (or ``shared_cache``: no compile was
+    cold): the prior ``objective.compile_cv``, and the source says so."""
+    groups: dict[str, list[float]] = {}
+    if not shared_cache:
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            rec = TrialRecord.of(t)
+            m = rec.measured
+            cold = rec.is_search or rec.cold_run or rec.compile_cache == "cold"
+            if (cold and m.ok and m.compile_s and m.fingerprint and rec.duplicate_of is None
+                    and rec.config.get("compile.scope", "none") != "none" and not interrupted(t)):
+                groups.setdefault(m.fingerprint, []).append(m.compile_s)
+    measured = pooled_noise(list(groups.values()), "")
+    if measured is not None:
+        programs = sum(len(v) > 1 for v in groups.values())
+        return CompileSpread(measured.rel_sd, measured.df, f"measured: {programs} program(s) compiled cold "
+                                                             f"more than once, {measured.df} df")
+    return CompileSpread(settings.compile_cv, settings.compile_df,
+                         f"prior objective.compile_cv={settings.compile_cv:g} ({settings.compile_df} df): no "
+                         "program was compiled cold twice in this study")
 
 
 @dataclass
@@ -113,26 +150,30 @@ class Candidate:
                 "windows": sum(map(len, self.windows.values()))}
 
 
-def versus(a: Candidate, b: Candidate, objective: Objective, score: bool) -> Ratio | None:
+def versus(a: Candidate, b: Candidate, objective: Objective, score: bool,
+           spread: CompileSpread | None = None) -> Ratio | None:
     """``a / b``: of step time, or (``score``) of the objective's score. Side by side, windows are paired
-    within processes and the cold compiles carried in (``objective.compile_cv``); otherwise rounds are
-    paired, each a fresh process per candidate."""
-    if a.windows and b.windows:
-        step = paired_windows(b.windows, a.windows)
-        if step is None or not score or objective.kind == "throughput":
-            return step
-        return time_to_train(step, (b.step_s(), b.compile_s), (a.step_s(), a.compile_s),
-                             objective.settings.horizon_steps, objective.settings.compile_cv)
-    return paired_ratio(a.scores(objective), b.scores(objective)) if score else paired_ratio(a.steps, b.steps)
+    within processes; otherwise rounds are paired, each a fresh process per candidate. Time to train
+    carries each side's one cold compile with the study's compile spread (``spread``)."""
+    step: Ratio | None = paired_windows(b.windows, a.windows) if a.windows and b.windows else (
+        from_rounds(paired_ratio(a.steps, b.steps)))
+    if step is None or not score or objective.kind == "throughput":
+        return step
+    spread = spread or CompileSpread(objective.settings.compile_cv, objective.settings.compile_df, "prior")
+    return time_to_train(step, (b.step_s(), b.compile_s), (a.step_s(), a.compile_s),
+                         objective.settings.horizon_steps, spread.cv, spread.df,
+                         step_level=level(b.windows or {r: [s] for r, s in b.steps.items()}))
 
 
 def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
     """The confirmation phase's answer; None when it did not run.
 
-    The leader has the best mean score over rounds; every candidate whose paired interval against
-    the leader includes zero ties with it, and the simplest of the tied is the winner. Gains over
-    eager and default compile are paired intervals of step time (winner / baseline - 1; negative =
-    the winner is faster) and of the objective's score (cold compile + horizon steps).
+    The leader has the best mean score over rounds. A candidate ties with it when their paired 95%
+    interval lies within +-``objective.tie_margin`` (equivalence, not "the interval contains zero"); the
+    simplest of the leader and its ties is the winner. A candidate whose interval straddles the margin is
+    undetermined (with how many more processes would decide it) and never recommended over the leader.
+    Gains over eager and default compile are paired intervals of step time (winner / baseline - 1;
+    negative = the winner is faster) and of the objective's score (cold compile + horizon steps).
     """
     trials = phase_trials(study, "confirm")
     if not trials:
@@ -151,20 +192,31 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
         return {"winner": None, "reason": f"{len(measured)} candidate(s) with a completed repeat: no race (an "
                                           "interrupted phase resumes when the same command runs again)",
                 "candidates": [c.summary() for c in candidates.values()]}
+    spread = compile_spread(study, objective.settings)
 
     def mean_score(c: Candidate) -> float:
         return statistics.fmean(math.log(s) for s in c.scores(objective).values())
 
-    leader = min(measured, key=mean_score)
-    versus_leader: dict[str, Ratio | None] = {c.label: versus(c, leader, objective, score=True) for c in measured}
-    ties = [c for c in measured if c is leader or not (r := versus_leader[c.label]) or not r.measurable
-            or r.change < 0]
-    winner = min(ties, key=lambda c: (simplicity(c.config), mean_score(c)))
+    margin = objective.settings.tie_margin
+    ratios = {}
+
+    def against(i: int, j: int) -> Ratio | None:
+        ratios[measured[i].label] = versus(measured[i], measured[j], objective, True, spread)
+        return ratios[measured[i].label]
+
+    decision = race([mean_score(c) for c in measured], [simplicity(c.config) for c in measured], against, margin)
+    leader, winner = measured[decision.leader], measured[decision.winner]
+    status = {c.label: s for c, s in zip(measured, decision.status, strict=True)}
+    ties = [c for c in measured if status[c.label] in ("leader", "tied")]
+    undetermined = [{"label": c.label, "name": c.name, "status": status[c.label],
+                     "vs_leader": r.as_dict() if (r := ratios.get(c.label)) else None,
+                     "more_processes": processes_to_decide(r, margin, processes(r)) if r else None}
+                    for c in measured if status[c.label] in ("undetermined", "faster")]
     gains = {}
     for c in measured:
         if c.baseline in ("eager", "compile") and c is not winner:
-            step = versus(winner, c, objective, score=False)
-            score = versus(winner, c, objective, score=True)
+            step = versus(winner, c, objective, False)
+            score = versus(winner, c, objective, True, spread)
             gains[c.baseline] = {"step": step.as_dict() if step else None, "score": score.as_dict() if score else None,
                                  "text": step.text() if step else "no shared round"}
     compile_base = next((c for c in measured if c.baseline == "compile"), None)
@@ -173,46 +225,66 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
         and g["score"]["change"] < 0)
     return {
         "winner": winner.summary(), "leader": leader.label,
-        "tied_with_leader": [c.label for c in ties],
-        "candidates": [{**c.summary(), "vs_leader": (r.as_dict() if (r := versus_leader[c.label]) else None)}
-                       for c in measured],
+        "tied_with_leader": [c.label for c in ties], "tie_margin": margin, "decided": decision.decided,
+        "undetermined": undetermined, "compile_spread": spread.as_dict(),
+        "candidates": [{**c.summary(), "status": status[c.label],
+                        "vs_leader": (r.as_dict() if (r := ratios.get(c.label)) else None)} for c in measured],
         "gains": gains, "beats_default_compile": beats_compile,
         "rounds": max(len(c.steps) for c in measured),
         "method": method(study, "confirm"),
         "windows": max(sum(map(len, c.windows.values())) for c in measured),
-        "conclusion": conclusion(winner, leader, ties, compile_base, beats_compile),
+        "conclusion": conclusion(winner, leader, ties, compile_base, beats_compile, margin, undetermined),
     }
 
 
+def processes(ratio: Ratio) -> int:
+    """The processes behind a ratio (side by side), or its rounds (one fresh process per candidate each)."""
+    return int(getattr(ratio, "processes", 0) or ratio.rounds)
+
+
 def conclusion(winner: Candidate, leader: Candidate, ties: list[Candidate], compile_base: Candidate | None,
-               beats_compile: bool) -> str:
+               beats_compile: bool, margin: float = 0.0, undetermined: list[dict[str, Any]] | None = None) -> str:
     if compile_base is None:
         lead = f"{winner.name or winner.label} leads (default compile was not raced)"
     elif beats_compile:
         lead = f"{winner.name} beats default torch.compile(model) beyond the noise"
     else:
         lead = "nothing beats default torch.compile(model) beyond the noise"
-    tie = (f"; {len(ties)} candidates tie within the noise, the simplest is recommended" if len(ties) > 1 else "")
-    return lead + tie + (f" (fastest on average: {leader.name or leader.label})" if leader is not winner else "")
+    tie = (f"; {len(ties)} candidates tie within +-{margin:.0%}, the simplest is recommended" if len(ties) > 1
+           else "")
+    lead += tie + (f" (fastest on average: {leader.name or leader.label})" if leader is not winner else "")
+    for u in undetermined or []:
+        more = u["more_processes"]
+        lead += (f"; {u['name'] or u['label']} vs the leader is undetermined ("
+                 + (f"about {more} more processes would decide" if more else "no interval: measure it again")
+                 + ")")
+    return lead
 
 
-def verdicts(study: Study) -> list[Effect]:
-    """One verdict per neighbour of the winner that the verdict phase measured (one knob changed)."""
+def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
+    """One verdict per neighbour of the winner that the verdict phase measured (one knob changed).
+
+    "Measurably" is decided for the family: Holm's step-down over the neighbours' p-values keeps the chance
+    of one or more false "measurably" at 5% (two families: step time, and with ``objective`` time to train,
+    which decides whether a neighbour beats the winner)."""
     trials = [(t, TrialRecord.of(t)) for t in phase_trials(study, "verdict")]
     winner = {a.round: s for t, a in trials if a.label == "winner" and (s := step_time(t)) is not None}
     winner_windows = {a.round: a.measured.step_s_windows for t, a in trials
                       if a.label == "winner" and a.method == "side_by_side" and step_time(t) is not None}
-    cold = next((a.compile_s_cold for _, a in trials if a.label == "winner"), 0.0)
+    cold = next((a.compile_s_cold for _, a in trials if a.label == "winner"), 0.0) or 0.0
+    won = next((a.config for _, a in trials if a.label == "winner"), {})
+    spread = compile_spread(study, objective.settings) if objective is not None else None
     by_label: dict[str, list[tuple[FrozenTrial, TrialRecord]]] = {}
     for t, a in trials:
         if a.label != "winner":
             by_label.setdefault(a.label, []).append((t, a))
     effects = []
+    scores: list[tuple[Effect, Paired]] = []
     for runs in by_label.values():
         a = runs[0][1]
         key, value, ref = a.knob, a.value, a.reference
         question = KNOBS[key][0].question
-        first = min(runs, key=lambda run: run[1].round)[1]
+        first_trial, first = min(runs, key=lambda run: run[1].round)
         if first.same_program_as is not None:
             effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 1, True, True, basis="verdict"))
             continue
@@ -232,14 +304,31 @@ def verdicts(study: Study) -> list[Effect]:
         half = (ratio.high - ratio.low) / 2 if ratio.low is not None and ratio.high is not None else math.inf
         how = "interleaved rounds (fresh processes)"
         pays = None
+        shared = steps.keys() & winner.keys()
+        mine = statistics.fmean(steps[r] for r in shared) if shared else 0.0
+        theirs = statistics.fmean(winner[r] for r in shared) if shared else 0.0
         if isinstance(ratio, Paired):
             how = f"paired windows side by side in {ratio.processes} processes ({ratio.basis}" + (
                 f"; {ratio.dropped} stalled round(s) left out)" if ratio.dropped else ")")
-            mine = statistics.fmean(steps.values())
-            theirs = statistics.fmean(winner[r] for r in steps if r in winner) if steps.keys() & winner.keys() else 0
             pays = break_even(ratio, (theirs, cold), (mine, result.compile_s), ("the winner", str(value))) \
                 if theirs else None
-        effects.append(Effect(key, question, ref, value, ratio.change, half, result.compile_s - cold,
+        step = ratio if isinstance(ratio, Paired) else from_rounds(ratio)
+        score = time_to_train(step, (theirs, cold), (mine, result.compile_s or 0.0),
+                              objective.settings.horizon_steps, spread.cv, spread.df,
+                              step_level=level(winner_windows or {r: [s] for r, s in winner.items()})) \
+            if objective is not None and spread is not None and step is not None and theirs else None
+        effects.append(Effect(key, question, ref, value, ratio.change, half, (result.compile_s or 0.0) - cold,
                               ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high, how=how,
-                              pays_back=pays or ""))
+                              pays_back=pays or "", p_value=p_value(ratio), trial=first_trial.number,
+                              score_change=score.change if score else None, score_low=score.low if score else None,
+                              score_high=score.high if score else None,
+                              also={k: v for k, v in first.config.items() if k != key and k in won and won[k] != v}))
+        if score is not None:
+            scores.append((effects[-1], score))
+    tested = [e for e in effects if e.p_value is not None]
+    for e, rejected in zip(tested, holm([e.p_value for e in tested]), strict=True):
+        e.family, e.family_measurable = len(tested), rejected
+    for (e, score), rejected in zip(scores, holm([p_value(score) for _, score in scores]), strict=True):
+        e.score_p_value = p_value(score)
+        e.beats_winner = rejected and score.change < 0
     return sorted(effects, key=lambda e: list(KNOBS).index(e.knob))

@@ -24,7 +24,7 @@ from autocompile.config.knobs import KnobError
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
-from autocompile.study.confirm import alone_on_the_machine, measure_repeat, winner_trial
+from autocompile.study.confirm import alone_on_the_machine, measure_repeat, recommended
 from autocompile.study.estimate import Remaining, announce
 from autocompile.study.measuring import Twin, begin, measure_and_tell
 from autocompile.study.objective import Objective
@@ -104,9 +104,9 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
     if not interrupted and budget.stop_reason != "failure guard":
         interrupted = run.phases(slots[0])
     if settings.study.warm_start and not interrupted:
-        warm_start(study, settings, winner_trial(study, objective), run_dir)
+        warm_start(study, settings, recommended(study, objective)[0], run_dir)
     if not interrupted:  # a resumed study's repeats start warm from the caches it still has
-        prune_caches(study, winner_trial(study, objective), run_dir)
+        prune_caches(study, recommended(study, objective)[0], run_dir)
     return Outcome(study, space, objective, budget.stop_reason, time.time() - budget.started, interrupted,
                    len(budget.released))
 
@@ -353,8 +353,10 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
         log.info("trial %d = trial %d (%s): not measured again", trial.number, prior.number, name)
         return
 
-    noise = study_noise(study, space.env)
-    prune = objective.stop_rule(best_result(study, objective), noise.rel_sd if noise else None) \
+    noise = study_noise(study, space.env, "alone")  # a search trial is one alone process
+    scored = scored_results(study, objective)
+    best = min(scored, key=lambda s: objective.score(s[1]), default=None)
+    prune = objective.stop_rule(best, noise.rel_sd if noise else None, len(scored)) \
         if settings.study.prune and record.baseline is None else None
 
     def twin_of(fingerprint: str) -> Twin | None:
@@ -366,8 +368,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
                      twin_of=twin_of if record.baseline is None else None, prune=prune, view=view)
 
 
-def best_result(study: optuna.Study, objective: Objective) -> tuple[int, Measurement] | None:
-    """The best feasible complete measurement so far (its trial's number), under the objective's single score."""
-    scored = [(t.number, TrialRecord.of(t).measured) for t in measured_trials(study)
-              if t.state == TrialState.COMPLETE and feasible(t)]
-    return min(scored, key=lambda s: objective.score(s[1]), default=None)
+def scored_results(study: optuna.Study, objective: Objective) -> list[tuple[int, Measurement]]:
+    """The feasible complete measurements so far (with their trials' numbers): the best under the objective's
+    single score is the minimum of these noisy values."""
+    return [(t.number, TrialRecord.of(t).measured) for t in measured_trials(study)
+            if t.state == TrialState.COMPLETE and feasible(t)]
+

@@ -122,8 +122,28 @@ def stalled(windows: Sequence[float]) -> set[int]:
     return {i for i, w in enumerate(windows) if w > STALL * median}
 
 
-def clean_rounds(*series: Sequence[float]) -> list[int]:
-    """The rounds (indices shared by every series) in which no series stalled."""
+def descheduled(wall: Sequence[float], cpu: Sequence[float] | None) -> set[int]:
+    """Indices of the windows of one candidate in one process during which the process was not running.
+
+    With the process CPU seconds of each window (``time.process_time()`` deltas beside the wall-clock
+    ones): a window whose wall time exceeds ``STALL`` x what its CPU time accounts for at the candidate's
+    typical CPU/wall ratio (the median) waited for the cores; a window that is slow because the program
+    did more work grew its CPU time with its wall time, and is kept (it is the program's own). Without CPU
+    times (or with unusable ones) the wall-clock rule :func:`stalled` stands in."""
+    if cpu is None or len(cpu) != len(wall) or len(wall) < 3 or any(w <= 0 for w in wall):
+        return stalled(wall)
+    ratios = [c / w for c, w in zip(cpu, wall, strict=True)]
+    typical = statistics.median(ratios)
+    if typical <= 0:
+        return stalled(wall)
+    return {i for i, r in enumerate(ratios) if r * STALL < typical}
+
+
+def clean_rounds(*series: Sequence[float], cpu: Sequence[Sequence[float] | None] | None = None) -> list[int]:
+    """The rounds (indices shared by every series) in which no series stalled (``cpu``: each series' CPU
+    seconds per window, for :func:`descheduled`; None: the wall-clock rule)."""
     n = min(map(len, series), default=0)
-    dropped = set().union(*(stalled(s[:n]) for s in series)) if series else set()
+    cpus = list(cpu) if cpu is not None else [None] * len(series)
+    dropped = set().union(*(descheduled(s[:n], c[:n] if c is not None else None)
+                            for s, c in zip(series, cpus, strict=True))) if series else set()
     return [r for r in range(n) if r not in dropped]

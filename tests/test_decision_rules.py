@@ -1,0 +1,328 @@
+"""Each decision rule of the study against its nominal error rate or coverage, by simulation: the rules'
+own pure functions on seeded noise (DESIGN.md section 10, issue 26). Each prints its figure (pytest -s)."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autocompile.config.knobs import Env
+from autocompile.config.settings import ObjectiveSettings
+from autocompile.config.space import SearchSpace
+from autocompile.study.confirm import neighbours, recommended
+from autocompile.study.decisions import (
+    classify,
+    expected_max_normal,
+    holm,
+    p_value,
+    processes_to_decide,
+    race,
+)
+from autocompile.study.intervals import level, paired_windows, time_to_train
+from autocompile.study.objective import Objective
+from autocompile.study.racing import compile_spread, verdicts
+from autocompile.study.record import Measurement
+from autocompile.trial.stats import Ratio, paired_ratio, pooled_noise
+
+MARGIN = 0.02
+
+
+def rounds(true: list[float], noise: float, n: int, rng: random.Random) -> list[dict[int, float]]:
+    """Per candidate, round -> score: each round a fresh process per candidate (its own noise) on a machine
+    whose speed drifts between rounds (shared by the round, cancelled by pairing)."""
+    out: list[dict[int, float]] = [{} for _ in true]
+    for r in range(n):
+        machine = rng.gauss(0, 0.2)
+        for c, t in enumerate(true):
+            out[c][r] = math.exp(t + machine + rng.gauss(0, noise))
+    return out
+
+
+def old_race(means: list[float], simple: list[tuple[int, int]],
+             versus: Callable[[int, int], Ratio | None]) -> int:
+    """The rule before issue 26: every candidate whose interval against the leader contains zero ties."""
+    leader = min(range(len(means)), key=lambda i: means[i])
+    ties = [i for i in range(len(means)) if i == leader or not (r := versus(i, leader)) or not r.measurable]
+    return min(ties, key=lambda i: (simple[i], means[i]))
+
+
+def race_error(true: list[float], simple: list[tuple[int, int]], noise: float, n: int, reps: int = 2000,
+               seed: int = 0) -> tuple[float, float, float]:
+    """(new rule: decided and >= margin worse than the best; new rule: >= margin worse at all; old rule)."""
+    rng = random.Random(seed)
+    worse = [t - min(true) >= math.log1p(MARGIN) - 1e-12 for t in true]
+    decided_wrong = wrong = old_wrong = 0
+    for _ in range(reps):
+        data = rounds(true, noise, n, rng)
+        means = [statistics.fmean(map(math.log, d.values())) for d in data]
+
+        def versus(i: int, j: int, data: list[dict[int, float]] = data) -> Ratio | None:
+            return paired_ratio(data[i], data[j])
+
+        outcome = race(means, simple, versus, MARGIN)
+        wrong += worse[outcome.winner]
+        decided_wrong += worse[outcome.winner] and outcome.decided
+        old_wrong += worse[old_race(means, simple, versus)]
+    return decided_wrong / reps, wrong / reps, old_wrong / reps
+
+
+EAGER, COMPILE, FANCY = (0, 0), (1, 0), (1, 2)
+
+
+@pytest.mark.parametrize(("true", "simple", "noise", "n"), [
+    # issue 26: the fresh-process fallback at 8% noise, eager 20% slower, 3 rounds
+    ([math.log(1.20), 0.0], [EAGER, COMPILE], 0.08, 3),
+    # eager exactly at the margin, side-by-side-like noise: the hardest case for "tied"
+    ([math.log1p(MARGIN), 0.0], [EAGER, COMPILE], 0.015, 5),
+    # three candidates, the simpler two at and beyond the margin
+    ([math.log1p(MARGIN), math.log1p(1.5 * MARGIN), 0.0], [EAGER, COMPILE, FANCY], 0.01, 5),
+])
+def test_a_tie_recommends_a_program_a_margin_worse_at_most_at_the_nominal_rate(
+        true: list[float], simple: list[tuple[int, int]], noise: float, n: int) -> None:
+    decided_wrong, wrong, old_wrong = race_error(true, simple, noise, n)
+    print(f"\nties: noise {noise:.1%}, {n} rounds, {len(true)} candidates: decided and >= {MARGIN:.0%} worse "
+          f"{decided_wrong:.2%} (nominal 5%; any recommendation {wrong:.2%}); old rule {old_wrong:.1%}")
+    assert decided_wrong <= 0.05 and wrong <= 0.05
+    if noise == 0.08:
+        assert old_wrong > 0.3  # the old rule recommended the 20% slower eager most of the time
+
+
+def test_undetermined_says_how_many_processes_would_decide_and_they_do() -> None:
+    # A 0.5% difference measured in 3 rounds at 2% noise is undetermined; a study that then runs as many
+    # processes as it names (planned for 80% power at the difference it measured) decides most of the time.
+    rng = random.Random(0)
+    true, reps, decided, named = [0.005, 0.0], 400, 0, []
+    for _ in range(reps):
+        first = rounds(true, 0.02, 3, rng)
+        ratio = paired_ratio(first[0], first[1])
+        if classify(ratio, MARGIN) != "undetermined":
+            continue
+        more = processes_to_decide(ratio, MARGIN, 3)
+        if more is None:
+            continue
+        named.append(more)
+        again = rounds(true, 0.02, 3 + more, rng)
+        decided += classify(paired_ratio(again[0], again[1]), MARGIN) != "undetermined"
+    print(f"\nundetermined: a median of {statistics.median(named)} more processes named; a study of that size "
+          f"decided {decided / len(named):.0%} of the time (planned 80%)")
+    assert len(named) > reps / 2 and decided / len(named) >= 0.5
+    assert processes_to_decide(None, MARGIN, 3) is None
+
+
+def test_pruning_a_configuration_no_worse_than_the_best_stays_under_its_nominal_rate() -> None:
+    # k configurations measured once each, all as good as the challenger (the best is a lucky minimum), or
+    # the challenger 3.4% better than all; alone noise 6.7-8.6%, a first window's own 3% spread.
+    rng = random.Random(0)
+    throughput = Objective(ObjectiveSettings(kind="throughput"))
+    results = {}
+    for noise, k, gain, measured in [(0.086, 5, 0.0, True), (0.086, 8, 0.034, True), (0.067, 3, 0.0, False),
+                                     (0.067, 8, 0.0, False)]:
+        pruned = old = 0
+        reps = 1500
+        for _ in range(reps):
+            best = min(0.010 * math.exp(rng.gauss(0, noise)) for _ in range(k))
+            window = 0.010 * (1 - gain) * math.exp(rng.gauss(0, noise) + rng.gauss(0, 0.03))
+            rule = throughput.stop_rule((0, Measurement(status="ok", step_s=best, step_s_cv=0.03, tokens_per_s=1.0)),
+                                        noise if measured else None, k)
+            events = [{"event": "warmup_start", "time": 0.0}, {"event": "window", "step_s": window}]
+            pruned += rule(events, 1.0) is not None
+            old_margin = 1 + max(0.10, 3 * (noise if measured else 0.03))
+            old += window > best * old_margin
+        results[(noise, k, gain, measured)] = (pruned / reps, old / reps)
+        print(f"\nprune: noise {noise:.1%} ({'measured' if measured else 'prior'}), best of {k}, challenger "
+              f"{gain:.1%} better: pruned {pruned / reps:.2%} (nominal 5%); old rule {old / reps:.1%}")
+    assert all(new <= 0.05 for new, _ in results.values())
+    assert results[(0.067, 8, 0.0, False)][1] > 0.15  # the old 10% margin against a lucky minimum
+
+
+def test_pruning_still_stops_a_clearly_slower_configuration() -> None:
+    throughput = Objective(ObjectiveSettings(kind="throughput"))
+    rule = throughput.stop_rule((0, Measurement(status="ok", step_s=0.010, step_s_cv=0.03, tokens_per_s=1.0)), 0.05,
+                                5)
+    events = [{"event": "warmup_start", "time": 0.0}, {"event": "window", "step_s": 0.020}]
+    assert "best of 5" in rule(events, 1.0)
+    assert expected_max_normal(1) == 0.0 and 1.1 < expected_max_normal(5) < 1.2  # exact: 1.163
+
+
+def test_holm_keeps_the_chance_of_one_false_measurably_among_the_neighbours_at_5_percent() -> None:
+    rng = random.Random(0)
+    m, reps, n = 6, 2000, 3
+    any_holm = any_raw = 0
+    for _ in range(reps):
+        data = rounds([0.0] * (m + 1), 0.05, n, rng)  # the winner and m neighbours of no effect
+        ratios = [paired_ratio(data[i], data[0]) for i in range(1, m + 1)]  # all against one winner: correlated
+        any_holm += any(holm([p_value(r) for r in ratios]))
+        any_raw += any(r.measurable for r in ratios)
+    print(f"\nverdicts: {m} neighbours of no effect, {n} rounds: >= 1 false 'measurably' {any_holm / reps:.2%} "
+          f"with Holm (nominal 5%), {any_raw / reps:.1%} uncorrected")
+    assert any_holm / reps <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / reps)  # nominal, within 2 Monte Carlo se
+    assert any_raw / reps > 0.1
+
+
+def test_holm_rejects_step_down() -> None:
+    assert holm([0.001, 0.04, 0.03, None]) == [True, False, False, False]  # 0.03 > 0.05 / 2
+    assert holm([0.001, 0.02, 0.04]) == [True, True, True]  # 0.02 <= 0.05 / 2, 0.04 <= 0.05 / 1
+    assert holm([None, None]) == [False, False]
+
+
+def sbs_windows(rng: random.Random, ratio: float, processes: int = 5, windows: int = 30, noise: float = 0.02,
+                process_sd: float = 0.005) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    a, b = {}, {}
+    for p in range(processes):
+        level, own = rng.gauss(0, 0.1), rng.gauss(0, process_sd)
+        a[p] = [0.010 * math.exp(level + rng.gauss(0, noise)) for _ in range(windows)]
+        b[p] = [0.010 * ratio * math.exp(level + own + rng.gauss(0, noise)) for _ in range(windows)]
+    return a, b
+
+
+def geomean(per_process: dict[int, list[float]]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for w in per_process.values() for x in w))
+
+
+def test_the_time_to_train_interval_covers_the_truth_with_the_compile_spread_measured_in_the_study() -> None:
+    rng = random.Random(0)
+    horizon, cv, reps = 2000, 0.05, 1000  # 20 s of steps against 20-30 s of compile: the compile matters
+    ca, cb, ratio = 20.0, 30.0, 0.90
+    truth = math.log((cb + horizon * 0.010 * ratio) / (ca + horizon * 0.010))
+    cover = {"measured": 0, "prior 0.15": 0}
+    width = {"measured": 0.0, "prior 0.15": 0.0}
+    for _ in range(reps):
+        a, b = sbs_windows(rng, ratio, windows=10)
+        step = paired_windows(a, b)
+        spread = pooled_noise([[math.exp(rng.gauss(0, cv)) for _ in range(3)] for _ in range(2)], "")  # 4 df
+        sides = ((geomean(a), ca * math.exp(rng.gauss(0, cv))), (geomean(b), cb * math.exp(rng.gauss(0, cv))))
+        for name, (sd, df) in (("measured", (spread.rel_sd, spread.df)), ("prior 0.15", (0.15, 4))):
+            ttt = time_to_train(step, *sides, horizon, sd, df, step_level=level(a))
+            cover[name] += math.log1p(ttt.low) <= truth <= math.log1p(ttt.high)
+            width[name] += (ttt.high - ttt.low) / 2 / reps
+    print(f"\ntime to train: coverage {cover['measured'] / reps:.1%} (nominal 95%), half-width "
+          f"{width['measured']:.1%} with the measured spread (true 5%, 4 df); the fixed 0.15: "
+          f"{cover['prior 0.15'] / reps:.1%}, half-width {width['prior 0.15']:.1%}")
+    assert 0.93 <= cover["measured"] / reps <= 0.97  # nominal, within 2 Monte Carlo se (0.7%)
+    assert width["prior 0.15"] > 2 * width["measured"]
+
+
+def test_an_a_a_comparison_counts_its_one_cold_run_once() -> None:
+    rng = random.Random(1)
+    reps, covered, widths = 600, 0, []
+    for _ in range(reps):
+        a, b = sbs_windows(rng, 1.0, windows=10)
+        step = paired_windows(a, b)
+        cold = 20.0 * math.exp(rng.gauss(0, 0.05))
+        shared = time_to_train(step, (geomean(a), cold), (geomean(b), cold), 2000, 0.05, 4, shared_cold=True)
+        apart = time_to_train(step, (geomean(a), cold), (geomean(b), cold), 2000, 0.05, 4)
+        covered += shared.low <= 0 <= shared.high
+        widths.append((shared.high - shared.low) / (apart.high - apart.low))
+    print(f"\nA/A: coverage {covered / reps:.1%} (nominal 95%); half-width {statistics.fmean(widths):.0%} of the "
+          "double-counted one")
+    assert covered / reps >= 0.93 and statistics.fmean(widths) < 0.6
+
+
+def test_the_compile_spread_is_measured_where_a_program_compiled_cold_twice_else_the_prior_says_so() -> None:
+    settings = ObjectiveSettings()
+    study = optuna.create_study()
+    for fp, seconds in (("p1", 20.0), ("p1", 21.0), ("p2", 30.0), ("e", 0.1), ("e", 0.3)):
+        scope = "none" if fp == "e" else "module"
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+            "phase": "search", "config": {"compile.scope": scope}, "identity": fp,
+            "result": {"status": "ok", "step_s": 0.01, "compile_s": seconds, "fingerprint": fp}}))
+    spread = compile_spread(study, settings)
+    assert spread.df == 1 and spread.cv == pytest.approx(abs(math.log(21 / 20)) / math.sqrt(2))
+    assert spread.source.startswith("measured")  # eager's tenths of a second are no compile
+    prior = compile_spread(study, settings, shared_cache=True)
+    assert prior.cv == settings.compile_cv and "prior objective.compile_cv" in prior.source
+
+
+def test_stalls_told_by_cpu_time_keep_the_programs_own_slow_windows() -> None:
+    from autocompile.trial.stats import descheduled
+
+    rng = random.Random(0)
+    reps, windows, processes = 300, 40, 5
+    truth = 0.05 * math.log(1.6)  # b's own: 5% of its windows at 1.6x (the expected mean log-ratio)
+    cover = {"cpu": 0, "wall": 0}
+    for _ in range(reps):
+        a, b, ca, cb = {}, {}, {}, {}
+        for p in range(processes):
+            a[p], b[p], ca[p], cb[p] = [], [], [], []
+            for _ in range(windows):
+                wa = 0.010 * math.exp(rng.gauss(0, 0.02))
+                wb = 0.010 * math.exp(rng.gauss(0, 0.02)) * (1.6 if rng.random() < 0.05 else 1.0)
+                ua, ub = 1.9 * wa * math.exp(rng.gauss(0, 0.01)), 1.9 * wb * math.exp(rng.gauss(0, 0.01))
+                if rng.random() < 0.02:  # descheduled: wall time passes, CPU time does not
+                    wa *= 3
+                if rng.random() < 0.02:
+                    wb *= 3
+                a[p].append(wa), b[p].append(wb), ca[p].append(ua), cb[p].append(ub)
+        for name, ratio in (("cpu", paired_windows(a, b, ca, cb)), ("wall", paired_windows(a, b))):
+            cover[name] += math.log1p(ratio.low) <= truth <= math.log1p(ratio.high)
+    print(f"\nstalls: coverage of the mean log-ratio {cover['cpu'] / reps:.1%} by CPU time (nominal 95%), "
+          f"{cover['wall'] / reps:.1%} by the wall-clock rule")
+    assert cover["cpu"] / reps >= 0.92 and cover["wall"] / reps < 0.5
+    assert descheduled([1.0, 1.0, 3.0], None) == {2}  # no CPU times: the wall-clock rule
+    assert descheduled([1.0, 1.0, 3.0], [1.0, 1.0, 3.0]) == set()  # it worked 3x as long: its own
+
+
+def test_one_round_per_process_gives_an_interval_and_no_f_test() -> None:
+    ratio = paired_windows({p: [0.010] for p in range(4)}, {p: [0.0103 * (1 + 0.01 * (-1) ** p)] for p in range(4)})
+    assert ratio is not None and ratio.low is not None and ratio.process_p is None and ratio.df == 3
+    assert ratio.basis == "process means"
+
+
+def verdict_study(effects: dict[str, float], seed: int, rounds_n: int = 3) -> optuna.Study:
+    rng = random.Random(seed)
+    study = optuna.create_study()
+    knobs = {"amp.dtype": "bfloat16", "optim.impl": "foreach", "compile.mode": "max-autotune-no-cudagraphs"}
+    for r in range(rounds_n):
+        machine = rng.gauss(0, 0.1)
+        for label, effect in {"winner": 0.0, **effects}.items():
+            step = 0.010 * math.exp(machine + effect + rng.gauss(0, 0.01))
+            attrs = {"phase": "verdict", "round": r, "label": label, "identity": label, "constraints": {},
+                     "result": {"status": "ok", "step_s": step, "compile_s": 10.0, "fingerprint": label},
+                     "config": {"compile.scope": "module"}, "compile_s_cold": 10.0}
+            if label != "winner":
+                attrs |= {"knob": label, "value": knobs[label], "reference": "x"}
+            study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs=attrs))
+    return study
+
+
+def test_a_verdict_neighbour_measurably_faster_to_train_is_found_after_holm() -> None:
+    objective = Objective(ObjectiveSettings(horizon_steps=10000))
+    found = {e.knob: e for e in verdicts(verdict_study({"amp.dtype": -0.3, "optim.impl": 0.0,
+                                                        "compile.mode": 0.0}, seed=0), objective)}
+    amp = found["amp.dtype"]
+    assert amp.family == 3 and amp.family_measurable and amp.beats_winner and amp.score_high < 0
+    assert "Holm over 3 verdicts" in amp.verdict and "measurably faster than the winner" in amp.verdict
+    assert not found["optim.impl"].beats_winner
+
+
+def test_a_study_never_recommends_what_its_own_verdicts_beat() -> None:
+    objective = Objective(ObjectiveSettings(horizon_steps=10000))
+    study = verdict_study({"amp.dtype": -0.3, "optim.impl": 0.0}, seed=0)
+    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+        "phase": "search", "config": {"compile.scope": "module"}, "identity": "w", "constraints": {},
+        "result": {"status": "ok", "step_s": 0.010, "compile_s": 10.0}}))
+    chosen, why = recommended(study, objective)
+    assert chosen is not None and chosen.user_attrs["label"] == "amp.dtype"  # before: the search's best
+    assert why.startswith("changed from trial 9") and "amp.dtype=bfloat16 trains measurably faster" in why
+    calm = verdict_study({"amp.dtype": 0.0, "optim.impl": 0.0}, seed=0)
+    calm.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+        "phase": "search", "config": {"compile.scope": "module"}, "identity": "w", "constraints": {},
+        "result": {"status": "ok", "step_s": 0.010, "compile_s": 10.0}}))
+    assert recommended(calm, objective) == (calm.trials[-1], "")
+
+
+def test_an_invalid_one_knob_neighbour_is_asked_at_the_nearest_valid_configuration() -> None:
+    space = SearchSpace(Env(), {})
+    winner = optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+        "config": {"compile.scope": "none", "optim.impl": "fused"}})
+    left_out: list[str] = []
+    found = {value: config.flat() for key, value, config in neighbours(winner, space, ["compile.scope"], left_out)}
+    assert "train_step" in found and not left_out  # before: left out ("fused is not valid here")
+    assert found["train_step"]["optim.impl"] == "default"  # the one knob it invalidates, to its default
+    assert found["module"]["optim.impl"] == "fused"  # a valid neighbour keeps every other knob
