@@ -111,3 +111,120 @@ class OneHotLM(nn.Module):
 
 def onehot_lm(vocab_size: int = 64) -> nn.Module:
     return OneHotLM(vocab_size)
+
+
+class TorchEncoder(nn.Module):
+    """Torch only: an embedding, ``nn.TransformerEncoder`` (its ``layers`` are the blocks) and a head."""
+
+    def __init__(self, vocab_size: int = 64, width: int = 32, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, width)
+        layer = nn.TransformerEncoderLayer(width, nhead=2, dim_feedforward=2 * width, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, vocab_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(ids)))
+
+
+def torch_encoder(vocab_size: int = 64) -> nn.Module:
+    return TorchEncoder(vocab_size)
+
+
+# transformers classes as a user names them under +model=custom: the class's own defaults, tiny sizes.
+def hf_t5() -> nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    return T5ForConditionalGeneration(T5Config(num_layers=1, d_model=32, d_ff=64, num_heads=2, d_kv=16, vocab_size=128,
+                                               dropout_rate=0.0, decoder_start_token_id=0))
+
+
+def hf_resnet() -> nn.Module:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    return ResNetForImageClassification(ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                                                     layer_type="basic", num_labels=4))
+
+
+def hf_qwen2() -> nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                        num_attention_heads=2, num_key_value_heads=1, vocab_size=128))
+
+
+def hf_mixtral() -> nn.Module:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    return MixtralForCausalLM(MixtralConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                            num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
+                                            num_experts_per_tok=2, vocab_size=128))
+
+
+class Tower(nn.Module):
+    """An encoder or decoder: the embedding it is given, then its own stack of blocks."""
+
+    def __init__(self, embed: nn.Embedding, width: int, layers: int, repeated: bool) -> None:
+        super().__init__()
+        self.embed_tokens = embed
+        block = Block(width, 0.0)
+        self.blocks = nn.ModuleList([block] * layers if repeated else [Block(width, 0.0) for _ in range(layers)])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(ids)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class SharedEmbeddingLM(nn.Module):
+    """T5's layout in torch alone: the model keeps ``shared`` as a handle and never calls it; each tower
+    calls its ``embed_tokens``, which is ``shared`` itself (``twins=False``, transformers 4) or an embedding
+    of its own tied to ``shared``'s weight (``twins=True``, transformers 5); the head is tied to it too.
+    ``repeated``: one block object at every depth of a tower (weights shared across depth, as ALBERT)."""
+
+    def __init__(self, vocab_size: int = 64, width: int = 32, twins: bool = False, repeated: bool = False) -> None:
+        super().__init__()
+        self.shared = nn.Embedding(vocab_size, width)
+
+        def embedding() -> nn.Embedding:
+            if not twins:
+                return self.shared
+            own = nn.Embedding(vocab_size, width)
+            own.weight = self.shared.weight
+            return own
+
+        self.encoder = Tower(embedding(), width, 2, repeated)
+        self.decoder = Tower(embedding(), width, 2, repeated)
+        self.head = nn.Linear(width, vocab_size, bias=False)
+        self.head.weight = self.shared.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(ids) + self.decoder(ids))
+
+
+def shared_embedding_lm(vocab_size: int = 64, twins: bool = False, repeated: bool = False) -> nn.Module:
+    return SharedEmbeddingLM(vocab_size, twins=twins, repeated=repeated)
+
+
+class LabelledLM(TinyLM):
+    """A model whose forward requires the labels (it could compute its own loss from them)."""
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(ids)
+
+
+class ConvNet(nn.Module):
+    """Images without any Hugging Face config: the first convolution says the channels."""
+
+    def __init__(self, channels: int = 1, classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, 8, 3, padding=1)
+        self.head = nn.Linear(8, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+def conv_net(channels: int = 1) -> nn.Module:
+    return ConvNet(channels)

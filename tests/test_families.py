@@ -26,6 +26,9 @@ BLOCKS = {
     "bert-tiny": ["bert.encoder.layer.0", "bert.encoder.layer.1"],
     "vit-tiny": ["vit.layers.0", "vit.layers.1"],  # transformers 5: ViTModel.layers
 }
+FAMILIES = sorted([*BLOCKS, "t5-tiny", "mixtral-tiny", "resnet-tiny"])
+"""Every shipped family's tiny variant (the last three run in every scope in tests/test_scopes.py)."""
+IMAGES = ("vit", "resnet")
 SMALL = ("workload.batch_size=2", "workload.seq_len=[16]", "workload.optimizer.lr=0.01", *FAST_MEASURE)
 
 
@@ -42,7 +45,7 @@ def test_family_trains_under_regional_compile_with_its_blocks_found(family: str,
 
 @pytest.mark.integration
 def test_every_family_runs_a_trial_ok_with_its_flops_counted(tmp_path: Path, settings_for: Compose) -> None:
-    families = sorted(BLOCKS)
+    families = FAMILIES
     specs = []
     for family in families:
         settings = settings_for(f"+model={family}", *SMALL, "workload.batch_size=4", "workload.seq_len=[32]",
@@ -55,7 +58,7 @@ def test_every_family_runs_a_trial_ok_with_its_flops_counted(tmp_path: Path, set
         assert result["flops_source"] == "counted" and result["flops_per_token"] > 0, family
         assert result["recompiles_timed"] == 0
         # Images are counted per sample, token ids per token; tables say which.
-        assert result["throughput_unit"] == ("samples" if family.startswith("vit") else "tokens"), family
+        assert result["throughput_unit"] == ("samples" if family.startswith(IMAGES) else "tokens"), family
         assert rate_label(compact(result)) == f"{result['throughput_unit']}/s"  # kept on the trial for the tables
 
 

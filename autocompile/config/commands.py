@@ -125,11 +125,16 @@ def model_overrides(spec: ModelSpec, choice: str) -> list[str]:
 
 def workload_defaults(model: str | None = None) -> dict[str, Any]:
     """What ``workload`` composes to without overrides: the schema under conf/workload/default.yaml,
-    under the workload the model's config picks (``override /workload: gpt2``: its training shape)."""
+    under the workload the model's config picks (``override /workload: gpt2``: its training shape),
+    under what the model's config sets itself (``workload.data``: bert-tiny's masked tokens, custom's)."""
     found = {**asdict(Workload())}
     for name in ("default", *([preset] if model and (preset := workload_preset(model)) else [])):
         path = config_dir() / "workload" / f"{name}.yaml"
         found |= {k: v for k, v in (yaml.safe_load(path.read_text()) or {}).items() if k != "defaults"}
+    node = (yaml.safe_load((config_dir() / "model" / f"{model}.yaml").read_text()) or {}) if model else {}
+    own = node.get("workload") if "_target_" not in node else None
+    for key, value in (own if isinstance(own, dict) else {}).items():
+        found[key] = {**found[key], **value} if isinstance(value, dict) and isinstance(found.get(key), dict) else value
     return found
 
 

@@ -28,7 +28,7 @@ from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
 from autocompile.config.sections import LaunchSettings, ObjectiveSettings, StudySettings, TrackingSettings
 from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
 from autocompile.workload.models import factory_kwargs, resolve
-from autocompile.workload.parts import data_needs, knob_facts, need_message
+from autocompile.workload.parts import data_problem, knob_facts
 from autocompile.workload.units import Structure
 
 log = logging.getLogger(__name__)
@@ -245,9 +245,9 @@ def check_data(model: ModelSpec, workload: Workload) -> None:
         return  # the model cannot be built here; the worker reports what is missing per trial
     facts = {**read[1], **({"vocab_size": model.vocab_size} if model.vocab_size else {}),
              "batch_size": 1, "seq_len": [], "seed": 0, "rank": 0, "world_size": 1, "device": "cpu"}
-    missing = data_needs(workload.data, facts)
-    if missing:
-        raise ConfigError(need_message("workload.data", workload.data["_target_"], missing[0]))
+    problem = data_problem(workload.data, facts)
+    if problem:
+        raise ConfigError(problem)
 
 
 def model_code(target: str) -> str:

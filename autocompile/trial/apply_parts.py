@@ -93,7 +93,8 @@ def compile_targets(model: nn.Module, knobs: CompileKnobs) -> list[Unit]:
         found = [(f"{name}.{sub}", m) if sub else (name, m) for name, block in found
                  for sub, m in (units.sublayers(block) or [("", block)])]
     # Accelerate's compile_regions: the rest of the model (embeddings, final norm, head) compiled too.
-    return found + (units.rest(model) if knobs.rest == "compiled" else [])
+    # Each module object once (a sublayer shared by blocks): a second compile would wrap the first.
+    return units.distinct(found + (units.rest(model) if knobs.rest == "compiled" else []))
 
 
 def autocast_inside(amp: AmpKnobs, scope: str) -> bool:

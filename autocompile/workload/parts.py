@@ -85,12 +85,23 @@ def data_needs(node: dict[str, Any], facts: dict[str, Any]) -> list[str]:
             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in kwargs and name not in facts]
 
 
+def data_problem(node: dict[str, Any], facts: dict[str, Any]) -> str | None:
+    """What keeps the data part from being built, in one line, or None: a required argument nobody gives,
+    or what its own ``check_facts(facts)`` finds wrong with the facts (a data part that follows the model)."""
+    missing = data_needs(node, facts)
+    if missing:
+        return need_message("workload.data", node["_target_"], missing[0])
+    target, _, kwargs = split(node, "workload.data")
+    check = getattr(target, "check_facts", None)
+    return check({**facts, **kwargs}, node["_target_"]) if callable(check) else None
+
+
 def build_data(node: dict[str, Any], facts: dict[str, Any]) -> Batches:
     """``step -> (inputs, targets)`` from ``workload.data``."""
     target, partial, kwargs = split(node, "workload.data")
-    missing = data_needs(node, facts)
-    if missing:
-        raise PartError(need_message("workload.data", node["_target_"], missing[0]))
+    problem = data_problem(node, facts)
+    if problem:
+        raise PartError(problem)
     if _built_once(target, partial):
         built = target(**{**_facts_taken(target, facts, False), **kwargs})
         fn = built if callable(built) else getattr(built, "batch", None)

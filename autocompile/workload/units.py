@@ -52,8 +52,8 @@ def stacks(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
 
 def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Each block of each stack, by path; raises when there is none (regional needs one)."""
-    found = [(f"{path}.{i}" if path else str(i), block) for path, stack in stacks(model)
-             for i, block in enumerate(stack)]
+    found = distinct([(f"{path}.{i}" if path else str(i), block) for path, stack in stacks(model)
+                      for i, block in enumerate(stack)])
     if not found:
         raise ValueError(
             f"{type(model).__name__} has no nn.ModuleList of same-class blocks; regional compile and "
@@ -65,10 +65,56 @@ def rest(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Subtrees outside every stack that hold parameters: what ``rest=compiled`` compiles.
 
     Parameter-free leaves (dropout, activations) between them are left to the model's own forward:
-    alone they are no graph worth a compile, and nothing could show that they ran compiled."""
+    alone they are no graph worth a compile, and nothing could show that they ran compiled. Shared
+    and tied modules are compiled where they are called (:func:`where_called`)."""
     if is_stack(model):
         return []
-    return [(path, m) for path, m, stack in _walk(model, "") if not stack and _has_params(m)]
+    found = [(path, m) for path, m, stack in _walk(model, "") if not stack and _has_params(m)]
+    return where_called(found, [b for _, stack in stacks(model) for b in stack])
+
+
+def distinct(found: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """Each module object once, at its first path: one object in a stack twice (weights shared across
+    depth, ``ModuleList([layer] * n)``) is one unit, compiled, checkpointed or sharded once; its compiled
+    forward runs at every position, compiling it again would wrap the compiled forward in another."""
+    seen: set[int] = set()
+    kept = []
+    for path, m in found:
+        if id(m) not in seen:
+            seen.add(id(m))
+            kept.append((path, m))
+    return kept
+
+
+def _twin_key(module: nn.Module) -> tuple[type, frozenset[int]]:
+    return type(module), frozenset(id(p) for p in module.parameters())
+
+
+def where_called(found: list[tuple[str, nn.Module]], blocks: list[nn.Module]) -> list[tuple[str, nn.Module]]:
+    """``found`` less the paths a shared or tied module is not called under, read from structure alone.
+
+    One module object registered under several paths (T5 in transformers 4: ``shared`` is also
+    ``encoder.embed_tokens`` and ``decoder.embed_tokens``) is compiled once: its compiled forward is
+    the object's, so a call under any path enters it. Twins, modules of one class holding the same
+    parameters (T5 in transformers 5: three ``nn.Embedding`` with one tied weight), are compiled at
+    their deepest paths only: a model keeps the shallow one as a handle (``get_input_embeddings``)
+    while the sub-model that holds the deeper one calls it; compiling the handle would hand
+    ``torch.compile`` a module whose forward never runs. A module whose twin sits inside a block is
+    compiled with that block. Tied modules of different classes (an embedding and the head sharing
+    its weight) are each called, and each compiled."""
+    in_blocks = {_twin_key(m) for b in blocks for m in b.modules() if _has_params(m)}
+    deepest: dict[tuple[type, frozenset[int]], int] = {}
+    for path, m in found:
+        key = _twin_key(m)
+        deepest[key] = max(deepest.get(key, 0), path.count("."))
+    kept, seen = [], set()
+    for path, m in found:
+        key = _twin_key(m)
+        if key in in_blocks or path.count(".") < deepest[key] or id(m) in seen:
+            continue
+        seen.add(id(m))
+        kept.append((path, m))
+    return kept
 
 
 def sublayers(block: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -1,0 +1,122 @@
+"""Data that follows the model: encoder-decoder batches, and the data part ``+model=custom`` uses, which
+picks token ids, masked token ids, encoder-decoder batches or images by what the model takes
+(``infer.data_kind``), or says in one line which data parts exist when that cannot be read.
+
+Torch only: the worker runs this.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from autocompile.workload.data import SyntheticImages, SyntheticMaskedTokens, SyntheticTokens
+from autocompile.workload.infer import DATA_KINDS
+from autocompile.workload.parts import PartError
+
+DATA = "autocompile.workload.data"
+DATA_PARTS = {
+    "tokens": f"{DATA}.SyntheticTokens",
+    "masked_tokens": f"{DATA}.SyntheticMaskedTokens",
+    "seq2seq": f"{__name__}.SyntheticSeq2Seq",
+    "images": f"{DATA}.SyntheticImages",
+}
+"""The shipped data part for each kind, by the dotted path ``workload.data._target_`` takes."""
+
+
+class SyntheticSeq2Seq(SyntheticTokens):
+    """Encoder-decoder data (T5, BART): ``({"input_ids", "attention_mask", "decoder_input_ids"}, labels)``.
+
+    The targets (``target_len`` tokens, the source length by default) copy the start of the source, so
+    the decoder learns through its cross-attention and the loss falls within a short burst; the
+    decoder reads them shifted right behind ``decoder_start_token_id`` (T5's is 0), as a Hugging Face
+    model shifts ``labels`` itself. ``labels_in_inputs`` also passes them as ``labels`` for a model
+    that computes its own loss (``workload.loss`` = ``losses.model_loss``). Throughput counts source
+    tokens (``input_ids``), as for every token model.
+    """
+
+    def __init__(self, vocab_size: int, batch_size: int, seq_len: list[int], seed: int, rank: int = 0,
+                 device: str | torch.device = "cpu", target_len: int | None = None, decoder_start_token_id: int = 0,
+                 labels_in_inputs: bool = False) -> None:
+        super().__init__(vocab_size, batch_size, seq_len, seed, rank, device)
+        if target_len is not None and target_len < 1:
+            raise PartError(f"workload.data.target_len={target_len} must be at least 1 (or null: the source length)")
+        self.target_len = target_len
+        self.decoder_start_token_id = decoder_start_token_id
+        self.labels_in_inputs = labels_in_inputs
+
+    def batch(self, step: int) -> tuple[Any, torch.Tensor]:
+        source = self.ids(step)
+        length = self.target_len or source.shape[1]
+        labels = source.repeat(1, -(-length // source.shape[1]))[:, :length]
+        start = torch.full_like(labels[:, :1], self.decoder_start_token_id)
+        inputs = {"input_ids": source, "attention_mask": torch.ones_like(source),
+                  "decoder_input_ids": torch.cat([start, labels[:, :-1]], dim=1)}
+        if self.labels_in_inputs:
+            inputs["labels"] = labels
+        return ({k: v.to(self.device, non_blocking=True) for k, v in inputs.items()},
+                labels.to(self.device, non_blocking=True))
+
+    __call__ = batch
+
+
+class SyntheticForModel:
+    """The data ``+model=custom`` starts with: the shipped data part for the model's kind (``data_kind``,
+    read from the model: ``DATA_PARTS``), built with the facts the model gives (``vocab_size``, image
+    size, channels, classes). A model with no readable kind takes token ids when ``model.vocab_size``
+    is set; otherwise the study stops before any trial with one line naming the data parts to pick
+    from. Labels go into the inputs too when the model's forward requires them (``labels_required``)
+    or ``labels_in_inputs`` says so (a loss the model computes: ``losses.model_loss``)."""
+
+    def __init__(self, batch_size: int, seq_len: list[int], seed: int, rank: int = 0,
+                 device: str | torch.device = "cpu", data_kind: str | None = None, vocab_size: int | None = None,
+                 image_size: int = 224, num_channels: int = 3, num_labels: int = 1000,
+                 decoder_start_token_id: int = 0, target_len: int | None = None, labels_required: bool = False,
+                 labels_in_inputs: bool = False) -> None:
+        problem = self.check_facts({"data_kind": data_kind, "vocab_size": vocab_size})
+        if problem:
+            raise PartError(problem)
+        kind = data_kind or "tokens"
+        self.kind = kind
+        self.labels_in_inputs = labels_in_inputs or labels_required
+        common = {"batch_size": batch_size, "seed": seed, "rank": rank, "device": device}
+        if kind == "images":
+            self.part: Any = SyntheticImages(image_size=image_size, num_channels=num_channels, num_labels=num_labels,
+                                             **common)
+        elif kind == "seq2seq":
+            self.part = SyntheticSeq2Seq(vocab_size, seq_len=seq_len, target_len=target_len,  # type: ignore[arg-type]
+                                         decoder_start_token_id=decoder_start_token_id,
+                                         labels_in_inputs=self.labels_in_inputs, **common)
+            self.labels_in_inputs = False  # already there
+        else:
+            token_part = SyntheticMaskedTokens if kind == "masked_tokens" else SyntheticTokens
+            self.part = token_part(vocab_size, seq_len=seq_len, **common)  # type: ignore[arg-type]
+
+    @staticmethod
+    def check_facts(facts: dict[str, Any], target: str = f"{__name__}.SyntheticForModel") -> str | None:
+        """The one-line problem with what the model says, or None: the kind unknown, or token ids
+        without a vocabulary size (``parts.data_problem`` asks before any trial)."""
+        kind, vocab = facts.get("data_kind"), facts.get("vocab_size")
+        if kind is not None and kind not in DATA_KINDS:
+            return f"workload.data {target}: data_kind={kind!r} is none of {', '.join(DATA_KINDS)}"
+        if kind is None and not vocab:
+            parts = ", ".join(f"{path} ({name})" for name, path in DATA_PARTS.items())
+            return (f"workload.data {target} needs vocab_size and the model has no input embedding to read it from: "
+                    "set model.vocab_size=N for token ids; the kind of data it takes cannot be read either (no "
+                    "convolution, input_ids, pixel_values or decoder_input_ids argument), so for other data set "
+                    f"workload.data._target_=PART, one of {parts} or your own (step -> (inputs, targets))")
+        if kind in ("tokens", "masked_tokens", "seq2seq") and not vocab:
+            return (f"workload.data {target} needs vocab_size for the model's {kind} and the model has no input "
+                    "embedding to read it from: set model.vocab_size=N")
+        return None
+
+    def batch(self, step: int) -> tuple[Any, Any]:
+        inputs, targets = self.part(step)
+        if not self.labels_in_inputs:
+            return inputs, targets
+        if isinstance(inputs, dict):
+            return {**inputs, "labels": targets}, targets
+        return (*(inputs if isinstance(inputs, (tuple, list)) else (inputs,)), targets), targets
+
+    __call__ = batch
