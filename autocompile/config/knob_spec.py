@@ -43,6 +43,8 @@ class Env:
     """The workload has an LR schedule (``workload.lr_schedule``)."""
     clips: bool = True
     """The workload clips gradients (``workload.grad_clip_norm`` > 0)."""
+    script_mode: bool = False
+    """The job is the user's own script (``script.path``): only the knobs its agent reaches apply."""
 
     @classmethod
     def detect(cls, device: str, world_size: int, shapes_vary: bool, structure: Any = None,
