@@ -69,12 +69,27 @@ def test_a_nanogpt_shaped_script_is_measured_with_no_line_changed(tmp_path: Path
     assert "step 0: val loss" in stdout and "step 20" not in stdout  # its eval at step 0 ran; it stopped early
 
 
+@pytest.mark.integration
 def test_the_eager_run_and_a_compiled_run_see_the_same_losses(tmp_path: Path) -> None:
     """The numerics reference of a script is its eager run: same seed, same data, so the losses agree."""
     eager = run(tmp_path / "a", GPT, f"{SMALL} --max_iters=20 --dtype=float32", {"compile.scope": "none"})
     compiled = run(tmp_path / "b", GPT, f"{SMALL} --max_iters=20 --dtype=float32",
                    {"compile.scope": "module", "compile.backend": "eager"})
     assert eager["losses"] == pytest.approx(compiled["losses"], rel=1e-4)
+
+
+@pytest.mark.integration
+def test_a_two_rank_ddp_script_is_measured_on_every_rank_and_ends_cleanly(tmp_path: Path) -> None:
+    """torch.compile(model) then DDP(model), accumulation under require_backward_grad_sync: the ranks agree on
+    every window (a collective per window), rank 0 writes the result, and every rank exits at the barrier."""
+    result = run(tmp_path, GPT, f"{SMALL} --max_iters=20",
+                 {"compile.scope": "module", "compile.backend": "aot_eager", "ddp.optimize": "no_optimization"},
+                 nproc=2)
+    assert result["status"] == "ok", result.get("reason")
+    assert result["environment"]["world_size"] == 2 and result["compiled"] == ["model"]
+    # Each rank's 2 sequences of 16 tokens, 1 micro-step each (the script divides accumulation by world size).
+    assert result["tokens_per_s"] == pytest.approx(2 * 2 * 16 / result["step_s"], rel=0.5)
+    assert len(result["losses"]) == NEEDED  # ended at the barrier, not killed: the launch returned ok
 
 
 BAD = {
