@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from autocompile.config.knobs import Env, KnobError, TrialConfig
-from autocompile.config.script import ScriptSettings, ScriptSpec
+from autocompile.config.knobs import KnobError, TrialConfig
+from autocompile.config.script import ScriptSettings, ScriptSpec, script_env
 from autocompile.config.spec import MeasureSettings, Workload
 from autocompile.trial.launcher import launch
 from tests.conftest import ROOT, survivors
@@ -27,8 +27,7 @@ NEEDED = 2 + 2 * 2
 
 def script_spec(path: str | Path, args: str, knobs: dict[str, Any], *, nproc: int = 1,
                 measure: MeasureSettings = MEASURE) -> ScriptSpec:
-    env = Env.detect("cpu", nproc, False, None, {"script_mode": True})
-    config = TrialConfig.from_flat(knobs, env)  # only valid configurations are launched
+    config = TrialConfig.from_flat(knobs, script_env("cpu", nproc))  # only valid configurations are launched
     return ScriptSpec(knobs=config.flat(), script=ScriptSettings(str(path), args),
                       workload=Workload(nproc_per_node=nproc, threads=1), measure=measure, device="cpu", threads=1)
 
@@ -176,13 +175,30 @@ def test_the_agent_stays_out_of_processes_that_do_not_run_the_script(tmp_path: P
     assert out.split() == ["torch", "False"]
 
 
+def test_a_sitecustomize_the_agent_shadows_still_runs(tmp_path: Path) -> None:
+    """ddtrace-run, a distribution's or a cluster's own sitecustomize: the agent's runs it, then steps aside."""
+    import subprocess
+    import sys
+
+    spec = script_spec(GPT, SMALL, {"compile.scope": "none"})
+    trial, theirs = tmp_path / "trial", tmp_path / "theirs"
+    trial.mkdir()
+    theirs.mkdir()
+    spec.write(trial)
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIR_SITECUSTOMIZE'] = 'ran'\n")
+    env = {**spec.environment(trial, {"PYTHONPATH": f"{theirs}:{ROOT}"}), "PATH": "/usr/bin:/bin"}
+    probe = "import os; print(os.environ.get('THEIR_SITECUSTOMIZE'))"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["ran"]
+
+
 def test_a_script_trial_offers_only_the_knobs_its_agent_reaches() -> None:
-    env = Env.detect("cpu", 2, False, None, {"script_mode": True})
+    env = script_env("cpu", 2)
     with pytest.raises(KnobError, match=r"amp\.dtype='bfloat16' does not apply.*autocompile\.apply"):
         TrialConfig.from_flat({"amp.dtype": "bfloat16"}, env)
     with pytest.raises(KnobError, match=r"compile\.scope='train_step' is not valid"):
         TrialConfig.from_flat({"compile.scope": "train_step"}, env)
     active = TrialConfig.from_flat({"compile.scope": "module"}, env).active(env)
-    assert "ddp.optimize" in active and "compile.mode" in active  # dynamo's settings and the compile call
+    assert {"ddp.optimize", "compile.mode", "compile.dynamic", "compile.fullgraph"} <= set(active)
     assert not {"amp.dtype", "ac.policy", "optim.impl", "ddp.wrap_order", "parallel.strategy",
                 "placement.order", "compile.optimizer"} & set(active)

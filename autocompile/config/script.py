@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from autocompile.config.knob_spec import Env
 from autocompile.config.spec import MeasureSettings, Workload
 
 TRIAL_VAR = "AUTOCOMPILE_SCRIPT_TRIAL"
@@ -65,6 +66,14 @@ if _runs_script():
 
     boot()
 '''
+
+
+def script_env(device: str, world_size: int) -> Env:
+    """What a script's trials may be asked, the same in the tuner and in the agent: only the knobs its agent
+    reaches (``Env.script_mode``). Its shapes are unknown, so ``compile.dynamic`` is offered (where they do not
+    vary, its values compile one program and the study sees them as twins); so is regional compile (a model
+    without repeated blocks fails that trial in one line)."""
+    return Env.detect(device, world_size, True, None, {"script_mode": True})
 
 
 @dataclass

@@ -34,8 +34,8 @@ BOOT = time.time()
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from autocompile.config.knobs import Env, TrialConfig  # noqa: E402
-from autocompile.config.script import TRIAL_VAR, ScriptSpec  # noqa: E402
+from autocompile.config.knobs import TrialConfig  # noqa: E402
+from autocompile.config.script import TRIAL_VAR, ScriptSpec, script_env  # noqa: E402
 from autocompile.trial.apply_parts import Compilers, apply_optimize_ddp, compile_targets, compile_units  # noqa: E402
 from autocompile.trial.programs import CompileLog  # noqa: E402
 from autocompile.trial.script_meter import CannotTakeOver, Meter  # noqa: E402
@@ -69,8 +69,7 @@ class Agent:
         self.spec = spec
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
-        env = Env.detect(spec.device, self.world_size, False, None, {"script_mode": True})
-        self.config = TrialConfig.from_flat(spec.knobs, env)
+        self.config = TrialConfig.from_flat(spec.knobs, script_env(spec.device, self.world_size))
         self.log = CompileLog()
         self.compile_model = Compilers(self.log, compile_kwargs(self.config.compile))("model")
         self.units: list[tuple[str, nn.Module]] = []
