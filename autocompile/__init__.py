@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "prepare": "autocompile.trial.prepare",
     "apply": "autocompile.trial.step", "lm_loss": "autocompile.trial.step", "TrainStep": "autocompile.trial.step",
     "Env": "autocompile.config.knobs", "TrialConfig": "autocompile.config.knobs",
     "KnobError": "autocompile.config.knobs", "KNOBS": "autocompile.config.knobs",

@@ -44,8 +44,13 @@ def measure_command(settings: Settings, config: dict[str, Any], threads: int | N
 def measure_overrides(settings: Settings, config: dict[str, Any], threads: int | None = None) -> list[str]:
     """Hydra overrides composing the study's model, workload and measurement plus ``config``: only
     what differs from the defaults, so the command stays readable."""
-    choice = model_choice(settings.model)
-    args = model_overrides(settings.model, choice)
+    if settings.script.given:  # the user's own script: its path and arguments stand for the model
+        choice = None
+        args = [f"script.path={hydra_value(settings.script.path)}"]
+        args += [f"script.args={hydra_value(settings.script.args)}"] if settings.script.args else []
+    else:
+        choice = model_choice(settings.model)
+        args = model_overrides(settings.model, choice)
     args.append("task=measure")
     if settings.output_root != Path(_BaseConfig.output_root):
         # The warm inductor cache (measure.cache=warm) and the study's run directory live there.

@@ -47,6 +47,8 @@ class Env:
     """The workload clips gradients (``workload.grad_clip_norm`` > 0)."""
     accumulates: bool = False
     """The workload accumulates gradients over micro-batches (``workload.grad_accum_steps`` > 1)."""
+    script_mode: bool = False
+    """The job is the user's own script (``script.path``): only the knobs its agent reaches apply."""
 
     @classmethod
     def detect(cls, device: str, world_size: int, shapes_vary: bool, structure: Any = None,

@@ -87,7 +87,8 @@ def _modes(config: Flat, env: Env) -> tuple[str, ...]:
 
 
 def _scopes(config: Flat, env: Env) -> tuple[str, ...]:
-    return ("none", "module", "regional", "train_step") if env.has_blocks else ("none", "module", "train_step")
+    scopes = ("none", "module", "regional", "train_step") if env.has_blocks else ("none", "module", "train_step")
+    return scopes[:-1] if env.script_mode else scopes  # a script's train step is its own code
 
 
 def _granularities(config: Flat, env: Env) -> tuple[str, ...]:
@@ -341,6 +342,26 @@ def _unflatten(cls: type, flat: Flat, prefix: str = "") -> Any:
 
 KNOBS: dict[str, tuple[KnobSpec, Any]] = {key: (spec, default) for key, spec, default in _knob_fields(TrialConfig)}
 """Every knob in declaration order: dotted key -> (spec, default)."""
+
+# The user's own script (script.path, Env.script_mode): its agent reaches the script's torch.compile calls and
+# dynamo's settings, not the objects the script builds and drives itself. These knobs keep their defaults there
+# (the knobs under them follow), each saying which line in the script would open it.
+SCRIPT_NEEDS = {
+    "parallel.strategy": "autocompile.prepare(model, optimizer) in the script (the script wraps the model itself)",
+    "compile.optimizer": "autocompile.prepare(model, optimizer) in the script (its optimizer step)",
+    "compile.compiled_autograd": "autocompile.apply in the script (its backward)",
+    "amp.dtype": "autocompile.apply in the script (it runs its own autocast)",
+    "ddp.wrap_order": "autocompile.prepare(model, optimizer) in the script (it wraps DDP itself)",
+    "placement.order": "autocompile.prepare(model, optimizer) in the script (it moves the model itself)",
+    "ac.policy": "autocompile.prepare(model, optimizer) in the script (its blocks' forward)",
+    "optim.impl": "autocompile.prepare(model, optimizer) in the script (it builds its optimizer)",
+    "optim.tensor_lr": "autocompile.prepare(model, optimizer) in the script (its optimizer's learning rate)",
+    "optim.clip": "autocompile.apply in the script (its clipping)",
+}
+for _key, _needs in SCRIPT_NEEDS.items():
+    _spec, _default = KNOBS[_key]
+    _own = Rule(f"a job autocompile runs (a script reaches it through {_needs})", lambda c, e: not e.script_mode)
+    KNOBS[_key] = (dataclasses.replace(_spec, when=_own & _spec.when if _spec.when else _own), _default)
 
 
 def describe(config: TrialConfig, env: Env) -> str:

@@ -17,11 +17,11 @@ SAMPLERS = ("staged", "tpe", "random", "gp", "every")
 class StudySettings:
     """The Optuna study."""
 
-    name: str = ("${model.name}-bs${workload.batch_size}-seq${ac_join:${workload.seq_len}}"
-                 "-ws${ac_ws:}-${ac_device:${workload.device}}${ac_fixed:}")
+    name: str = "${ac_job:}-ws${ac_ws:}-${ac_device:${workload.device}}${ac_fixed:}"
     """Study (and run directory) name; the same name resumes the same study. The default names the
-    model and workload, then what the study fixes (``+compile.mode=max-autotune``, a non-default
-    objective), so each job of a sweep over those is a study of its own."""
+    model and workload (or the script and a hash of its arguments), then what the study fixes
+    (``+compile.mode=max-autotune``, a non-default objective), so each job of a sweep over those is a study
+    of its own."""
     storage: str = ""
     """Optuna storage URL (``postgresql://...``), or the path of a journal file (no URL scheme); empty =
     a journal file in the run directory."""

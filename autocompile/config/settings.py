@@ -9,6 +9,7 @@ a knob given a value is fixed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -25,6 +26,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from autocompile.config.comparing import CompareSettings, overrides
 from autocompile.config.gpus import check_triton, gpu_name
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
+from autocompile.config.script import ScriptSettings, ScriptSpec, script_env
 from autocompile.config.sections import LaunchSettings, ObjectiveSettings, StudySettings, TrackingSettings
 from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
 from autocompile.workload.models import factory_kwargs, resolve
@@ -62,6 +64,8 @@ class _BaseConfig:
     tracking: TrackingSettings = field(default_factory=TrackingSettings)
     launch: LaunchSettings = field(default_factory=LaunchSettings)
     compare: CompareSettings = field(default_factory=CompareSettings)
+    script: ScriptSettings = field(default_factory=ScriptSettings)
+    """``script.path=train.py``: every trial runs your own training script as it is (no +model needed)."""
 
 
 # One field per knob group of the knob table (compile, amp, ...), every knob ??? until given.
@@ -81,9 +85,26 @@ def register() -> None:
         "ac_device", lambda device: Workload(device=device).resolved_device(), replace=True)
     OmegaConf.register_new_resolver("ac_fixed", study_variant, replace=True)
     OmegaConf.register_new_resolver("ac_knobs_help", knobs_help, replace=True)
+    OmegaConf.register_new_resolver("ac_job", job_name, replace=True)
     OmegaConf.register_new_resolver("ac_basename", lambda path: str(path).rsplit(".", 1)[-1], replace=True)
     cs = ConfigStore.instance()
     cs.store(name="autocompile_schema", node=AppConfig)
+
+
+def job_name(*, _root_: DictConfig) -> str:
+    """The study name's first part: the model and workload (``gpt2-tiny-bs8-seq128``), or the script and a hash
+    of its arguments (``train-3f2a9c1b``)."""
+    script = _root_.get("script")
+    if script is not None and script.path:
+        return _script(script).job_name()
+    w = _root_.workload
+    return f"{_root_.model.name}-bs{w.batch_size}-seq{'-'.join(str(x) for x in w.seq_len)}"
+
+
+def _script(node: DictConfig) -> ScriptSettings:
+    script = ScriptSettings.__new__(ScriptSettings)  # named before it is validated (settings_from does that)
+    script.path, script.args = str(node.path), str(node.args)
+    return script
 
 
 def study_variant(*, _root_: DictConfig) -> str:
@@ -150,6 +171,8 @@ class Settings:
     """Knobs the user gave a value: fixed in a study, the configuration in a measurement."""
     device: str
     threads: int
+    script: ScriptSettings = field(default_factory=ScriptSettings)
+    """The user's own script, when the job is one (``script.path``); ``model`` then only names it."""
 
     @property
     def cache_dir(self) -> Path | None:
@@ -173,6 +196,8 @@ class Settings:
     def env(self) -> Env:
         """What may be sampled here: device, world size, torch, the model's structure and the job's parts (read
         once per Settings: ``dataclasses.replace`` makes a new one)."""
+        if self.script.given:  # the script builds its own job: only what its agent reaches is asked
+            return script_env(self.device, self.workload.world_size)
         return Env.detect(self.device, self.workload.world_size, self.workload.shapes_vary,
                           model_structure(self.model), knob_facts(self.workload, self.device))
 
@@ -181,12 +206,20 @@ class Settings:
         storage) must match it, or results from another workload or machine would stand for this
         one (dedupe reuses them)."""
         measure = {k: v for k, v in asdict(self.measure).items() if k not in ("timeout_s", "peak_tflops", "artifacts")}
+        if self.script.given:
+            return {"script": asdict(self.script), "script_code": self.script.source_hash(),
+                    "workload": {"nproc_per_node": self.workload.nproc_per_node, "nnodes": self.workload.nnodes,
+                                 "device": self.device, "threads": self.threads},
+                    "measure": measure, "device_name": device_name(self.device), "versions": versions()}
         return {"model": asdict(self.model), "model_code": model_code(self.model.target),
                 "workload": {**asdict(self.workload), "device": self.device, "threads": self.threads},
                 "measure": measure, "device_name": device_name(self.device), "versions": versions()}
 
-    def trial_spec(self, config: TrialConfig, threads: int | None = None) -> TrialSpec:
+    def trial_spec(self, config: TrialConfig, threads: int | None = None) -> TrialSpec | ScriptSpec:
         measure = replace(self.measure, timeout_s=self.timeout_s(config))
+        if self.script.given:
+            return ScriptSpec(knobs=config.flat(), script=self.script, workload=self.workload, measure=measure,
+                              device=self.device, threads=threads or self.threads)
         return TrialSpec(knobs=config.flat(), model=self.model, workload=self.workload, measure=measure,
                          device=self.device, threads=threads or self.threads)
 
@@ -305,6 +338,16 @@ def model_spec(node: Any, available: list[str]) -> ModelSpec:
         raise ConfigError(str(exc)) from exc
 
 
+def script_model(script: ScriptSettings, node: Any) -> ModelSpec:
+    """The model's name for a script study: the script's (the script builds its model itself)."""
+    if node is not None:
+        raise ConfigError("both +model and script.path are given: a study tunes autocompile's loop over a model, "
+                          "or your script; drop one")
+    model = ModelSpec(name=script.name, target="script.main")
+    model.target = f"script:{script.path}"  # names the script; nothing to import
+    return model
+
+
 def fixed_knobs(cfg: DictConfig) -> dict[str, Any]:
     """Knobs given a value (every knob is in a group, so its parent node exists)."""
     fixed = {}
@@ -321,7 +364,8 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
     try:
         if cfg.task not in TASKS:
             raise ConfigError(f"task={cfg.task!r}: choose one of {', '.join(TASKS)}")
-        model = model_spec(cfg.model, available_models)
+        script = OmegaConf.to_object(cfg.script)
+        model = script_model(script, cfg.model) if script.given else model_spec(cfg.model, available_models)
         workload = OmegaConf.to_object(cfg.workload)
         measure = OmegaConf.to_object(cfg.measure)
         study = OmegaConf.to_object(cfg.study)
@@ -329,6 +373,11 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
         tracking = OmegaConf.to_object(cfg.tracking)
         launch = OmegaConf.to_object(cfg.launch)
         compare = OmegaConf.to_object(cfg.compare)
+        if script.given:
+            if cfg.task == "compare":
+                raise ConfigError("task=compare does not take a script yet: use task=tune or task=measure")
+            # Side by side means several candidates in one process: a script's process runs one configuration.
+            study = dataclasses.replace(study, side_by_side=False)
         device = workload.resolved_device()
         if device == "cuda":
             import torch
@@ -341,14 +390,15 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
             task=cfg.task, output_root=Path(cfg.output_root), model=model, workload=workload, measure=measure,
             study=study, objective=objective, tracking=tracking, launch=launch, compare=compare,
             fixed_knobs=fixed_knobs(cfg),
-            device=device, threads=workload.resolved_threads(),
+            device=device, threads=workload.resolved_threads(), script=script,
         )
         # Fixed knobs must be valid on their own; under tune, one that does not apply to every
         # sampled trial is fine, so only measure is strict.
         TrialConfig.from_flat(settings.fixed_knobs, settings.env, strict=settings.task == "measure")
         if settings.task == "compare":
             settings.candidate_configs()
-        check_data(model, workload)
+        if not script.given:
+            check_data(model, workload)
         return settings
     except (KnobError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc

@@ -30,13 +30,14 @@ from typing import Any
 
 import psutil
 
+from autocompile.config.script import ScriptSpec
 from autocompile.config.sections import Resources
 from autocompile.config.spec import SideBySideSpec, TrialSpec, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-Spec = TrialSpec | SideBySideSpec
-"""What a launch runs: one configuration (the trial worker) or several side by side."""
+Spec = TrialSpec | SideBySideSpec | ScriptSpec
+"""What a launch runs: one configuration (the trial worker), several side by side, or the user's script."""
 
 StopRule = Callable[[list[dict[str, Any]], float], "str | tuple[str, str] | None"]
 """Called while a trial runs with its progress events and seconds since launch; a reason stops it
@@ -103,8 +104,15 @@ def torchrun_command(trial_dir: Path, spec: Spec, agents: Agents = Agents()) -> 
         # Without it torchrun makes an empty torchelastic_* tree in the system's temp directory per launch
         # (DefaultLogsSpecs: tempfile.mkdtemp(prefix="torchelastic_")); here it stays with the trial.
         f"--log-dir={(trial_dir / 'torchrun').resolve()}",
-        "-m", spec.module, str(trial_dir.resolve()),
+        *entry(trial_dir, spec),
     ]
+
+
+def entry(trial_dir: Path, spec: Spec) -> list[str]:
+    """What each process runs: a worker module on the trial directory, or what the spec names (the user's
+    script: ``config.script.ScriptSpec.entry``)."""
+    named = getattr(spec, "entry", None)
+    return named(trial_dir) if named else ["-m", spec.module, str(trial_dir.resolve())]
 
 
 def trial_environment(trial_dir: Path, spec: Spec, cache_dir: Path | None,
@@ -112,7 +120,7 @@ def trial_environment(trial_dir: Path, spec: Spec, cache_dir: Path | None,
     """Variables that differ from the tuner's own: cache, threads, import path, devices."""
     cache = (cache_dir or trial_dir / "inductor_cache").resolve()
     devices = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, resources.gpus))} if resources.gpus else {}
-    return {
+    base = {
         **devices,
         "TORCHINDUCTOR_CACHE_DIR": str(cache),
         "TRITON_CACHE_DIR": str(cache / "triton"),
@@ -122,6 +130,8 @@ def trial_environment(trial_dir: Path, spec: Spec, cache_dir: Path | None,
         # User model factories import in workers as they do in the tuner.
         "PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p),
     }
+    own = getattr(spec, "environment", None)  # a script's agent: its trial and its sitecustomize
+    return {**base, **own(trial_dir, base)} if own else base
 
 
 def prepare(trial_dir: Path, spec: Spec, cache_dir: Path | None = None, resources: Resources = INHERIT,
@@ -150,7 +160,7 @@ def replay_text(trial_dir: Path, spec: Spec, cmd: list[str], extra: dict[str, st
     replay = " ".join(f"{k}={v}" for k, v in values.items())
     pin = f"taskset -c {','.join(map(str, resources.cpus))} " if resources.cpus else ""
     nodes = f"  # on each of the {spec.workload.nnodes} nodes" if spec.workload.nnodes > 1 else ""
-    worker = shlex.join([sys.executable, "-m", spec.module, str(trial_dir.resolve())])
+    worker = shlex.join([sys.executable, *entry(trial_dir, spec)])
     return (f"cd {shlex.quote(os.getcwd())} && {fresh}{replay} {pin}{shlex.join(cmd)}{nodes}\n"
             f"# one process, no torchrun (world size 1): {fresh}{replay} {worker}\n")
 

@@ -1,0 +1,204 @@
+"""The user's own script, tuned as it is: the agent takes over its torch.compile, times its optimizer steps and
+writes result.json; a bad script is a failed trial with a one-line reason.
+
+Each run is the real path: the launcher starts the script under torchrun with the agent's sitecustomize first on
+PYTHONPATH (aot_eager/eager backends and a tiny model keep each run to seconds)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autocompile.config.knobs import KnobError, TrialConfig
+from autocompile.config.script import ScriptSettings, ScriptSpec, script_env
+from autocompile.config.spec import MeasureSettings, Workload
+from autocompile.trial.launcher import launch
+from tests.conftest import ROOT, survivors
+
+GPT = "examples/scripts/train_gpt.py"
+SMALL = "--n_layer=2 --n_embd=32 --n_head=2 --block_size=16 --batch_size=2 --eval_interval=4 --eval_iters=1"
+MEASURE = MeasureSettings(warmup_steps=2, windows=2, window_steps=2, precision=0.0, timeout_s=240)
+NEEDED = 2 + 2 * 2
+
+
+def script_spec(path: str | Path, args: str, knobs: dict[str, Any], *, nproc: int = 1,
+                measure: MeasureSettings = MEASURE) -> ScriptSpec:
+    config = TrialConfig.from_flat(knobs, script_env("cpu", nproc))  # only valid configurations are launched
+    return ScriptSpec(knobs=config.flat(), script=ScriptSettings(str(path), args),
+                      workload=Workload(nproc_per_node=nproc, threads=1), measure=measure, device="cpu", threads=1)
+
+
+def run(tmp_path: Path, path: str | Path, args: str, knobs: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return launch(tmp_path / "trial", script_spec(path, args, knobs, **kw))
+
+
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # scripts run from the directory the command runs in
+
+
+@pytest.mark.parametrize(("knobs", "compiled"), [
+    ({"compile.scope": "none"}, []),
+    ({"compile.scope": "module", "compile.backend": "aot_eager"}, ["model"]),
+    ({"compile.scope": "regional", "compile.backend": "aot_eager"},
+     ["transformer.h.0", "transformer.h.1", "transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head"]),
+])
+def test_a_nanogpt_shaped_script_is_measured_with_no_line_changed(tmp_path: Path, knobs: dict[str, Any],
+                                                                   compiled: list[str]) -> None:
+    result = run(tmp_path, GPT, f"{SMALL} --max_iters=20", knobs)
+    assert result["status"] == "ok", result.get("reason")
+    assert result["compiled"] == compiled  # the trial's scope, not the script's own torch.compile(model)
+    assert result["windows"] == 2 and len(result["step_s_windows"]) == 2 and result["step_s"] > 0
+    assert result["throughput_unit"] == "tokens"
+    # 2 sequences of 16 tokens per micro-step, 2 micro-steps per optimizer step (its own accumulation).
+    assert result["tokens_per_s"] == pytest.approx(2 * 16 * 2 / result["step_s"], rel=0.5)
+    assert len(result["losses"]) == NEEDED  # one per optimizer step: the scalars it called backward() on
+    assert result["script"]["optimizer_steps"] == NEEDED  # ended right after the timed part, not at max_iters
+    assert result["script"]["compile_calls"][0]["target"] == "GPT"
+    if compiled:
+        assert result["compiled_coverage"] == 1.0 and result["fingerprint"] != "eager:script"
+        assert result["graph_count"] >= 1
+    else:
+        assert result["graph_count"] == 0  # the eager baseline: the script's torch.compile(model) did nothing
+    stdout = (tmp_path / "trial" / "stdout.log").read_text()
+    assert "step 0: val loss" in stdout and "step 20" not in stdout  # its eval at step 0 ran; it stopped early
+
+
+@pytest.mark.integration
+def test_the_eager_run_and_a_compiled_run_see_the_same_losses(tmp_path: Path) -> None:
+    """The numerics reference of a script is its eager run: same seed, same data, so the losses agree."""
+    eager = run(tmp_path / "a", GPT, f"{SMALL} --max_iters=20 --dtype=float32", {"compile.scope": "none"})
+    compiled = run(tmp_path / "b", GPT, f"{SMALL} --max_iters=20 --dtype=float32",
+                   {"compile.scope": "module", "compile.backend": "eager"})
+    assert eager["losses"] == pytest.approx(compiled["losses"], rel=1e-4)
+
+
+@pytest.mark.integration
+def test_a_two_rank_ddp_script_is_measured_on_every_rank_and_ends_cleanly(tmp_path: Path) -> None:
+    """torch.compile(model) then DDP(model), accumulation under require_backward_grad_sync: the ranks agree on
+    every window (a collective per window), rank 0 writes the result, and every rank exits at the barrier."""
+    result = run(tmp_path, GPT, f"{SMALL} --max_iters=20",
+                 {"compile.scope": "module", "compile.backend": "aot_eager", "ddp.optimize": "no_optimization"},
+                 nproc=2)
+    assert result["status"] == "ok", result.get("reason")
+    assert result["environment"]["world_size"] == 2 and result["compiled"] == ["model"]
+    # Each rank's 2 sequences of 16 tokens, 1 micro-step each (the script divides accumulation by world size).
+    assert result["tokens_per_s"] == pytest.approx(2 * 2 * 16 / result["step_s"], rel=0.5)
+    assert len(result["losses"]) == NEEDED  # ended at the barrier, not killed: the launch returned ok
+
+
+BAD = {
+    "crashes": ("""
+        model = torch.compile(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(100):
+            if i == 1:
+                raise ValueError("the data loader ran dry")
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+        """, "exception", "ValueError: the data loader ran dry"),
+    "never_steps": ("""
+        model = torch.compile(torch.nn.Linear(4, 1))
+        for i in range(20):
+            model(torch.randn(8, 4)).sum().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+        """, "script_ended", "the script never stepped an optimizer"),
+    "stops_early": ("""
+        model = torch.compile(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(3):
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+        """, "script_ended",
+        f"the script stopped after 3 optimizer steps; the measurement needs {NEEDED}: raise its step budget"),
+    "compiles_a_function": ("""
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        @torch.compile
+        def train_step(x):
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+
+        for i in range(20):
+            train_step(torch.randn(8, 4))
+        """, "cannot_take_over", "the script compiles the function train_step"),
+    "never_compiles": ("""
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(20):
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+        """, "nothing_compiled", "the script never called torch.compile on a model"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_script_is_a_failed_trial_with_a_one_line_reason(tmp_path: Path, name: str) -> None:
+    body, failure, reason = BAD[name]
+    script = tmp_path / f"{name}.py"
+    script.write_text("import torch\n" + textwrap.dedent(body))
+    result = run(tmp_path, script, "", {"compile.scope": "module", "compile.backend": "eager"})
+    assert (result["status"], result["failure"]) == ("failed", failure), result.get("reason")
+    assert reason in result["reason"] and "\n" not in result["reason"]
+    assert json.loads((tmp_path / "trial" / "result.json").read_text())["failure"] == failure
+
+
+def test_a_hanging_script_is_killed_at_its_timeout_and_leaves_no_process(tmp_path: Path) -> None:
+    script = tmp_path / "hangs_forever.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    measure = MeasureSettings(warmup_steps=2, windows=2, window_steps=2, precision=0.0, timeout_s=8)
+    result = run(tmp_path, script, "", {"compile.scope": "none"}, measure=measure)
+    assert (result["status"], result["failure"]) == ("failed", "timeout")
+    assert survivors("hangs_forever.py") == []
+
+
+def test_the_agent_stays_out_of_processes_that_do_not_run_the_script(tmp_path: Path) -> None:
+    """torchrun's own process and inductor's compile workers inherit the variables: only the script is patched."""
+    import subprocess
+    import sys
+
+    spec = script_spec(GPT, SMALL, {"compile.scope": "none"})
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    spec.write(trial)
+    env = {**spec.environment(trial, {"PYTHONPATH": str(ROOT)}), "PATH": "/usr/bin:/bin"}
+    probe = "import sys, torch; print(torch.compile.__module__, 'autocompile.trial.script_agent' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["torch", "False"]
+
+
+def test_a_sitecustomize_the_agent_shadows_still_runs(tmp_path: Path) -> None:
+    """ddtrace-run, a distribution's or a cluster's own sitecustomize: the agent's runs it, then steps aside."""
+    import subprocess
+    import sys
+
+    spec = script_spec(GPT, SMALL, {"compile.scope": "none"})
+    trial, theirs = tmp_path / "trial", tmp_path / "theirs"
+    trial.mkdir()
+    theirs.mkdir()
+    spec.write(trial)
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIR_SITECUSTOMIZE'] = 'ran'\n")
+    env = {**spec.environment(trial, {"PYTHONPATH": f"{theirs}:{ROOT}"}), "PATH": "/usr/bin:/bin"}
+    probe = "import os; print(os.environ.get('THEIR_SITECUSTOMIZE'))"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["ran"]
+
+
+def test_a_script_trial_offers_only_the_knobs_its_agent_reaches() -> None:
+    env = script_env("cpu", 2)
+    with pytest.raises(KnobError, match=r"amp\.dtype='bfloat16' does not apply.*autocompile\.apply"):
+        TrialConfig.from_flat({"amp.dtype": "bfloat16"}, env)
+    with pytest.raises(KnobError, match=r"compile\.scope='train_step' is not valid"):
+        TrialConfig.from_flat({"compile.scope": "train_step"}, env)
+    active = TrialConfig.from_flat({"compile.scope": "module"}, env).active(env)
+    assert {"ddp.optimize", "compile.mode", "compile.dynamic", "compile.fullgraph"} <= set(active)
+    assert not {"amp.dtype", "ac.policy", "optim.impl", "ddp.wrap_order", "parallel.strategy",
+                "placement.order", "compile.optimizer"} & set(active)

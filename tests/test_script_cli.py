@@ -1,0 +1,99 @@
+"""``script.path=train.py``: the command takes the user's script as the job (settings, identity, measure, tune)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+
+GPT = "examples/scripts/train_gpt.py"
+SMALL = "--n_layer=2 --n_embd=32 --n_head=2 --block_size=16 --batch_size=2 --eval_interval=4 --eval_iters=1"
+FAST = ["measure.warmup_steps=2", "measure.windows=2", "measure.window_steps=2", "measure.precision=0"]
+
+
+def settings(*overrides: str) -> Any:
+    from hydra import compose, initialize_config_dir
+
+    from autocompile.app import available_models
+    from autocompile.config.settings import register, settings_from
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return settings_from(compose("config", overrides=list(overrides)), available_models())
+
+
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # script.path is relative to where the command runs
+
+
+def test_a_script_is_the_job_and_its_path_arguments_and_source_are_the_studys_identity() -> None:
+    from autocompile.config.knobs import TrialConfig
+    from autocompile.config.script import ScriptSpec
+
+    s = settings(f"script.path={GPT}", "script.args='--max_iters=100'")
+    assert s.model.name == "train_gpt" and s.env.script_mode  # no +model needed
+    assert s.study.name.startswith("train_gpt-") and s.study.name.endswith("-ws1-cpu")
+    assert settings(f"script.path={GPT}", "script.args='--max_iters=200'").study.name != s.study.name
+    identity = s.measured_on()
+    assert identity["script"] == {"path": GPT, "args": "--max_iters=100"} and len(identity["script_code"]) == 16
+    assert "model" not in identity
+    spec = s.trial_spec(TrialConfig.from_flat({"compile.scope": "regional"}, s.env))
+    assert isinstance(spec, ScriptSpec) and spec.script.argv() == ["--max_iters=100"]
+    assert not s.study.side_by_side  # one configuration per script process
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    (("+model=gpt2-tiny", f"script.path={GPT}"), "both +model and script.path are given"),
+    (("script.path=no_such_train.py",), "script.path='no_such_train.py' is no file"),
+    ((f"script.path={GPT}", "task=compare"), "task=compare does not take a script yet"),
+    ((f"script.path={GPT}", "task=measure", "amp.dtype=bfloat16"),
+     "amp.dtype='bfloat16' does not apply: it needs a job autocompile runs (a script reaches it through "
+     "autocompile.apply in the script"),
+    (("script.args='--x=1'",), "script.args is given without script.path"),
+])
+def test_a_script_setting_that_cannot_run_is_one_error_naming_the_fix(overrides: tuple[str, ...], says: str) -> None:
+    from autocompile.config.settings import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        settings(*overrides)
+    assert says in str(caught.value)
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autocompile", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_measure_runs_the_script_once_under_the_agent_and_prints_the_table(tmp_path: Path) -> None:
+    result = cli(f"script.path={GPT}", f"script.args='{SMALL} --max_iters=20'", "task=measure",
+                 "compile.scope=regional", "compile.backend=aot_eager", *FAST, f"output_root={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "transformer.h.0, transformer.h.1" in result.stdout and "tokens/s" in result.stdout
+    (path,) = tmp_path.glob("train_gpt-*-ws1-cpu/measure/*/result.json")
+    measured = json.loads(path.read_text())
+    assert measured["status"] == "ok" and measured["compiled_coverage"] == 1.0
+    assert measured["script"]["optimizer_steps"] == 6
+
+
+@pytest.mark.integration
+def test_tune_a_script_measures_its_eager_reference_and_searches_only_what_the_agent_reaches(tmp_path: Path) -> None:
+    result = cli(f"script.path={GPT}", f"script.args='{SMALL} --max_iters=20'", "study.n_trials=4",
+                 "compile.backend=eager", "study.confirm_top=0", "study.verdicts=none", "study.warm_start=false",
+                 "tracking.enabled=false", *FAST, f"output_root={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = tmp_path.glob("train_gpt-*")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["model"] == "train_gpt" and summary["counts"]["complete"] >= 3  # eager, module, regional
+    reference = json.loads((run_dir / "reference" / "result.json").read_text())
+    assert reference["status"] == "ok" and len(reference["losses"]) == 6  # the script's eager run: numerics
+    for trial in run_dir.glob("trials/*/trial.json"):
+        knobs = json.loads(trial.read_text())["knobs"]
+        assert knobs["compile.scope"] in ("none", "module", "regional")
+        assert (knobs["amp.dtype"], knobs["ac.policy"], knobs["optim.impl"]) == ("none", "none", "default")
