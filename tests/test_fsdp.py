@@ -104,7 +104,8 @@ def test_module_scope_breaks_at_each_blocks_hooks_so_fullgraph_is_offered_only_p
     step, model, _ = run({"compile.scope": "module"})
     assert verify(step, model, "module")["coverage"] == 1.0
     breaks = counters["graph_break"]
-    assert sum(breaks.values()) == len(BLOCKS) and all("skipped" in reason for reason in breaks)
+    # At each block's FSDP2 hooks (one or two breaks a block, by torch build: 2 on 2.13.0+cpu here).
+    assert sum(breaks.values()) in (len(BLOCKS), 2 * len(BLOCKS)) and all("skipped" in reason for reason in breaks)
     whole = TrialConfig(parallel=ParallelKnobs("fsdp2"), compile=CompileKnobs(backend="aot_eager", fullgraph=True))
     with pytest.raises(torch._dynamo.exc.Unsupported, match="skipped"):
         run(whole, steps=1)
