@@ -27,14 +27,15 @@ TINY = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_siz
 CUDA_INITIALISING = re.compile(r"get_device_name\(|get_device_properties\(|get_device_capability\(|mem_get_info\("
                                r"|cuda\.set_device\(|cuda\.current_device\(|cuda\.synchronize\(|cuda\.init\(")
 WORKER_SIDE = {"worker.py", "step.py", "build.py", "apply_parts.py", "programs.py", "sidebyside.py", "stats.py",
-               "flops.py", "warmstart.py", "timeline.py", "clock.py", "readings.py", "recordings.py"}
-"""autocompile/trial/ modules that run only in the trial processes, which own their GPU."""
+               "flops.py", "warmstart.py", "timeline.py", "clock.py", "readings.py", "recordings.py",
+               "script_agent.py", "script_meter.py", "prepare.py"}
+"""autocompile/trial/ modules that run only in the trial processes (the user's script's too), which own their GPU."""
 
 
 def test_the_tuner_side_paths_on_cuda_never_initialise_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     # Every CUDA initialisation in torch goes through torch.cuda._lazy_init (tensor creation on a CUDA
     # device included: the C++ side calls it), so none may happen while the tuner reads its GPUs.
-    from autocompile.config.settings import device_name
+    from autocompile.config.gpus import device_name
     from autocompile.report.tracking import local_environment
     from autocompile.study.sidebyside import _free_memory
     from autocompile.workload.parts import knob_facts

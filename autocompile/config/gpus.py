@@ -18,10 +18,12 @@ import contextlib
 import importlib.metadata
 import logging
 import os
+import platform
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -155,3 +157,16 @@ def check_triton() -> str | None:
     except Exception as exc:  # noqa: BLE001 (a broken install fails in many ways; any of them is the answer)
         import_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return triton_problem(pin, installed, import_error, torch.__version__)
+
+
+def device_name(device: str) -> str:
+    """The accelerator's or the CPU's model name: studies on a shared storage never mix machines."""
+    if device == "cuda":
+        return gpu_name()  # not torch.cuda.get_device_name: the tuner makes no CUDA context
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -14,7 +14,6 @@ import hashlib
 import inspect
 import json
 import logging
-import platform
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -24,7 +23,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from autocompile.config.comparing import CompareSettings, overrides
-from autocompile.config.gpus import check_triton, gpu_name
+from autocompile.config.gpus import check_triton, device_name
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
 from autocompile.config.script import ScriptSettings, ScriptSpec, script_env
 from autocompile.config.sections import LaunchSettings, ObjectiveSettings, StudySettings, TrackingSettings
@@ -290,19 +289,6 @@ def model_code(target: str) -> str:
         return hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16] if source else ""
     except (ImportError, OSError, TypeError):
         return ""
-
-
-def device_name(device: str) -> str:
-    """The accelerator's or the CPU's model name: studies on a shared storage never mix machines."""
-    if device == "cuda":
-        return gpu_name()  # not torch.cuda.get_device_name: the tuner makes no CUDA context (config/gpus.py)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def versions() -> dict[str, str]:

@@ -85,9 +85,8 @@ class Agent:
     def install(self) -> None:
         torch._dynamo.config.fail_on_recompile_limit_hit = True  # a hit limit would run the rest eager, silently
         apply_optimize_ddp(self.config.ddp, self.world_size > 1)  # before the script builds DDP: read in __init__
-        if self.spec.device == "cuda" and self.scope != "none" and hasattr(
-                torch._inductor.config.triton, "cudagraph_or_error"):
-            torch._inductor.config.triton.cudagraph_or_error = True
+        # Skipped CUDA graphs are read from inductor's counter, not triton.cudagraph_or_error: it is part of the
+        # FX-graph cache key, and the winner's artifacts would miss in the user's own process.
         torch.compile = _compile  # type: ignore[assignment]
         nn.Module.compile = _module_compile  # type: ignore[method-assign]
         self.meter.install()

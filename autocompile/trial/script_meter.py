@@ -33,6 +33,8 @@ from autocompile.config.script import ScriptSpec
 from autocompile.config.spec import write_json_atomic
 from autocompile.trial.build import append_progress
 from autocompile.trial.programs import NothingCompiled, PartiallyCompiled, coverage, listening
+from autocompile.trial.readings import CudaGraphsSkipped
+from autocompile.trial.recordings import cudagraph_recordings
 from autocompile.trial.stats import relative_half_width
 from autocompile.trial.warmstart import save_artifacts
 from autocompile.trial.worker import (
@@ -235,6 +237,12 @@ class Meter:
     # -- the end ----------------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Write the result, meet the other ranks, and end this process."""
+        from torch._dynamo.utils import counters
+
+        if self.device().type == "cuda" and counters["inductor"]["cudagraph_skips"]:
+            self.fail(CudaGraphsSkipped(f"inductor skipped CUDA graphs {counters['inductor']['cudagraph_skips']} "
+                                        "time(s): the mode ran as another program (see the script's stderr)"))
+            exit_now(1)
         self.finished = True
         self.timeline["timed_done"] = time.time()
         result = self.result()
@@ -336,7 +344,7 @@ class Meter:
     def frames(self) -> int:
         from torch._dynamo.utils import counters
 
-        return int(counters["frames"]["total"])
+        return int(counters["frames"]["total"]) + cudagraph_recordings()  # a CUDA-graph recording is compile work
 
     def device(self) -> torch.device:
         if self.spec.device == "cuda" and torch.cuda.is_available():
