@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.study.reference import REFERENCE_KNOBS, ensure_reference, numerics, reference
@@ -40,6 +41,7 @@ def test_a_reference_out_of_memory_in_fp32_is_measured_checkpointed_with_the_sam
     assert steps >= 4 and unlimited["losses"][:steps] == ref["losses"][:steps]
 
 
+@pytest.mark.integration  # a real launch per fallback (20-30 s each on 2 cores)
 def test_a_reference_that_fits_only_in_bf16_is_measured_so_and_says_it(tmp_path: Path, settings_for: Any) -> None:
     study = optuna.create_study()
     ref = ensure_reference(study, settings_for(*TINY, FITS_BF16_CHECKPOINTED), tmp_path)
@@ -49,6 +51,7 @@ def test_a_reference_that_fits_only_in_bf16_is_measured_so_and_says_it(tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["reference", "reference_ac", "reference_bfloat16"]
 
 
+@pytest.mark.integration  # a real launch per fallback (20-30 s each on 2 cores)
 def test_a_reference_that_fits_nowhere_leaves_the_trials_unchecked(tmp_path: Path, settings_for: Any) -> None:
     study = optuna.create_study()
     assert ensure_reference(study, settings_for(*TINY, "+model.activation_budget=1000"), tmp_path) is None

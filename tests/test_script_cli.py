@@ -71,6 +71,7 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
                           timeout=900)
 
 
+@pytest.mark.integration  # the whole CLI, Hydra to the table (30 s); test_script.py runs the agent by default
 def test_measure_runs_the_script_once_under_the_agent_and_prints_the_table(tmp_path: Path) -> None:
     result = cli(f"script.path={GPT}", f"script.args='{SMALL} --max_iters=20'", "task=measure",
                  "compile.scope=regional", "compile.backend=aot_eager", *FAST, f"output_root={tmp_path}")
