@@ -36,7 +36,8 @@ def test_compare_prints_the_pair_and_writes_compare_json(tmp_path: Path) -> None
         "0: compile.scope=none", "1: compile.scope=none amp.dtype=bfloat16", "2: compile.scope=none"]
     assert len(list(path.parent.glob("compare/*/cold*"))) == 2  # the A/A pair had one cold run
     slower, same = report["pairs"]
-    assert (slower["a"], slower["b"]) == (0, 1) and slower["low"] > 1.0 and "measurably slower" in slower["verdict"]
+    # Two processes: the process-means interval has 1 df (issue 26), wide but above zero for a 6x slower step.
+    assert (slower["a"], slower["b"]) == (0, 1) and slower["low"] > 0 and "measurably slower" in slower["verdict"]
     assert same["step"]["processes"] == 2 and same["step"]["rounds"] >= 8
     assert all(c["step_s"] and c["compile_s"] is not None for c in report["candidates"])
     assert "side by side in 2 fresh processes" in done.stdout and "measurably slower" in done.stdout

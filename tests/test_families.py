@@ -55,7 +55,9 @@ def test_every_family_runs_a_trial_ok_with_its_flops_counted(tmp_path: Path, set
     for family, result in zip(families, run_trials(tmp_path, specs), strict=True):
         assert_ok(result)
         assert falls(result["losses"]), (family, result["losses"])
-        assert result["flops_source"] == "counted" and result["flops_per_token"] > 0, family
+        # Mixtral routes tokens by their values: FlopCounterMode on fake tensors cannot follow it (6N estimate).
+        assert result["flops_source"] == ("6N estimate" if family.startswith("mixtral") else "counted"), family
+        assert result["flops_per_token"] > 0, family
         assert result["recompiles_timed"] == 0
         # Images are counted per sample, token ids per token; tables say which.
         assert result["throughput_unit"] == ("samples" if family.startswith(IMAGES) else "tokens"), family
