@@ -146,6 +146,33 @@ def test_caches_are_pruned_when_the_study_ends_but_the_winners_and_running_trial
     assert all((d / TRIAL_FILE).is_file() for d in dirs.values())  # what side by side and the warm start load
 
 
+def test_two_tuners_pruning_the_same_cache_at_once_both_finish(tmp_path: Path) -> None:
+    """Two tuners of one study end together and prune the same trials' caches (CI failed on this race)."""
+    import threading
+
+    from autocompile.study.warmstart import drop_cache
+
+    for attempt in range(10):
+        trial_dir = tmp_path / f"{attempt:02d}"
+        for i in range(200):
+            (trial_dir / "inductor_cache" / f"d{i % 20}").mkdir(parents=True, exist_ok=True)
+            (trial_dir / "inductor_cache" / f"d{i % 20}" / f"f{i}").write_bytes(b"x" * 10)
+        errors: list[BaseException] = []
+
+        def prune(d: Path = trial_dir, errors: list[BaseException] = errors) -> None:
+            try:
+                drop_cache(d)
+            except BaseException as error:  # noqa: BLE001 - the test reports what a thread raised
+                errors.append(error)
+
+        threads = [threading.Thread(target=prune) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == [] and not (trial_dir / "inductor_cache").exists()
+
+
 def test_a_failed_or_infeasible_trials_cache_goes_when_it_is_told(tmp_path: Path, settings_for: Any) -> None:
     from autocompile.study.measuring import tell_measured
 

@@ -12,8 +12,10 @@ repeat of a resumed study whose cache is gone compiles cold and says so (``compi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -84,7 +86,12 @@ def drop_cache(trial_dir: str | Path | None) -> int:
     cache = Path(trial_dir) / CACHE if trial_dir else None
     if cache is None or not cache.is_dir() or cache.is_symlink():
         return 0
-    size = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file() and not f.is_symlink())
+    # Another tuner of the same study may be removing the same cache: what vanishes mid-walk is not counted.
+    size = 0
+    for root, _, files in os.walk(cache):
+        for name in files:
+            with contextlib.suppress(OSError):
+                size += os.lstat(os.path.join(root, name)).st_size
     shutil.rmtree(cache, ignore_errors=True)
     return size
 
