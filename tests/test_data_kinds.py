@@ -97,3 +97,29 @@ def test_seq2seq_targets_of_their_own_length() -> None:
     assert torch.equal(inputs["labels"], labels)
     with pytest.raises(PartError, match="target_len=0 must be at least 1"):
         SyntheticSeq2Seq(vocab_size=32, batch_size=2, seq_len=[4], seed=0, target_len=0)
+
+
+def test_nanogpts_own_gpt_trains_on_its_targets_and_its_own_loss(settings_for: Compose) -> None:
+    """karpathy/nanoGPT's ``forward(idx, targets=None)`` returns ``(logits, loss)`` given targets and only the
+    last position's logits without: the data hands it the targets and the loss is the one it computed."""
+    from autocompile.workload.losses import cross_entropy, logits_of
+    from examples.models import nanogpt
+
+    with torch.device("meta"):
+        facts = model_facts(nanogpt.tiny(n_layer=1, n_embd=16, block_size=16))
+    assert (facts["data_kind"], facts["vocab_size"], facts["labels_required"], facts["labels_name"]) == (
+        "tokens", 65, True, "targets")
+    settings = settings_for(*CUSTOM, "model._target_=examples.models.nanogpt.tiny", "+model.n_layer=1",
+                            "+model.n_embd=16", "+model.block_size=16")
+    (ids, targets_in), targets = build_data(settings.workload.data, {**facts, "batch_size": 2, "seq_len": [16],
+                                                                      "seed": 0})(0)
+    assert targets_in.is_contiguous() and torch.equal(targets_in, targets)
+    torch.manual_seed(0)
+    model = nanogpt.tiny(n_layer=1, n_embd=16, block_size=16)
+    output = model(ids, targets_in)
+    assert cross_entropy(output, targets) is output[1]  # not charged a second loss
+    assert logits_of(output).shape == (2, 16, 65)
+    assert output[1].item() == pytest.approx(torch.nn.functional.cross_entropy(
+        logits_of(output).reshape(-1, 65), targets.reshape(-1)).item(), rel=1e-6)
+    _, _, losses = run_job(settings, {"compile.scope": "regional", "compile.backend": "aot_eager"}, steps=3)
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))

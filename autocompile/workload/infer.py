@@ -50,9 +50,16 @@ def model_facts(model: nn.Module) -> dict[str, Any]:
     start = getattr(config, "decoder_start_token_id", None)
     if kind == "seq2seq" and isinstance(start, int):
         facts["decoder_start_token_id"] = start
-    labels = forward_parameters(model).get("labels")
+    params = forward_parameters(model)
+    labels = params.get("labels")
     if labels is not None and labels.default is inspect.Parameter.empty:
         facts["labels_required"] = True
+    elif labels is None and "targets" in params:
+        # minGPT/nanoGPT's forward(idx, targets=None): given targets it returns (logits, loss) over every
+        # position; without them only the last position's logits (an inference shortcut). Its training
+        # loop passes them, so the data does too and the loss is the model's own (losses.cross_entropy).
+        facts["labels_required"] = True
+        facts["labels_name"] = "targets"
     return facts
 
 

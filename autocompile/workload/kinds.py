@@ -67,19 +67,21 @@ class SyntheticForModel:
     size, channels, classes). A model with no readable kind takes token ids when ``model.vocab_size``
     is set; otherwise the study stops before any trial with one line naming the data parts to pick
     from. Labels go into the inputs too when the model's forward requires them (``labels_required``)
-    or ``labels_in_inputs`` says so (a loss the model computes: ``losses.model_loss``)."""
+    or ``labels_in_inputs`` says so (a loss the model computes: ``losses.model_loss``), under the name the
+    forward gives them (``labels_name``: ``targets`` for minGPT/nanoGPT's ``forward(idx, targets)``)."""
 
     def __init__(self, batch_size: int, seq_len: list[int], seed: int, rank: int = 0,
                  device: str | torch.device = "cpu", data_kind: str | None = None, vocab_size: int | None = None,
                  image_size: int = 224, num_channels: int = 3, num_labels: int = 1000,
                  decoder_start_token_id: int = 0, target_len: int | None = None, labels_required: bool = False,
-                 labels_in_inputs: bool = False) -> None:
+                 labels_in_inputs: bool = False, labels_name: str = "labels") -> None:
         problem = self.check_facts({"data_kind": data_kind, "vocab_size": vocab_size})
         if problem:
             raise PartError(problem)
         kind = data_kind or "tokens"
         self.kind = kind
         self.labels_in_inputs = labels_in_inputs or labels_required
+        self.labels_name = labels_name
         common = {"batch_size": batch_size, "seed": seed, "rank": rank, "device": device}
         if kind == "images":
             self.part: Any = SyntheticImages(image_size=image_size, num_channels=num_channels, num_labels=num_labels,
@@ -115,8 +117,9 @@ class SyntheticForModel:
         inputs, targets = self.part(step)
         if not self.labels_in_inputs:
             return inputs, targets
+        targets = targets.contiguous()  # a shifted view of one buffer; a model's own loss may .view() it (nanoGPT)
         if isinstance(inputs, dict):
-            return {**inputs, "labels": targets}, targets
+            return {**inputs, self.labels_name: targets}, targets
         return (*(inputs if isinstance(inputs, (tuple, list)) else (inputs,)), targets), targets
 
     __call__ = batch
