@@ -90,6 +90,27 @@ def test_duplicates_are_not_measured_again_and_slow_trials_are_pruned_after_one_
 
 
 @pytest.mark.integration
+def test_a_near_miss_prune_is_measured_once_more_after_the_search(tmp_path: Path) -> None:
+    args = ("compile.scope=none", "ac.policy=none", "amp.dtype=none", "study.n_trials=1", "study.baselines=false")
+    assert (first := tune_cli(tmp_path, *args)).returncode == 0, first.stderr[-3000:]
+    study = load(tmp_path)
+    (measured,) = study.get_trials()
+    # A prune of the same configuration 15% over the best at a 12% margin, as the stop rule records one.
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.PRUNED, params=measured.params, distributions=measured.distributions,
+        user_attrs={**{k: v for k, v in measured.user_attrs.items() if k in ("config", "identity", "name")},
+                    "phase": "search", "prune_ratio": 1.15, "prune_margin": 1.12, "reason": "first timed window"}))
+    again = tune_cli(tmp_path, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "near-miss prune(s) once more" in again.stderr + again.stdout
+    (remeasured,) = [t for t in load(tmp_path).get_trials() if t.user_attrs.get("remeasure_of") == 1]
+    assert remeasured.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert "duplicate_of" not in remeasured.user_attrs and Path(remeasured.user_attrs["trial_dir"]).is_dir()
+    third = tune_cli(tmp_path, *args)  # measured again once: final
+    assert third.returncode == 0 and len(load(tmp_path).get_trials()) == 3
+
+
+@pytest.mark.integration
 def test_trials_whose_compile_alone_cannot_win_are_pruned(tmp_path: Path) -> None:
     run = tune_cli(tmp_path, "compile.backend=aot_eager", "amp.dtype=none", "objective.horizon_steps=10",
                    "study.n_trials=6", "study.seed=0")

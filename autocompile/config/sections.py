@@ -50,6 +50,10 @@ class StudySettings:
     """After the search, race this many of its best distinct programs against eager and default
     torch.compile(model), ``repeats`` rounds in fresh processes, interleaved; the winner is decided
     on those repeats. 0 = no confirmation (the search's single measurements decide)."""
+    remeasure_pruned: int = 2
+    """After the search, measure this many near-miss prunes once more (closest to the margin first; a prune
+    is one noisy window, provisional until a second says the same: ``objective.near_misses``). Each is a
+    search trial beyond ``n_trials``. 0 = every prune is final."""
     repeats: int = 3
     """Rounds of the confirmation and verdict phases when they run in fresh processes (each round every
     candidate once, in a process of its own). Side by side, ``compare.processes`` processes each time
@@ -72,6 +76,8 @@ class StudySettings:
     def __post_init__(self) -> None:
         if self.n_trials < 1:
             raise ValueError(f"study.n_trials={self.n_trials} must be >= 1")
+        if self.remeasure_pruned < 0:
+            raise ValueError(f"study.remeasure_pruned={self.remeasure_pruned} must be >= 0 (0 = every prune is final)")
         if self.confirm_top < 0:
             raise ValueError(f"study.confirm_top={self.confirm_top} must be >= 0 (0 = no confirmation phase)")
         if self.repeats < 1:

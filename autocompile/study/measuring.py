@@ -89,6 +89,9 @@ def measure_and_tell(study: optuna.Study, trial: optuna.Trial, config: TrialConf
                     cache_dir=cache_dir if cache_dir is not None else settings.cache_dir, should_stop=rule,
                     resources=resources, agents=agents)
     measured = Measurement.from_dict(result)
+    evidence = getattr(prune, "evidence", None)
+    if measured.status == "pruned" and evidence:  # kept before the tell: a near miss is measured again
+        set_attrs(trial, prune_ratio=evidence["ratio"], prune_margin=evidence["margin"])
     twin = twin_of(measured.fingerprint) if twin_of and measured.status == "same_program" else None
     if twin is not None and twin.stands_for is not None:
         # The configuration is measured by its twin's steps; its own compile ran, and is noted.

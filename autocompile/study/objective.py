@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.settings import ObjectiveSettings
 from autocompile.study.decisions import PRIOR_ALONE_NOISE, prune_margin
-from autocompile.study.record import Measurement
+from autocompile.study.record import Measurement, TrialRecord
 from autocompile.trial.launcher import StopRule
 
 DIRECTIONS = {
@@ -86,6 +89,11 @@ class Objective:
         margin = math.exp(prune_margin(sd, measured.step_s_cv or 0.0, k))
         best_score = self.score(measured)
         horizon = self.settings.horizon_steps
+        evidence: dict[str, float] = {}
+
+        def stop(ratio: float, reason: str) -> str:
+            evidence.update(ratio=ratio, margin=margin)  # the tuner keeps both: a near miss is measured again
+            return reason
 
         def rule(events: list[dict[str, Any]], elapsed: float) -> str | None:
             started = next((e for e in events if e["event"] == "warmup_start"), None)
@@ -97,6 +105,7 @@ class Objective:
                 # time to train = sum(warm-up) + (horizon - warm-up steps) x step >= time spent warming up
                 spent = time.time() - started["time"]
                 if spent > best_score * margin:
+                    # Not provisional: the bound only grows while the warm-up goes on.
                     return (f"warm-up (compile) alone took {spent:.1f} s > best time to train "
                             f"{best_score:.1f} s (trial {number}, the best of {k}) by more than the noise allows "
                             f"(margin {margin - 1:.0%})")
@@ -107,13 +116,17 @@ class Objective:
             if self.kind == "time_to_train":
                 bound = sum(warm) + (horizon - len(warm)) * step
                 if bound > best_score * margin:
-                    return (f"after the first timed window: time to train ~{bound:.1f} s vs best {best_score:.1f} s "
-                            f"(trial {number}, the best of {k}; margin {margin - 1:.0%} for noise {sd:.1%})")
+                    return stop(bound / best_score,
+                                f"after the first timed window: time to train ~{bound:.1f} s vs best "
+                                f"{best_score:.1f} s (trial {number}, the best of {k}; margin {margin - 1:.0%} "
+                                f"for noise {sd:.1%})")
             elif step > measured.step_s * margin:
-                return (f"first timed window {step * 1e3:.2f} ms/step vs best {measured.step_s * 1e3:.2f} ms "
-                        f"(trial {number}, the best of {k}; margin {margin - 1:.0%} for noise {sd:.1%})")
+                return stop(step / measured.step_s,
+                            f"first timed window {step * 1e3:.2f} ms/step vs best {measured.step_s * 1e3:.2f} ms "
+                            f"(trial {number}, the best of {k}; margin {margin - 1:.0%} for noise {sd:.1%})")
             return None
 
+        rule.evidence = evidence  # type: ignore[attr-defined]
         return rule
 
 
@@ -123,3 +136,30 @@ def loss_drift(losses: list[float], reference: list[float] | None, steps: int | 
         return None
     pairs = list(zip(losses[:steps], reference[:steps], strict=False))
     return max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs)
+
+
+NEAR_MISS = 2.0
+"""A pruned trial whose ratio to the best was within this many margins (in logs) is a near miss."""
+
+
+def near_misses(trials: Sequence[FrozenTrial], limit: int) -> list[FrozenTrial]:
+    """The pruned search trials to measure once more, closest to the bound first, at most ``limit``.
+
+    A prune is one first window against the best so far, wrong for a configuration no worse than the best
+    with a chance of up to ``decisions.PRUNE_ALPHA``; over a study's many prunes some are wrong, and a pruned
+    trial never reaches the confirmation. So a prune is provisional: one whose evidence was near the margin
+    (``prune_ratio`` within ``NEAR_MISS`` margins, in logs) is measured once more, under the same rule
+    against the best of the whole search; a second prune is final (both wrong: about ``PRUNE_ALPHA``
+    squared). A configuration already measured again, or a re-measurement itself, is not picked."""
+    again = {TrialRecord.of(t).remeasure_of for t in trials} - {None}
+    found = []
+    for t in trials:
+        record = TrialRecord.of(t)
+        if (t.state != TrialState.PRUNED or not record.is_search or record.remeasure_of is not None
+                or t.number in again or not record.prune_ratio or not record.prune_margin
+                or record.prune_margin <= 1.0):
+            continue
+        excess = math.log(record.prune_ratio) / math.log(record.prune_margin)
+        if excess <= NEAR_MISS:
+            found.append((excess, t.number, t))
+    return [t for _, _, t in sorted(found)[:max(limit, 0)]]

@@ -184,6 +184,12 @@ class TrialRecord:
     """Verdict side by side: a neighbour's single cold run (round -1), not a round."""
     compile_cache: str | None = None
     """A repeat's inductor cache: ``cold``, ``warm``, ``shared warm``, ``none (eager)``, or side by side."""
+    prune_ratio: float | None = None
+    """Pruned: its first-window (or warm-up) time-to-train bound over the best's score when it was stopped."""
+    prune_margin: float | None = None
+    """Pruned: the ratio the rule needed (``decisions.prune_margin``, exponentiated) at that moment."""
+    remeasure_of: int | None = None
+    """A search trial measuring a near-miss prune's configuration once more (``tuner.provisional_prunes``)."""
 
     @classmethod
     def from_user_attrs(cls, attrs: Mapping[str, Any]) -> TrialRecord:
@@ -236,8 +242,9 @@ class TrialRecord:
         return {k: attrs[k] for k in REPEAT_FIELDS if k in attrs}
 
 
-REPEAT_FIELDS = ("baseline", "phase", "round", "label", "candidate", "name", "config", "compile_s_cold", "cache_from",
-                 "same_as", "same_as_trial", "knob", "value", "reference", "method", "cold_trial", "cold_run")
+REPEAT_FIELDS = ("baseline", "remeasure_of", "phase", "round", "label", "candidate", "name", "config",
+                 "compile_s_cold", "cache_from", "same_as", "same_as_trial", "knob", "value", "reference", "method",
+                 "cold_trial", "cold_run")
 FIELDS = frozenset(f.name for f in dataclasses.fields(TrialRecord))
 
 

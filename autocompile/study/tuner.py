@@ -27,7 +27,7 @@ from autocompile.config.space import BASELINES, SearchSpace
 from autocompile.study.confirm import alone_on_the_machine, measure_repeat, recommended
 from autocompile.study.estimate import Remaining, announce
 from autocompile.study.measuring import Twin, begin, measure_and_tell
-from autocompile.study.objective import Objective
+from autocompile.study.objective import Objective, near_misses
 from autocompile.study.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
 from autocompile.study.phases import run_phases
 from autocompile.study.racing import REPEAT_PHASES, study_noise
@@ -100,6 +100,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
     run = Runner(study, space, objective, settings, run_dir, budget, observer, agents)
     with observer.live() as view:
         run.search(slots, view)
+        if not budget.stop.is_set() and budget.stop_reason == f"{settings.study.n_trials} trials finished":
+            run.remeasure(slots, view)
     interrupted = budget.stop.is_set()
     if not interrupted and budget.stop_reason != "failure guard":
         interrupted = run.phases(slots[0])
@@ -189,6 +191,20 @@ class Runner:
             self.budget.release("the tuner was interrupted")  # e.g. asked but not yet launched when Ctrl-C came
         view.refresh(self.study.get_trials(deepcopy=False))
 
+    def remeasure(self, slots: list[Resources], view: LiveView) -> None:
+        """The near-miss prunes (``objective.near_misses``) measured once more, as search trials beyond n_trials."""
+        picked = near_misses(self.study.get_trials(deepcopy=False), self.settings.study.remeasure_pruned)
+        if not picked:
+            return
+        for t in picked:
+            self.study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number})
+        log.info("measuring %d near-miss prune(s) once more (a prune is one noisy window): %s", len(picked),
+                 "; ".join(f"trial {t.number} ({TrialRecord.of(t).name}, {TrialRecord.of(t).prune_ratio - 1:+.0%} "
+                           f"over the best, margin {TrialRecord.of(t).prune_margin - 1:.0%})" for t in picked))
+        done = sum(counted(t) for t in self.study.get_trials(deepcopy=False))
+        self.budget.extra = max(done - self.settings.study.n_trials, 0) + len(picked)
+        self.search(slots, view)
+
     def phases(self, resources: Resources) -> bool:
         """After the search: the best programs and the baselines again; then the verdicts. True: interrupted."""
         s = self.settings.study
@@ -258,6 +274,8 @@ class Budget:
         # Set: no more trials. The tuner passes the launcher's INTERRUPT: running launches stop too.
         self.stop = stop if stop is not None else threading.Event()
         self.released: list[int] = []
+        self.extra = 0
+        """Trials allowed beyond n_trials: the near-miss prunes measured once more (``Runner.remeasure``)."""
 
     def interrupt(self) -> None:
         """No more trials from now on; with the launcher's event, running launches kill their trials."""
@@ -285,7 +303,7 @@ class Budget:
                 view.refresh(trials)
                 done = sum(counted(t) for t in trials)
                 running = sum(t.state == TrialState.RUNNING for t in trials)
-                if done >= self.settings.n_trials:
+                if done >= self.settings.n_trials + self.extra:
                     return None
                 if self.settings.timeout_s and time.time() - self.started > self.settings.timeout_s:
                     self.stop_reason = f"study.timeout_s={self.settings.timeout_s:g} reached"
@@ -293,7 +311,7 @@ class Budget:
                 if failing(trials, self.settings.max_failure_rate):
                     self.stop_reason = "failure guard"
                     return None
-                if done + running < self.settings.n_trials:
+                if done + running < self.settings.n_trials + self.extra:
                     with warnings.catch_warnings():  # we beat ourselves: ask/tell is our optimize loop
                         warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
                         trial = self.study.ask()
@@ -336,8 +354,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
     config, beat = begin(study, trial, space)
     record = TrialRecord.of(trial)
     key, name = record.identity or "", record.name
-    prior = find_measured(study, key, exclude=trial.number)
-    if prior is None and (twin := running_twin(study, key, trial.number)) is not None:
+    # A near-miss prune measured once more is not answered by its first measurement.
+    prior = find_measured(study, key, exclude=trial.number) if record.remeasure_of is None else None
+    if prior is None and record.remeasure_of is None and (twin := running_twin(study, key, trial.number)) is not None:
         # Another slot or tuner is measuring this very configuration: wait for its result (a live
         # twin ends within its own timeout; a dead one is failed by pid or heartbeat meanwhile).
         view.running(trial.number, f"waiting for trial {twin.number} ({name})")
@@ -365,7 +384,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
             if twin is not None else None
 
     measure_and_tell(study, trial, config, beat, objective, settings, run_dir, resources, agents,
-                     twin_of=twin_of if record.baseline is None else None, prune=prune, view=view)
+                     twin_of=twin_of if record.baseline is None and record.remeasure_of is None else None,
+                     prune=prune, view=view)
 
 
 def scored_results(study: optuna.Study, objective: Objective) -> list[tuple[int, Measurement]]:
