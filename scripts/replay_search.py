@@ -1,9 +1,11 @@
 """The tabular benchmark: search strategies replayed against a table of measured programs, many seeds each.
 
 For each strategy and seed, a real Optuna study with that sampler runs against the table
-(``autocompile.study.replay``): trials are answered from their configuration's row with noise drawn
-from the measured noise floor, and cost the row's wall time. Reported: trials and simulated wall time
-until the recommended program (the confirmation's pick among the best measured so far: ``--confirm-top``)
+(``autocompile.study.replay``, any table ``scripts/program_table.py`` wrote): trials are answered from
+their configuration's row with the noise the records show (``--noise-*``; defaults and their sources:
+``autocompile.study.replay.Noise``), pruned by the tuner's own stop rule (``--no-prune``), the
+recommendation raced by the confirmation's tie rule, and cost the row's wall time. Reported: trials and simulated wall
+time until the recommended program (the confirmation's pick among the best measured so far: ``--confirm-top``)
 is within ``--tolerance`` of the table's best time to train, and its curves (median and quartiles of the
 recommendation's regret over the seeds).
 
@@ -28,10 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from program_table import REDUCED, compose
 
 from autocompile.config.space import SearchSpace
+from autocompile.study.decisions import PRIOR_ALONE_NOISE
 from autocompile.study.replay import Noise, Replay, best_time_to_train, load_table, replay
 from autocompile.study.samplers import make_sampler
 
 SAMPLERS = ("random", "tpe", "staged")
+"""The default strategies compared; ``gp`` too with ``--samplers random tpe staged gp`` (slower to replay)."""
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -86,6 +90,19 @@ def main() -> None:
     parser.add_argument("--confirm-top", type=int, default=3,
                         help="as study.confirm_top: 0 recommends the search's best single measurement")
     parser.add_argument("--plot", type=Path, help="a PNG of the curves")
+    defaults = Noise()
+    parser.add_argument("--noise-step", type=float, default=defaults.step,
+                        help="step time of one alone process (lognormal sigma)")
+    parser.add_argument("--noise-compile", type=float, default=defaults.compile, help="cold compile time")
+    parser.add_argument("--noise-confirm", type=float, default=defaults.confirm,
+                        help="a candidate's step time within one side-by-side confirmation process")
+    parser.add_argument("--noise-window", type=float, default=defaults.window,
+                        help="the first timed window against its process (what pruning reads)")
+    parser.add_argument("--processes", type=int, default=defaults.processes, help="confirmation processes")
+    parser.add_argument("--no-prune", action="store_true", help="as study.prune=false")
+    parser.add_argument("--tie-margin", type=float, help="objective.tie_margin (default: its default)")
+    parser.add_argument("--staged-margin", type=float, default=PRIOR_ALONE_NOISE,
+                        help="staged: a one-knob change is kept only when it measured better by more than this")
     args = parser.parse_args()
     meta = json.loads(args.table.with_suffix(".json").read_text())
     if meta["fixed"] != REDUCED:
@@ -99,14 +116,17 @@ def main() -> None:
           f"best time to train {best_s:.1f} s over {horizon} steps; within {args.tolerance:.0%}: "
           f"{sum(r.ok and r.compile_s + horizon * r.step_s <= best_s * (1 + args.tolerance) for r in table.values())}"
           f"; measuring all of it took {sum(r.wall_s for r in table.values()) / 60:.0f} min")
-    noise = Noise()
-    print(f"noise: step time {noise.step:.1%}, compile time {noise.compile:.1%}, confirmation {noise.confirm:.1%} "
-          f"(lognormal sigma); confirm_top {args.confirm_top}; {args.seeds} seeds x {args.trials} trials per strategy")
+    noise = Noise(args.noise_step, args.noise_compile, args.noise_confirm, args.noise_window, args.processes)
+    print(f"noise: step time {noise.step:.1%}, compile time {noise.compile:.1%}, first window {noise.window:.1%}, "
+          f"confirmation {noise.confirm:.1%} per process x {noise.processes} (lognormal sigma); pruning "
+          f"{'off' if args.no_prune else 'as the tuner'}; staged margin {args.staged_margin:.1%}; confirm_top "
+          f"{args.confirm_top}; {args.seeds} seeds x {args.trials} trials per strategy")
     curves: dict[str, list[Replay]] = {}
     for name in args.samplers:
         started = time.time()
-        curves[name] = [replay(space, table, make_sampler(name, space, seed), args.trials, horizon, noise, seed,
-                               confirm_top=args.confirm_top) for seed in range(args.seeds)]
+        curves[name] = [replay(space, table, make_sampler(name, space, seed, margin=args.staged_margin), args.trials,
+                               horizon, noise, seed, confirm_top=args.confirm_top, prune=not args.no_prune,
+                               tie_margin=args.tie_margin) for seed in range(args.seeds)]
         hits = [r.first_within(best_s, args.tolerance) for r in curves[name]]
         reached = [h for h in hits if h is not None]
         trials = quartiles([h[0] if h else math.inf for h in hits])
@@ -116,6 +136,10 @@ def main() -> None:
               f"median {trials[1]:g} (quartiles {trials[0]:g}-{trials[2]:g}); simulated wall median "
               f"{walls[1]:.1f} min ({walls[0]:.1f}-{walls[2]:.1f}); after {args.trials} trials "
               f"+{final[1]:.1f} % ({final[0]:.1f}-{final[2]:.1f}) [{time.time() - started:.0f} s to replay]")
+        within = sum(r.recommended_s[-1] <= best_s * (1 + args.tolerance) for r in curves[name])
+        pruned = statistics.fmean(sum(s.name == "PRUNED" for _, s in dict(r.states).items()) for r in curves[name])
+        print(f"         after {args.trials} trials: recommendation within {args.tolerance:.0%} of the best in "
+              f"{within}/{len(curves[name])} seeds; {pruned:.1f} configurations pruned per seed (mean)")
         for t in (5, 10, 20, 40, args.trials):
             if t <= args.trials:
                 at = [r.recommended_s[t - 1] / best_s * 100 - 100 for r in curves[name]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +12,15 @@ import pytest
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.space import SearchSpace, identity
+from autocompile.study.decisions import PRIOR_ALONE_NOISE, prune_margin
 from autocompile.study.replay import Noise, Row, best_time_to_train, load_table, replay
-from autocompile.study.samplers import SHARED, make_sampler
+from autocompile.study.samplers import SHARED, kept, make_sampler
 
 GPT2_TINY = ["+model=gpt2-tiny", "workload.device=cpu", "compile.mode=default", "compile.granularity=block",
              "compile.fullgraph=false", "placement.order=to_then_compile", "amp.placement=outside"]
 HORIZON = 10_000
+QUIET = Noise(0, 0, 0, 0)
+"""A noiseless replay: every measurement reads the table."""
 
 
 @pytest.fixture
@@ -25,14 +29,15 @@ def space(settings_for: Any) -> SearchSpace:
     return SearchSpace(settings.env, settings.fixed_knobs)
 
 
-def made_up(space: SearchSpace) -> dict[str, Row]:
-    """A table whose best is certain: eager, fused AdamW, no AMP or checkpointing; compiled programs step
-    10 % faster but pay 20 s of compile, so over 10 000 steps of ~14 ms none catches up."""
+def made_up(space: SearchSpace, fused: float = 0.08) -> dict[str, Row]:
+    """A table whose best is certain: eager, fused AdamW (``fused`` faster), no AMP or checkpointing;
+    compiled programs step 10 % faster but pay 20 s of compile, so over 10 000 steps of ~14 ms none
+    catches up."""
     table = {}
     for flat in space.configurations():
         eager = flat["compile.scope"] == "none"
         step = 0.014 * (1 + 0.3 * (flat["ac.policy"] == "block") + 0.3 * (flat["amp.dtype"] != "none")
-                        - 0.08 * (flat["optim.impl"] == "fused") - 0.1 * (not eager)
+                        - fused * (flat["optim.impl"] == "fused") - 0.1 * (not eager)
                         + 0.01 * (flat.get("compile.scope") == "regional"))
         key = identity(TrialConfig.from_flat(flat, space.env), space.env)
         table[key] = Row(key, True, step, 0.0 if eager else 20.0, 8.0 if eager else 30.0)
@@ -41,15 +46,16 @@ def made_up(space: SearchSpace) -> dict[str, Row]:
 
 def test_every_measures_each_configuration_once(space: SearchSpace) -> None:
     table = made_up(space)
-    run = replay(space, table, make_sampler("every", space, seed=3), len(table), HORIZON, Noise(0, 0), seed=0)
+    run = replay(space, table, make_sampler("every", space, seed=3), len(table), HORIZON, QUIET, seed=0)
     assert run.wall_s[-1] == pytest.approx(sum(r.wall_s for r in table.values()))  # no configuration twice
     assert run.recommended_s[-1] == best_time_to_train(table, HORIZON)
 
 
-def test_staged_settles_the_shared_knobs_on_eager_runs_then_compiles_with_them(space: SearchSpace) -> None:
-    table = made_up(space)
+def staged_trials(space: SearchSpace, table: dict[str, Row], n: int, seed: int = 0,
+                  margin: float = 0.0) -> tuple[list[dict[str, Any]], Any]:
+    """The configurations a noiseless staged study measures, in order, and its replay."""
     study_trials: list[dict[str, Any]] = []
-    sampler = make_sampler("staged", space, seed=0)
+    sampler = make_sampler("staged", space, seed=seed, margin=margin)
     original = sampler.after_trial
 
     def keep(study: optuna.Study, trial: optuna.trial.FrozenTrial, *args: Any) -> None:
@@ -57,7 +63,12 @@ def test_staged_settles_the_shared_knobs_on_eager_runs_then_compiles_with_them(s
         original(study, trial, *args)
 
     sampler.after_trial = keep  # type: ignore[method-assign]
-    run = replay(space, table, sampler, 14, HORIZON, Noise(0, 0), seed=0)
+    return study_trials, replay(space, table, sampler, n, HORIZON, QUIET, seed=0, prune=False)
+
+
+def test_staged_settles_the_shared_knobs_on_eager_runs_then_compiles_with_them(space: SearchSpace) -> None:
+    table = made_up(space)
+    study_trials, run = staged_trials(space, table, 14)  # noiseless: no margin needed
     scopes = [c["compile.scope"] for c in study_trials]
     assert scopes[:3] == ["none", "module", "regional"]  # the queued baselines
     # Eager, one shared knob at a time: bfloat16, checkpointing, foreach, fused (4 runs, no compile)
@@ -68,6 +79,50 @@ def test_staged_settles_the_shared_knobs_on_eager_runs_then_compiles_with_them(s
     assert study_trials[7] == {**study_trials[1], "optim.impl": "fused"}
     assert all(c["compile.scope"] != "none" for c in study_trials[7:])
     assert run.recommended_s[6] == best_time_to_train(table, HORIZON)  # found by its 7th trial, 4 of them eager
+
+
+def test_seeds_explore_the_knobs_in_different_orders_eager_first(space: SearchSpace) -> None:
+    """Issue 26: three seeds ran the same configurations (agreement by construction); now the seed orders
+    the knobs within each stage, and the eager stage still comes first."""
+    table = made_up(space)
+    paths = [staged_trials(space, table, 14, seed=seed)[0] for seed in range(4)]
+    assert len({str(p) for p in paths}) > 1
+    for path in paths:
+        assert [c["compile.scope"] for c in path[3:7]] == ["none"] * 4
+
+
+def test_a_near_tie_keeps_the_incumbent_a_clear_gain_is_taken(space: SearchSpace) -> None:
+    """A change is kept on one noisy measurement only beyond the noise of one alone process: fused AdamW 5 %
+    faster (within the 8.6 % margin) leaves the compiled stage starting from the default optimizer."""
+    assert not kept(0.95, 1.0, PRIOR_ALONE_NOISE) and kept(0.90, 1.0, PRIOR_ALONE_NOISE)
+    assert not kept(-1.05, -1.0, PRIOR_ALONE_NOISE) and kept(-1.10, -1.0, PRIOR_ALONE_NOISE)  # minus throughput
+    table = made_up(space, fused=0.05)
+    near, _ = staged_trials(space, table, 8, margin=PRIOR_ALONE_NOISE)
+    assert near[7]["compile.scope"] != "none" and near[7]["optim.impl"] == "default"
+    taken, _ = staged_trials(space, made_up(space, fused=0.12), 8, margin=PRIOR_ALONE_NOISE)
+    assert taken[7]["optim.impl"] == "fused"
+
+
+def test_the_replay_prunes_exactly_when_the_tuners_rule_does(space: SearchSpace) -> None:
+    """Noiseless, every configuration in a seeded order: a search trial is pruned exactly when its time to train
+    exceeds the best complete one's by the tuner's noise-aware margin (the prior alone noise, the best of k)."""
+    table = made_up(space)
+    run = replay(space, table, make_sampler("every", space, seed=1), 40, HORIZON, QUIET, seed=0)
+    scores: list[float] = []
+    pruned = 0
+    for i, (key, state) in enumerate(run.states):
+        row = table[key]
+        value = row.compile_s + HORIZON * row.step_s
+        baseline = i < 3  # the queued baselines are never pruned
+        expect = not baseline and bool(scores) and value > min(scores) * math.exp(
+            prune_margin(PRIOR_ALONE_NOISE, 0.0, len(scores)))
+        assert (state == optuna.trial.TrialState.PRUNED) == expect, (i, key)
+        pruned += expect
+        if not expect:
+            scores.append(value)
+    assert pruned > 0
+    replayed = replay(space, table, make_sampler("every", space, seed=1), 40, HORIZON, QUIET, seed=0, prune=False)
+    assert all(state == optuna.trial.TrialState.COMPLETE for _, state in replayed.states)
 
 
 def test_a_new_sampler_continues_the_plan_of_a_resumed_study(space: SearchSpace, tmp_path: Path) -> None:

@@ -1,33 +1,57 @@
-"""A search strategy replayed against a table of measured programs: the tabular benchmark's simulator.
+"""A search strategy replayed against a table of measured programs, by the tuner's own rules.
 
-The table (``scripts/program_table.py``) holds every configuration of a space measured once on a quiet
-machine: its step time, cold compile time and the trial's wall time. A replay runs the real sampler
-(:func:`autocompile.study.samplers.make_sampler`) on an in-memory study over the same space, queues the
-same baselines a study queues, and answers each trial from its row with noise drawn from the measured
-noise floor; a configuration asked again is answered as the tuner answers it (its first measurement,
-no cost). After each trial it notes the simulated wall clock and the *true* time to train of what
-the study would recommend if it stopped there: the confirmation's pick among the search's best
-``confirm_top`` configurations (by their noisy single measurements) and the baselines measured, each
-timed again side by side with the confirmation's much smaller noise (``Noise.confirm``). The
-confirmation's own wall time is the same for every strategy and is not counted.
+The table (``scripts/program_table.py``, any model) holds every configuration of a space measured once on
+a quiet machine: its step time, cold compile time and the trial's wall time. A replay runs the real
+sampler (:func:`autocompile.study.samplers.make_sampler`) on an in-memory study over the same space,
+queues the same baselines a study queues, and answers each trial from its row as the tuner would:
+
+- **Measurement**: one alone process per trial, its step time and cold compile drawn with the noise the
+  records show (:class:`Noise`); a configuration asked again is answered with its first measurement (the
+  tuner's ``duplicate_of``), at no cost.
+- **Pruning** (``study.prune``, on by default): the tuner's own stop rule
+  (:meth:`autocompile.study.objective.Objective.stop_rule`, with the tuner's arguments: the best complete
+  trial so far, the prior alone noise since a search measures no configuration twice, ``k`` = the complete
+  trials) is called on the events the trial's first timed window would send. A pruned trial is told
+  PRUNED, never reaches the confirmation, and costs its row's whole wall time (the first window comes
+  after the warm-up, the bulk of a trial's wall time on these tables).
+- **Confirmation** (``study.confirm_top``): the search's best ``confirm_top`` distinct programs (by their
+  noisy single measurements, distinct by fingerprint) and the eager and default-compile baselines are
+  timed again in ``Noise.processes`` processes (each process a shared level, each candidate its own
+  per-process noise ``Noise.confirm``), each with the compile time *its search trial measured* (not the
+  true one), and raced by :func:`autocompile.study.racing.versus` and :func:`autocompile.study.decisions.race`:
+  the leader by mean log score, the winner the simplest (:func:`autocompile.study.racing.simplicity`)
+  among those tied within ``objective.tie_margin``; undetermined ones are not recommended over the leader.
+
+After each trial it notes the simulated wall clock and the *true* time to train of what the study would
+recommend if it stopped there. The confirmation's own wall time is the same for every strategy and is not
+counted.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import optuna
 from optuna.trial import TrialState
 
 from autocompile.config.knobs import describe
+from autocompile.config.sections import ObjectiveSettings
 from autocompile.config.space import SearchSpace, identity
-from autocompile.study.objective import time_to_train
-from autocompile.study.record import set_attrs
+from autocompile.study.decisions import PRIOR_ALONE_NOISE, race
+from autocompile.study.intervals import CompileSpread
+from autocompile.study.objective import Objective, time_to_train
+from autocompile.study.racing import Candidate, simplicity, versus
+from autocompile.study.record import Measurement, set_attrs
 from autocompile.study.tuner import queue_baselines
+
+WARMUP_STEPS = 3
+"""Warm-up steps before the first timed window (the workers' default burst: 3 warm-up + 5 x 5 timed)."""
 
 
 @dataclass(frozen=True)
@@ -40,19 +64,31 @@ class Row:
     compile_s: float
     wall_s: float
     """The trial's wall seconds, process start to result: what measuring it costs a study."""
+    fingerprint: str = ""
+    """The compiled program's fingerprint: the confirmation races distinct programs."""
 
 
 @dataclass(frozen=True)
 class Noise:
-    """Relative spread of one fresh-process measurement (lognormal sigma)."""
+    """Relative spread (lognormal sigma) of what one measurement reads, from the committed records of the
+    2-core CPU VM (benchmarks/results/cpu-2core/)."""
 
-    step: float = 0.043
-    """Step time, process to process: 4.3 % on the quiet 2-core VM (DESIGN.md, five fresh processes)."""
-    compile: float = 0.035
-    """Cold compile time: 19.4-20.7 s over three fresh processes (bench_trial_gpt2-tiny.txt)."""
-    confirm: float = 0.007
-    """A candidate's mean step time in the side-by-side confirmation: the A/A comparison's 95 % half-width
-    was 1.39 % (compare_aa_gpt2-tiny.txt), a standard deviation of about 0.7 %."""
+    step: float = PRIOR_ALONE_NOISE
+    """Step time of one alone fresh process: 8.6 %, the largest run-to-run noise issue 26's studies
+    recorded (6.7-8.6 %; ``decisions.PRIOR_ALONE_NOISE``). bench_trial_gpt2-tiny.txt: 6.7 % (default
+    compile) and 7.5 % (eager) over three processes; bench_trial_gpt2-tiny_rerun.txt: 16.3 %."""
+    compile: float = 0.05
+    """Cold compile time across fresh processes: 19.36 / 19.61 / 20.73 s (3.6 %, bench_trial_gpt2-tiny.txt)
+    and 22.00 / 21.99 / 23.80 s (4.6 %, bench_trial_gpt2-tiny_rerun.txt); issue 26: 3.6-6.3 %."""
+    confirm: float = 0.008
+    """One candidate's mean step time within one side-by-side process, relative to the process's level:
+    the A/A comparison's 95 % half-width +-1.4 % over 5 processes (compare_aa_gpt2-tiny.txt) is a
+    per-process log-ratio sd of 1.4 / t(4) x sqrt(5) = 1.1 %, 0.8 % per candidate."""
+    window: float = 0.06
+    """The first timed window against the process's step time (what pruning reads): the window CV of
+    bench_trial_gpt2-tiny*.txt, medians 5.7-7.9 %."""
+    processes: int = 5
+    """Processes of the side-by-side confirmation (``compare.processes``)."""
 
 
 @dataclass
@@ -63,6 +99,8 @@ class Replay:
     """Simulated wall clock after each trial (the sum of the trials' wall times)."""
     recommended_s: list[float] = field(default_factory=list)
     """True time to train of the configuration the study would recommend after each trial (inf: none yet)."""
+    states: list[tuple[str, TrialState]] = field(default_factory=list)
+    """Each trial's configuration and how it ended (COMPLETE, PRUNED, FAIL; a repeat as its first)."""
 
     def first_within(self, best_s: float, tolerance: float) -> tuple[int, float] | None:
         """(trials, wall seconds) until the recommendation stays within ``tolerance`` of ``best_s``; None: never."""
@@ -78,62 +116,141 @@ def load_table(path: Path) -> dict[str, Row]:
     with path.open() as f:
         return {r["identity"]: Row(r["identity"], r["status"] == "ok" and bool(r["step_ms"]),
                                    float(r["step_ms"] or "nan") / 1e3, float(r["compile_s"] or "nan"),
-                                   float(r["wall_s"] or "nan")) for r in csv.DictReader(f)}
+                                   float(r["wall_s"] or "nan"), r.get("fingerprint") or r["identity"])
+                for r in csv.DictReader(f)}
 
 
 def best_time_to_train(table: dict[str, Row], horizon_steps: int) -> float:
     return min(time_to_train(r.compile_s, r.step_s, horizon_steps) for r in table.values() if r.ok)
 
 
+@dataclass
+class Told:
+    """One configuration's search trial, as the study recorded it."""
+
+    state: TrialState
+    config: dict[str, Any]
+    baseline: str | None
+    fingerprint: str
+    measured: Measurement | None = None
+    """Step and compile time its one alone process read (None: failed)."""
+    confirm_steps: dict[int, float] = field(default_factory=dict)
+    """Its step time in each confirmation process, drawn when it was first measured."""
+
+    def score(self, horizon: int) -> float:
+        m = self.measured
+        if self.state != TrialState.COMPLETE or m is None or m.step_s is None or m.compile_s is None:
+            return math.inf
+        return time_to_train(m.compile_s, m.step_s, horizon)
+
+
+def first_window_events(compile_s: float, window_step_s: float) -> list[dict[str, Any]]:
+    """The launcher's events up to a trial's first timed window: what the stop rule reads (the warm-up's
+    first step carries the compile)."""
+    warm = [compile_s + window_step_s] + [window_step_s] * (WARMUP_STEPS - 1)
+    return [{"event": "warmup_start", "time": 0.0}, *({"event": "warmup_step", "seconds": w} for w in warm),
+            {"event": "window", "step_s": window_step_s}]
+
+
+def pruned_by_tuner(objective: Objective, told: dict[str, Told], compile_s: float, window_step_s: float,
+                    horizon: int) -> bool:
+    """Whether the tuner's stop rule, built as ``tuner.run_trial`` builds it, stops this trial after its first
+    window: against the best complete trial so far, the prior alone noise (a search repeats nothing, so
+    ``study_noise`` has nothing to pool), ``k`` = the complete trials."""
+    scored = [(i, t.measured) for i, t in enumerate(told.values())
+              if t.measured is not None and t.state == TrialState.COMPLETE]
+    best = min(scored, key=lambda s: time_to_train(s[1].compile_s, s[1].step_s, horizon), default=None)
+    rule = objective.stop_rule(best, None, len(scored))
+    return rule is not None and rule(first_window_events(compile_s, window_step_s), 0.0) is not None
+
+
 def replay(space: SearchSpace, table: dict[str, Row], sampler: optuna.samplers.BaseSampler, n_trials: int,
-           horizon_steps: int, noise: Noise, seed: int, baselines: bool = True, confirm_top: int = 3) -> Replay:
-    """Run ``sampler`` for ``n_trials`` trials against ``table``; noise seeded by ``seed``."""
+           horizon_steps: int, noise: Noise, seed: int, baselines: bool = True, confirm_top: int = 3,
+           prune: bool = True, tie_margin: float | None = None) -> Replay:
+    """Run ``sampler`` for ``n_trials`` trials against ``table``; noise seeded by ``seed``. ``prune``: as
+    ``study.prune``; ``tie_margin``: ``objective.tie_margin`` (None: its default)."""
     rng = np.random.default_rng(seed)
+    settings = ObjectiveSettings(horizon_steps=horizon_steps)
+    if tie_margin is not None:
+        settings.tie_margin = tie_margin
+    objective = Objective(settings)
+    levels = rng.normal(0.0, noise.step, noise.processes)  # each confirmation process's own speed
     study = optuna.create_study(direction="minimize", sampler=sampler)
     if baselines:
         queue_baselines(study, space)
-    told: dict[str, float | None] = {}  # identity -> value told (None: failed)
-    confirmed: dict[str, float] = {}  # identity -> time to train as the confirmation would measure it
-    queued: set[str] = set()  # the baselines' identities: the confirmation always has them
+    told: dict[str, Told] = {}
     out, wall = Replay(), 0.0
     for _ in range(n_trials):
         trial = study.ask()
         config = space.sample(trial)
         key = identity(config, space.env)
-        set_attrs(trial, config=config.active(space.env), identity=key, name=describe(config, space.env))
+        active = config.active(space.env)
+        set_attrs(trial, config=active, identity=key, name=describe(config, space.env))
         row = table.get(key)
         if row is None:
             raise KeyError(f"the table has no row for {key}: was it measured on another space?")
-        if trial.user_attrs.get("baseline"):
-            queued.add(key)
         if key not in told:
             wall += row.wall_s
-            told[key] = None
-            if row.ok:
-                true_s = time_to_train(row.compile_s, row.step_s, horizon_steps)
-                told[key] = time_to_train(row.compile_s * math.exp(rng.normal(0.0, noise.compile)),
-                                          row.step_s * math.exp(rng.normal(0.0, noise.step)), horizon_steps)
-                confirmed[key] = true_s * math.exp(rng.normal(0.0, noise.confirm))
-        value = told[key]
-        if value is None:
-            study.tell(trial, state=TrialState.FAIL)
+            told[key] = measure(objective, told, row, active, trial.user_attrs.get("baseline"), noise, rng,
+                                horizon_steps, prune)
+        t = told[key]
+        if t.state == TrialState.COMPLETE:
+            study.tell(trial, t.score(horizon_steps))
         else:
-            study.tell(trial, value)
+            study.tell(trial, state=t.state)
         out.wall_s.append(wall)
-        out.recommended_s.append(recommended(table, told, confirmed, queued, confirm_top, horizon_steps))
+        out.states.append((key, t.state))
+        out.recommended_s.append(recommended(table, told, objective, confirm_top, levels))
     return out
 
 
-def recommended(table: dict[str, Row], told: dict[str, float | None], confirmed: dict[str, float],
-                baselines: set[str], confirm_top: int, horizon_steps: int) -> float:
-    """True time to train of the confirmation's pick: the best by its measurement among the search's top
-    ``confirm_top`` and the baselines (the search's best alone when ``confirm_top`` is 0); inf: none yet."""
-    measured = sorted((v, k) for k, v in told.items() if v is not None)
-    if not measured:
+def measure(objective: Objective, told: dict[str, Told], row: Row, config: dict[str, Any], baseline: str | None,
+            noise: Noise, rng: np.random.Generator, horizon: int, prune: bool) -> Told:
+    """One search trial of ``row``: failed, pruned by the tuner's rule, or its noisy measurement."""
+    if not row.ok:
+        return Told(TrialState.FAIL, config, baseline, row.fingerprint)
+    step = row.step_s * math.exp(rng.normal(0.0, noise.step))
+    compile_s = row.compile_s * math.exp(rng.normal(0.0, noise.compile))
+    window = step * math.exp(rng.normal(0.0, noise.window))
+    confirm = {r: row.step_s * math.exp(rng.normal(0.0, noise.confirm)) for r in range(noise.processes)}
+    if prune and baseline is None and pruned_by_tuner(objective, told, compile_s, window, horizon):
+        return Told(TrialState.PRUNED, config, baseline, row.fingerprint, confirm_steps=confirm)
+    measured = Measurement(status="ok", step_s=step, compile_s=compile_s, step_s_cv=noise.window)
+    return Told(TrialState.COMPLETE, config, baseline, row.fingerprint, measured, confirm)
+
+
+def confirmation(told: dict[str, Told], confirm_top: int, horizon: int) -> list[str]:
+    """The configurations ``confirm.confirm_plan`` races: the best ``confirm_top`` distinct programs by their
+    single measurements, and the eager and default-compile baselines."""
+    ranked = sorted((t.score(horizon), k) for k, t in told.items() if t.state == TrialState.COMPLETE)
+    chosen: list[str] = []
+    programs: set[str] = set()
+    for _, k in ranked:
+        if len(chosen) < confirm_top and told[k].fingerprint not in programs:
+            chosen.append(k)
+            programs.add(told[k].fingerprint)
+    chosen += [k for _, k in ranked if told[k].baseline in ("eager", "compile") and k not in chosen]
+    return chosen
+
+
+def recommended(table: dict[str, Row], told: dict[str, Told], objective: Objective, confirm_top: int,
+                levels: np.ndarray) -> float:
+    """True time to train of what the study recommends: the confirmation's winner (the search's best single
+    measurement when ``confirm_top`` is 0 or fewer than two candidates); inf: none yet."""
+    horizon = objective.settings.horizon_steps
+    ranked = sorted((t.score(horizon), k) for k, t in told.items() if t.state == TrialState.COMPLETE)
+    if not ranked:
         return math.inf
-    candidates = {k for _, k in measured[:max(confirm_top, 1)]}
-    if confirm_top:
-        candidates |= {k for k in baselines if k in confirmed}
-    pick = min(candidates, key=lambda k: confirmed[k]) if confirm_top else measured[0][1]
+    pick = ranked[0][1]
+    keys = confirmation(told, confirm_top, horizon) if confirm_top else []
+    if len(keys) >= 2:
+        raced = [Candidate(k, i, k, told[k].config, told[k].baseline, told[k].measured.compile_s or 0.0,
+                           {r: s * math.exp(levels[r]) for r, s in told[k].confirm_steps.items()})
+                 for i, k in enumerate(keys) if told[k].measured is not None]
+        spread = CompileSpread(objective.settings.compile_cv, objective.settings.compile_df, "prior")
+        decision = race([statistics.fmean(math.log(s) for s in c.scores(objective).values()) for c in raced],
+                        [simplicity(c.config) for c in raced],
+                        lambda i, j: versus(raced[i], raced[j], objective, True, spread), objective.settings.tie_margin)
+        pick = raced[decision.winner].label
     row = table[pick]
-    return time_to_train(row.compile_s, row.step_s, horizon_steps)
+    return time_to_train(row.compile_s, row.step_s, horizon)

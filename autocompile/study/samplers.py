@@ -3,9 +3,11 @@
 - ``staged``: cheap first. Eager programs cost no compile, so the knobs eager shares with compiled
   programs (``SHARED``: mixed precision, checkpointing, optimizer implementation) are settled one at a
   time on eager runs; then the compiled knobs one at a time from the default compile with those
-  values (where compile goes, how, which reducer...), each step keeping the best; then TPE, which by
-  then learns from every run before it. Most knobs act nearly independently, so one pass of
-  one-knob changes finds most of what the space holds, at one compile per alternative.
+  values (where compile goes, how, which reducer...), each step keeping a change only when it measured
+  better than the incumbent by more than the noise of one alone process (``margin``); then TPE, which
+  by then learns from every run before it. The seed orders the knobs within each stage, so seeds explore
+  different paths (the eager stage always comes first). Most knobs act nearly independently, so one
+  pass of one-knob changes finds most of what the space holds, at one compile per alternative.
 - ``tpe``: Optuna's TPE over the conditional space (multivariate, grouped), 8 random trials first.
 - ``random``: uniform over the knobs' values.
 - ``gp``: Optuna's GPSampler (categorical kernels) over the knobs every trial has; the others at random.
@@ -31,6 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.sections import SAMPLERS
 from autocompile.config.space import BASELINES, DEFAULTS, SearchSpace, identity
+from autocompile.study.decisions import PRIOR_ALONE_NOISE
 from autocompile.study.record import TrialRecord
 from autocompile.study.shared import feasible
 
@@ -45,8 +48,9 @@ Plan = Callable[["Seen"], Flat | None]
 sampler's turn."""
 
 
-def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
-    """The sampler ``study.sampler=name`` names, seeded."""
+def make_sampler(name: str, space: SearchSpace, seed: int,
+                 margin: float = PRIOR_ALONE_NOISE) -> optuna.samplers.BaseSampler:
+    """The sampler ``study.sampler=name`` names, seeded; ``margin``: ``staged``'s near-tie margin."""
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
@@ -58,7 +62,7 @@ def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.Ba
     if name == "every":
         return PlanSampler(space, every(space, seed), optuna.samplers.RandomSampler(seed=seed))
     if name == "staged":
-        return PlanSampler(space, staged(space), tpe(seed))
+        return PlanSampler(space, staged(space, seed, margin), tpe(seed))
     raise ValueError(f"study.sampler={name!r}: choose one of {', '.join(SAMPLERS)}")
 
 
@@ -164,17 +168,25 @@ def every(space: SearchSpace, seed: int) -> Plan:
     return plan
 
 
-def staged(space: SearchSpace) -> Plan:
-    """Settle the shared knobs on eager runs, then each compiled knob from the default compile, one at a time."""
+def staged(space: SearchSpace, seed: int = 0, margin: float = PRIOR_ALONE_NOISE) -> Plan:
+    """Settle the shared knobs on eager runs, then each compiled knob from the default compile, one at a time.
+
+    ``seed`` orders the knobs within each stage (a knob's alternatives are measured from the incumbent as
+    it stands when its turn comes, so the order decides the path): seeds explore different paths rather
+    than agree by construction. ``margin``: see :func:`descend`."""
+    rng = random.Random(seed)
+    shared = list(SHARED)
+    rng.shuffle(shared)
+    compiled = [key for key in DEFAULTS if key not in SHARED]
+    rng.shuffle(compiled)
 
     def plan(seen: Seen) -> Flat | None:
         eager = space.normalised({**DEFAULTS, **space.fixed, **BASELINES["eager"]})
-        following, best_eager = descend(seen, eager, SHARED)
+        following, best_eager = descend(seen, eager, shared, margin)
         if following is not None or best_eager is None:
             return following
         start = {**DEFAULTS, **space.fixed, **BASELINES["compile"], **{k: best_eager[k] for k in SHARED}}
-        compiled = [key for key in DEFAULTS if key not in SHARED]
-        following, _ = descend(seen, space.normalised(start), compiled)
+        following, _ = descend(seen, space.normalised(start), compiled, margin)
         return following
 
     return plan
@@ -192,13 +204,22 @@ def eager_runs_left(space: SearchSpace, trials: Sequence[FrozenTrial]) -> int:
     return max(planned - done, 0)
 
 
-def descend(seen: Seen, start: Flat, keys: Sequence[str]) -> tuple[Flat | None, Flat | None]:
+def descend(seen: Seen, start: Flat, keys: Sequence[str],
+            margin: float = PRIOR_ALONE_NOISE) -> tuple[Flat | None, Flat | None]:
     """One pass of coordinate descent from ``start`` over ``keys``: the first configuration of the pass not
     yet tried, or (None, the pass's best) once every one is measured; (None, None) while some still run.
 
-    A change is taken when it measured better than the incumbent (ties keep the incumbent). A candidate
-    still running elsewhere (another slot or tuner) does not hold the pass up: the pass goes on from the
-    incumbent as it stands, and its best is only final once every candidate finished."""
+    A change is taken only when its measurement beats the incumbent's by more than ``margin`` (relative,
+    :func:`kept`). Each is one alone process, and the tuner answers a configuration asked again with its
+    first measurement (``tuner.run_trial``: ``duplicate_of``), so a near tie cannot be re-measured here:
+    the incumbent, the simpler program (fewer knobs changed on this path), is kept. The default margin is
+    the prior noise of one alone process (``decisions.PRIOR_ALONE_NOISE``, 8.6 %): a change with no
+    effect is then kept about 24 % of the time per alternative (a difference of two alone processes has
+    sd sqrt(2) x 8.6 %), against about 50 % when any better-looking value wins. The confirmation, not
+    this pass, decides between the programs it measured.
+
+    A candidate still running elsewhere (another slot or tuner) does not hold the pass up: the pass goes
+    on from the incumbent as it stands, and its best is only final once every candidate finished."""
     space = seen.space
     incumbent, pending = start, False
     for key in keys:
@@ -212,5 +233,18 @@ def descend(seen: Seen, start: Flat, keys: Sequence[str]) -> tuple[Flat | None, 
         finished = [c for c in candidates if seen.key(c) in seen.scores]
         pending = pending or len(finished) < len(candidates)
         if seen.key(incumbent) in seen.scores:
-            incumbent = min([incumbent, *finished], key=lambda c: seen.scores[seen.key(c)])
+            challenger = min(finished, key=lambda c: seen.scores[seen.key(c)])
+            if kept(seen.scores[seen.key(challenger)], seen.scores[seen.key(incumbent)], margin):
+                incumbent = challenger
     return None, None if pending else incumbent
+
+
+def kept(challenger: float, incumbent: float, margin: float) -> bool:
+    """A one-knob change replaces the incumbent: it scored lower (better) by more than ``margin``
+    of the incumbent's magnitude); a near tie keeps the incumbent. Lower is better: a time, or minus a
+    throughput; infinity: failed, pruned or infeasible."""
+    if math.isinf(challenger):
+        return False
+    if math.isinf(incumbent):
+        return True
+    return challenger < incumbent - margin * abs(incumbent)
