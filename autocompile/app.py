@@ -167,7 +167,7 @@ class MultirunSummary(Callback):
     """After ``-m``: one table over every study of the sweep."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from autocompile.report.summary import print_multirun_summary
+        from autocompile.report.multirun import print_multirun_summary
 
         print_multirun_summary(Path(config.hydra.sweep.dir))
 

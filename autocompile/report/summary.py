@@ -28,7 +28,7 @@ from autocompile.study.confirm import recommended as recommended_trial
 from autocompile.study.effect import Effect
 from autocompile.study.objective import Objective
 from autocompile.study.racing import confirmed, phase, phase_trials, study_noise, verdicts
-from autocompile.study.record import Measurement, TrialRecord
+from autocompile.study.record import TrialRecord
 from autocompile.study.shared import counted, feasible, interrupted, is_search, journal_file, measured_trials
 from autocompile.trial.warmstart import warm_line
 from autocompile.workload.data import rate_label
@@ -102,6 +102,9 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         "duplicates_skipped": sum(TrialRecord.of(t).duplicate_of is not None for t in trials),
         "same_program": sum(TrialRecord.of(t).same_program_as is not None for t in trials),
         "interrupted": sum(interrupted(t) for t in trials),
+        "remeasured": sum(TrialRecord.of(t).remeasure_of is not None for t in measured),
+        "recovered": sum(TrialRecord.of(t).remeasure_of is not None and t.state == TrialState.COMPLETE
+                         for t in measured),
     }
     best = min(complete, key=lambda e: objective.score(e.result), default=None)
     baselines = {e.baseline: e for e in complete if e.baseline}
@@ -269,6 +272,9 @@ def counts_line(report: Report) -> str:
     if c["duplicates_skipped"]:
         parts.append(f"{c['duplicates_skipped']} duplicates not measured again ({c['same_program']} of them "
                      "stopped after compiling a program already measured)")
+    if c.get("remeasured"):
+        parts.append(f"{c['remeasured']} near-miss prune(s) measured once more ({c['recovered']} completed: a "
+                     "prune is one noisy window)")
     if c["interrupted"]:
         parts.append(f"{c['interrupted']} interrupted (measured nothing, queued again)")
     if c.get("queued"):
@@ -381,19 +387,3 @@ def effects_table(effects: list[Effect]) -> Table:
         style = "" if e.measurable else "dim"
         table.add_row(e.question, e.knob, e.verdict, style=style)
     return table
-
-
-def print_multirun_summary(sweep_dir: Path) -> None:
-    """One row per study of a Hydra multirun, from each job's summary.json."""
-    table = Table(title=f"autocompile multirun: {sweep_dir}", title_justify="left")
-    for col in ("study", "best configuration", "throughput", "compile s", "vs eager", "trials"):
-        table.add_column(col)
-    for path in sorted(sweep_dir.glob("*/summary.json")):
-        s = json.loads(path.read_text())
-        best = s.get("best")
-        r = Measurement.from_dict(best["result"]) if best else None
-        eager = s.get("speedups", {}).get("eager")
-        table.add_row(s["study"], best["name"] if best else "-",
-                      f"{r.tokens_per_s:,.0f} {r.unit}/s" if r else "-", f"{r.compile_s:.1f}" if r else "-",
-                      f"{eager['step_speedup']:.2f}x" if eager else "-", str(s["counts"]["trials"]))
-    make_console().print(table)
