@@ -110,3 +110,19 @@ def test_a_shipped_family_s_blocks_and_the_rest(settings_for: Compose) -> None:
             model = build(settings.model.target, settings.model.kwargs)
         assert [n for n, _ in units.blocks(model)] == blocks, family
         assert [n for n, _ in units.rest(model)] == rest, family
+
+
+def test_nested_regions_are_offered_only_where_every_block_has_one_structure(settings_for: Compose) -> None:
+    """torch 2.13 reuses one nested region's graph across ResNet's stages of other widths (a shape error) and
+    T5's blocks (the first alone holds the relative-position bias): the space leaves nested out there."""
+    from autocompile.config.knob_spec import Env
+    from autocompile.config.knobs import _granularities
+
+    offered = {}
+    for model in ("gpt2-tiny", "t5-tiny", "resnet-tiny"):
+        settings = settings_for(f"+model={model}", "workload.device=cpu", *FAST_MEASURE)
+        with torch.device("meta"):
+            structure = units.Structure.of(build(settings.model.target, settings.model.kwargs))
+        offered[model] = _granularities({}, Env(nested_regions=True, **{"same_blocks": structure.same_blocks}))
+    assert "nested" in offered["gpt2-tiny"]
+    assert "nested" not in offered["t5-tiny"] and "nested" not in offered["resnet-tiny"]

@@ -39,6 +39,9 @@ class Env:
     """Its blocks have more than one part with weights (sublayer granularity differs from block)."""
     has_rest: bool = True
     """Weights live outside the repeated stacks (``compile.rest`` can matter)."""
+    same_blocks: bool = True
+    """Every block has one structure: nested compile regions apply (one region reused by structurally
+    identical blocks, as ``torch.compiler.nested_compile_region`` is meant for)."""
     optimizer_impls: tuple[str, ...] = ("for_loop", "foreach", "fused")
     """``optim.impl`` values besides ``default`` that the workload's optimizer takes and the device runs."""
     scheduled: bool = True

@@ -92,7 +92,10 @@ def _scopes(config: Flat, env: Env) -> tuple[str, ...]:
 
 
 def _granularities(config: Flat, env: Env) -> tuple[str, ...]:
-    return ("block", *(("sublayer",) if env.splits_blocks else ()), *(("nested",) if env.nested_regions else ()))
+    # Nested regions are for structurally identical blocks: torch 2.13 reuses one region's graph across
+    # blocks of other widths (ResNet's stages: a shape error) or other parameters (T5's first block).
+    nested = env.nested_regions and env.same_blocks
+    return ("block", *(("sublayer",) if env.splits_blocks else ()), *(("nested",) if nested else ()))
 
 
 def _amp_dtypes(config: Flat, env: Env) -> tuple[str, ...]:

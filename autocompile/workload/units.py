@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -135,12 +136,20 @@ class Structure:
     """Its blocks have more than one part holding parameters (sublayer granularity differs from block)."""
     has_rest: bool = True
     """Parameters live outside the stacks (``compile.rest`` can matter)."""
+    same_blocks: bool = True
+    """Every block has one structure (class, parameter names and shapes): one nested region serves them all."""
 
     @classmethod
     def of(cls, model: nn.Module) -> Structure:
         found = [b for _, b in stacks_blocks(model)]
         return cls(has_blocks=bool(found), splits_blocks=any(len(sublayers(b)) > 1 for b in found),
-                   has_rest=bool(rest(model)))
+                   has_rest=bool(rest(model)), same_blocks=len({block_shape(b) for b in found}) <= 1)
+
+
+def block_shape(block: nn.Module) -> tuple[Any, ...]:
+    """A block's structure: its class and its parameters' names and shapes (ResNet's stages differ in width,
+    T5's first block alone holds the relative-position bias)."""
+    return (type(block), *((name, tuple(p.shape)) for name, p in block.named_parameters()))
 
 
 def stacks_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 26's timed must-shows, one after another on a quiet machine (nothing else running: check `uptime`).
+# Each run is recorded by scripts/record.sh under benchmarks/results/cpu-2core/issue26/ with its load.
+#
+#   bash scripts/issue26_runs.sh compares     # nanoGPT 3-way, gpt2-tiny A/A and eager vs module, 3 runs each
+#   bash scripts/issue26_runs.sh studies      # the nanoGPT 8-trial study, seeds 0 and 1
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=benchmarks/results/cpu-2core/issue26
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+nanogpt=(+model=custom model._target_=examples.models.nanogpt.tiny workload.batch_size=8 'workload.seq_len=[128]')
+common=(tracking.enabled=false)
+
+for part in "$@"; do
+  case $part in
+    compares)
+      for run in 1 2 3; do
+        bash scripts/record.sh "$out/compare_nanogpt_run$run.txt" python -m autocompile "${nanogpt[@]}" task=compare \
+          'compare.candidates=["compile.scope=none","compile.scope=regional","compile.scope=train_step"]' \
+          "${common[@]}" "output_root=$work/ng$run"
+        bash scripts/record.sh "$out/compare_aa_gpt2-tiny_run$run.txt" python -m autocompile +model=gpt2-tiny \
+          task=compare 'compare.candidates=["compile.scope=module","compile.scope=module"]' "${common[@]}" \
+          "output_root=$work/aa$run"
+        bash scripts/record.sh "$out/compare_eager_vs_module_gpt2-tiny_run$run.txt" python -m autocompile \
+          +model=gpt2-tiny task=compare 'compare.candidates=["compile.scope=none","compile.scope=module"]' \
+          "${common[@]}" "output_root=$work/em$run"
+      done ;;
+    studies)
+      for seed in 0 1; do
+        bash scripts/record.sh "$out/study_nanogpt_seed$seed.txt" python -m autocompile "${nanogpt[@]}" \
+          study.n_trials=8 "study.seed=$seed" study.confirm_top=2 'study.verdicts=[compile.scope,amp.dtype]' \
+          "${common[@]}" "output_root=$work/study$seed"
+      done ;;
+    *) echo "unknown part $part (compares, studies)" >&2; exit 2 ;;
+  esac
+done
