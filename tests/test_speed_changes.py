@@ -83,7 +83,7 @@ def test_the_confirmation_names_a_candidate_that_changed_speed_within_a_process(
                            "eager": [(w, [1.9 * x for x in w]) for w in shifting]})
     outcome = confirmed(study, Objective(ObjectiveSettings(kind="throughput")))
     assert [line.split(" (")[0] for line in outcome["speed_changes"]] == [
-        "#1 changed speed within process 0 at window 6", "#1 changed speed within process 1 at window 6"]
+        "eager changed speed within process 0 at window 6", "eager changed speed within process 1 at window 6"]
     assert outcome["speed_changes"][0] in outcome["conclusion"] and "the program's own" in outcome["conclusion"]
 
 

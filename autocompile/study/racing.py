@@ -229,7 +229,8 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
         (g := gains.get("compile")) is not None and g["score"] is not None and g["score"]["measurable"]
         and g["score"]["change"] < 0)
     changes = [c.text(label, f"process {p}") for label, p, c in
-               speed_changes({m.label: m.windows for m in measured}, {m.label: m.cpu for m in measured})]
+               speed_changes({m.name or m.label: m.windows for m in measured},
+                             {m.name or m.label: m.cpu for m in measured})]
     return {
         "winner": winner.summary(), "leader": leader.label, "speed_changes": changes,
         "tied_with_leader": [c.label for c in ties], "tie_margin": margin, "decided": decision.decided,
@@ -279,8 +280,8 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
     winner = {a.round: s for t, a in trials if a.label == "winner" and (s := step_time(t)) is not None}
     winner_windows = {a.round: a.measured.step_s_windows for t, a in trials
                       if a.label == "winner" and a.method == "side_by_side" and step_time(t) is not None}
-    winner_cpu = {r: cpu for t, a in trials if a.label == "winner" and (r := a.round) in winner_windows
-                  and (cpu := a.measured.step_cpu_s_windows)}
+    winner_cpu = {a.round: a.measured.step_cpu_s_windows for _, a in trials
+                  if a.label == "winner" and a.round in winner_windows and a.measured.step_cpu_s_windows}
     winner_changes = speed_changes({"the winner": winner_windows}, {"the winner": winner_cpu})
     cold = next((a.compile_s_cold for _, a in trials if a.label == "winner"), 0.0) or 0.0
     won = next((a.config for _, a in trials if a.label == "winner"), {})
@@ -309,7 +310,8 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
         steps = {a.round: s for t, a in rounds if (s := step_time(t)) is not None}
         windows = {a.round: a.measured.step_s_windows for t, a in rounds
                    if a.method == "side_by_side" and step_time(t) is not None}
-        cpu = {a.round: c for t, a in rounds if a.round in windows and (c := a.measured.step_cpu_s_windows)}
+        cpu = {a.round: a.measured.step_cpu_s_windows for _, a in rounds
+               if a.round in windows and a.measured.step_cpu_s_windows}
         ratio: Ratio | None = paired_windows(winner_windows, windows, winner_cpu, cpu) if windows else \
             paired_ratio(steps, winner)
         changes = [c.text(who, f"process {p}") for who, p, c in

@@ -13,7 +13,9 @@ every few windows (:meth:`WindowClock.before_deciding`).
 Beside each window's time, the process's CPU seconds over it (``time.process_time()``, every thread of the
 process): a window that took long while the process did not run (descheduled) has CPU seconds far below
 its wall seconds, one slow by the program's own work has both (:func:`autocompile.trial.stats.descheduled`).
-On CUDA they are the host's CPU seconds between the window's two event records (launches and waits).
+On CUDA they are the host's CPU seconds between the window's two event records (launches and waits), while
+the window's time is the GPU's: a window the GPU alone made slower, its host waiting without spinning, would
+read as descheduled (not checked on a GPU yet).
 """
 
 from __future__ import annotations
