@@ -40,7 +40,8 @@ def full_record() -> TrialRecord:
                            step_s=0.01, step_s_cv=0.02, compile_s=3.0, first_step_s=2.5, peak_memory_bytes=2**30,
                            graph_count=2, graph_breaks=1, recompiles_timed=0, mfu=0.3, compiled=["model"], wall_s=9.0,
                            losses=[2.0, 1.9], tokens_per_s_windows=[1e5, 1.1e5], environment={"threads": 1},
-                           fingerprint="abc", compiled_coverage=1.0, step_s_windows=[0.01, 0.011], rewarm_steps=0,
+                           fingerprint="abc", compiled_coverage=1.0, step_s_windows=[0.01, 0.011],
+                           step_cpu_s_windows=[0.019, 0.021], rewarm_steps=0,
                            timed_precision=0.01, timed_s=0.5, windows=2,
                            side_by_side={"round": 1, "rounds": 40, "window_steps": 10})
     return TrialRecord(phase="verdict", config={"compile.scope": "module", "compile.fullgraph": False},

@@ -53,6 +53,7 @@ def test_a_nanogpt_shaped_script_is_measured_with_no_line_changed(tmp_path: Path
     assert result["status"] == "ok", result.get("reason")
     assert result["compiled"] == compiled  # the trial's scope, not the script's own torch.compile(model)
     assert result["windows"] == 2 and len(result["step_s_windows"]) == 2 and result["step_s"] > 0
+    assert len(result["step_cpu_s_windows"]) == 2 and min(result["step_cpu_s_windows"]) > 0
     assert result["throughput_unit"] == "tokens"
     # 2 sequences of 16 tokens per micro-step, 2 micro-steps per optimizer step (its own accumulation).
     assert result["tokens_per_s"] == pytest.approx(2 * 16 * 2 / result["step_s"], rel=0.5)

@@ -69,6 +69,8 @@ def test_pairing_tells_a_certainly_slower_candidate_apart(tmp_path: Path) -> Non
     model.kwargs["block_sleep_s"] = 0.001
     result = side_by_side(tmp_path, [EAGER, {**EAGER, "amp.dtype": "bfloat16"}], model=model)
     fast, slow = (c["step_s_windows"] for c in result["candidates"])
+    # Each window's process CPU seconds beside it (per step): what tells a descheduled window from a slow one.
+    assert all(len(c["step_cpu_s_windows"]) == len(c["step_s_windows"]) for c in result["candidates"])
     ratio = paired_windows({0: fast}, {0: slow})
     assert ratio is not None and ratio.low is not None and ratio.low > 1.0  # more than twice as slow
     assert ratio.basis == "one process" and ratio.processes == 1 and ratio.process_p is None

@@ -31,9 +31,13 @@ def print_comparison(report: dict[str, Any]) -> None:
         ttt = p["time_to_train"]
         ttt_text = (f"{ttt['change']:+.1%} [95% CI {ttt['low'] * 100:+.1f}, {ttt['high'] * 100:+.1f}]"
                     if ttt.get("low") is not None else f"{ttt['change']:+.1%}")
+        if not p.get("alone_agrees", True):  # the side-by-side ratio is not the answer: no time to train from it
+            ttt_text = "not stated"
         out.print(f"{row['label']} vs {base}: {p['verdict']}; time to train {p['horizon_steps']:,} steps {ttt_text} "
                   f"({p['step']['rounds']} paired windows, {p['step']['processes']} processes, {p['step']['basis']}"
                   + (f"; {p['step']['dropped']} stalled round(s) left out" if p["step"].get("dropped") else "") + ")")
+    for line in report.get("speed_changes", []):
+        out.print(f"[yellow]{line}")
     for f in report.get("failed", []):
         out.print(f"[red]{f['label']} not compared: {f['reason']}")
     out.print(f"compare.json: {report['run_dir']}/compare.json")

@@ -11,6 +11,10 @@
    within processes, a random effect per process), of time to train with the cold compiles, when a
    slower-compiling candidate pays back, and a verdict in words. ``compare.json`` in the run directory.
 
+A candidate whose windows changed speed within a process (:func:`autocompile.trial.stats.change_point`) is
+named, one line each, and a side-by-side ratio that disagrees with the candidates' cold runs alone beyond
+their noise is reported as that disagreement, not as the answer.
+
 Candidates that cannot share a process (:func:`sidebyside.cannot_share`, or one that failed beside the
 others) are compared in fresh-process rounds instead (one process per candidate and round, paired
 by round), and the output says which ran and why.
@@ -31,9 +35,15 @@ from autocompile.config.spec import write_json_atomic
 from autocompile.study import sidebyside
 from autocompile.study.intervals import Paired, break_even, paired_windows, t_quantile, time_to_train
 from autocompile.trial.launcher import launch
-from autocompile.trial.stats import paired_ratio
+from autocompile.trial.stats import change_point, paired_ratio
 
 log = logging.getLogger(__name__)
+
+ALONE_CV = 0.086
+"""Relative sd of one candidate's step time across fresh processes alone, for comparing the cold runs' ratio
+with the side-by-side one (a compare runs each candidate alone once, so it cannot measure it): the largest the
+studies' records show (6.7-8.6 %, issue 26)."""
+PerProcess = dict[str, dict[int, list[float]]]
 
 
 def compare(settings: Settings, run_dir: Path) -> dict[str, Any]:
@@ -52,11 +62,11 @@ def compare(settings: Settings, run_dir: Path) -> dict[str, Any]:
     failed = [m for m in members if m.cold.get("status") != "ok"]
     ok = [m for m in members if m.cold.get("status") == "ok"]
     walls = {"cold_s": time.time() - started}
-    method, why, per = "none", "fewer than two candidates ran", {}
+    method, why, per, cpu = "none", "fewer than two candidates ran", {}, {}
     if len(ok) >= 2:
-        method, why, per = timed(ok, settings, out)
+        method, why, per, cpu = timed(ok, settings, out)
     walls["timed_s"] = time.time() - started - walls["cold_s"]
-    report = summarise(members, failed, per, method, why, settings, walls)
+    report = summarise(members, failed, per, method, why, settings, walls, cpu)
     report["run_dir"] = str(out)
     write_json_atomic(run_dir / "compare.json", report)
     write_json_atomic(out / "compare.json", report)
@@ -64,9 +74,9 @@ def compare(settings: Settings, run_dir: Path) -> dict[str, Any]:
 
 
 def timed(members: list[sidebyside.Member], settings: Settings, out: Path
-          ) -> tuple[str, str, dict[str, dict[int, list[float]]]]:
+          ) -> tuple[str, str, PerProcess, PerProcess]:
     """Side by side when the members can share a process, else fresh-process rounds: (method, why, label
-    -> process or round -> step times)."""
+    -> process or round -> step times, and side by side their CPU seconds per step)."""
     reason = sidebyside.cannot_share(members, settings)
     if reason is None:
         results: list[dict[str, Any]] = []
@@ -75,7 +85,8 @@ def timed(members: list[sidebyside.Member], settings: Settings, out: Path
             if (reason := sidebyside.not_shared(results)) is not None:
                 break  # the rest would fail alike
         if reason is None:
-            return "side_by_side", "", sidebyside.windows(results)
+            return ("side_by_side", "", sidebyside.windows(results),
+                    sidebyside.windows(results, "step_cpu_s_windows"))
     log.warning("fresh-process rounds instead of side by side: %s", reason)
     rounds: dict[str, dict[int, list[float]]] = {}
     for r in range(settings.compare.processes):
@@ -86,13 +97,16 @@ def timed(members: list[sidebyside.Member], settings: Settings, out: Path
                             cache_dir=cache if cache.is_dir() else None)
             if result.get("status") == "ok":
                 rounds.setdefault(m.label, {})[r] = [result["step_s"]]
-    return "fresh_processes", reason, rounds
+    return "fresh_processes", reason, rounds, {}
 
 
-def pair(base: dict[int, list[float]], other: dict[int, list[float]], method: str) -> Paired | None:
-    """``other / base`` of step time: paired windows side by side, else paired fresh-process rounds."""
+def pair(base: dict[int, list[float]], other: dict[int, list[float]], method: str,
+         cpu_base: dict[int, list[float]] | None = None, cpu_other: dict[int, list[float]] | None = None
+         ) -> Paired | None:
+    """``other / base`` of step time: paired windows side by side (with their CPU seconds, which tell a
+    descheduled window from the program's own slow one), else paired fresh-process rounds."""
     if method == "side_by_side":
-        return paired_windows(base, other)
+        return paired_windows(base, other, cpu_base, cpu_other)
     ratio = paired_ratio({r: v[0] for r, v in other.items()}, {r: v[0] for r, v in base.items()})
     if ratio is None:
         return None
@@ -102,16 +116,34 @@ def pair(base: dict[int, list[float]], other: dict[int, list[float]], method: st
                   se, df)
 
 
+def alone_disagrees(step: Paired, alone: tuple[float, float], names: tuple[str, str],
+                    alone_cv: float = ALONE_CV) -> str | None:
+    """One line when the side-by-side ratio ``step`` (``b / a``) and the ratio of the candidates' cold runs
+    alone (``alone``: a's and b's step seconds) differ by more than their noise allows (95 %, each cold run
+    one fresh process of relative sd ``alone_cv``); None when they agree."""
+    a, b = alone
+    if not a or not b:
+        return None
+    apart = math.log(b / a) - math.log1p(step.change)
+    half = 1.96 * math.sqrt(2 * alone_cv**2 + step.log_se**2)
+    if abs(apart) <= half:
+        return None
+    return (f"{names[1]}: side by side {step.change:+.1%}, but alone {b / a - 1:+.1%} (one cold run each; they "
+            f"should agree within about +-{math.expm1(half):.0%}): a candidate's speed depends on its process, so "
+            "neither ratio is the answer")
+
+
 def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
               per: dict[str, dict[int, list[float]]], method: str, why: str, settings: Settings,
-              walls: dict[str, float]) -> dict[str, Any]:
+              walls: dict[str, float], cpu: PerProcess | None = None) -> dict[str, Any]:
     env = settings.env
+    cpu = cpu or {}
     rows = []
     for m in members:
         steps = per.get(m.label)
         rows.append({"label": m.label, "knobs": m.config.active(env), "name": describe(m.config, env),
                      "status": m.cold.get("status"), "reason": m.cold.get("reason"),
-                     "step_s": sidebyside.step_s(steps) if steps else None,
+                     "step_s": sidebyside.step_s(steps, cpu.get(m.label)) if steps else None,
                      "step_s_alone": m.cold.get("step_s"), "compile_s": m.cold.get("compile_s"),
                      "peak_memory_bytes": m.cold.get("peak_memory_bytes"), "fingerprint": m.cold.get("fingerprint"),
                      "throughput_unit": m.cold.get("throughput_unit", "tokens"), "cold_trial": m.cold.get("trial_dir")})
@@ -120,7 +152,8 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
     horizon = settings.objective.horizon_steps
     for b, row in enumerate(rows[1:], start=1):
         a_steps, b_steps = per.get(base["label"]), per.get(row["label"])
-        step = pair(a_steps, b_steps, method) if a_steps and b_steps else None
+        step = pair(a_steps, b_steps, method, cpu.get(base["label"]), cpu.get(row["label"])) \
+            if a_steps and b_steps else None
         if step is None:
             continue
         a = (base["step_s"], base["compile_s"] or 0.0)
@@ -128,15 +161,28 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
         ttt = time_to_train(step, a, bb, horizon, settings.objective.compile_cv, settings.objective.compile_df,
                             shared_cold=base["cold_trial"] is not None and base["cold_trial"] == row["cold_trial"])
         pays = break_even(step, a, bb, (base["label"], row["label"]))
+        shared = base["cold_trial"] is not None and base["cold_trial"] == row["cold_trial"]  # A/A: alone is 1
+        apart = None if shared or method != "side_by_side" else alone_disagrees(
+            step, (base["step_s_alone"], row["step_s_alone"]), (base["label"], row["label"]))
         pairs.append({"a": 0, "b": b, "change": step.change, "low": step.low, "high": step.high,
                       "measurable": step.measurable, "step": step.as_dict(), "time_to_train": ttt.as_dict(),
-                      "horizon_steps": horizon, "break_even": pays, "verdict": verdict(step, row["label"],
-                                                                                         base["label"], pays)})
+                      "horizon_steps": horizon, "break_even": pays, "alone_agrees": apart is None,
+                      "verdict": apart or verdict(step, row["label"], base["label"], pays)})
+    changes = [c.text(label, f"process {p}") for label, p, c in sidebyside.speed_changes(per, cpu)] \
+        if method == "side_by_side" else []
+    seen = set()
+    for m in members:  # a cold run that changed speed: its alone step time blends two speeds
+        cold = m.cold.get("step_s_windows") or []
+        if m.cold.get("status") != "ok" or m.cold.get("trial_dir") in seen:
+            continue
+        seen.add(m.cold.get("trial_dir"))
+        if (c := change_point(cold, m.cold.get("step_cpu_s_windows"))) is not None:
+            changes.append(c.text(m.label, "its cold run alone"))
     return {"method": method, "why": why, "processes": settings.compare.processes,
             "model": ("log window step time = candidate + process effect + window noise; windows paired within "
                       "rounds, a random effect per process (see docs/measuring.md)") if method == "side_by_side" else
             "one fresh process per candidate and round, paired by round",
-            "candidates": rows, "pairs": pairs, "wall_s": walls,
+            "candidates": rows, "pairs": pairs, "wall_s": walls, "speed_changes": changes,
             "failed": [{"label": m.label, "reason": m.cold.get("reason")} for m in failed]}
 
 

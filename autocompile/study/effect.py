@@ -65,6 +65,9 @@ class Effect:
     also: dict[str, Any] = field(default_factory=dict)
     """Verdict phase: other knobs the neighbour had to change to be valid (train_step with fused AdamW: the
     optimizer's implementation too), knob -> its value."""
+    speed_changes: list[str] = field(default_factory=list)
+    """Verdict phase: the winner or the neighbour changed speed within a process (one line each,
+    ``trial.stats.ChangePoint.text``): a process mean that blends two speeds."""
 
     @property
     def measurable(self) -> bool:
@@ -118,8 +121,9 @@ class Effect:
             ttt = (f"; time to train {self.score_change:+.1%} [95% CI {self.score_low * 100:+.1f}, "
                    f"{self.score_high * 100:+.1f}]" + (", measurably faster than the winner" if self.beats_winner
                                                          else ""))
+        changes = "".join(f"; {line}" for line in self.speed_changes)
         return (f"{head}: step time {interval}, {judged}; compile {self.compile_change_s:+.1f} s (cold, one run "
-                f"each){pays}{ttt}; {self.pairs} {self.how}")
+                f"each){pays}{ttt}; {self.pairs} {self.how}{changes}")
 
     def as_dict(self) -> dict[str, Any]:
         return {"knob": self.knob, "question": self.question, "reference": self.reference, "value": self.value,
@@ -130,5 +134,5 @@ class Effect:
                 "p_value": self.p_value, "family": self.family, "family_measurable": self.family_measurable,
                 "trial": self.trial, "score_change": self.score_change, "score_low": self.score_low,
                 "score_high": self.score_high, "score_p_value": self.score_p_value, "beats_winner": self.beats_winner,
-                "also": self.also,
+                "also": self.also, "speed_changes": self.speed_changes,
                 "verdict": self.verdict}

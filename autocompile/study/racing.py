@@ -36,6 +36,7 @@ from autocompile.study.objective import Objective
 from autocompile.study.objective import time_to_train as time_to_train_s
 from autocompile.study.record import TrialRecord
 from autocompile.study.shared import feasible, interrupted, measured_trials
+from autocompile.study.sidebyside import speed_changes
 from autocompile.study.together import method
 from autocompile.trial.stats import Noise, Ratio, paired_ratio, pooled_noise
 
@@ -129,6 +130,8 @@ class Candidate:
     """Round -> step seconds of its repeats."""
     windows: dict[int, list[float]] = field(default_factory=dict)
     """Side by side: round (process) -> its window step times, aligned with the other candidates'."""
+    cpu: dict[int, list[float]] = field(default_factory=dict)
+    """Side by side: round (process) -> its windows' CPU seconds per step, where the process recorded them."""
 
     def scores(self, objective: Objective) -> dict[int, float]:
         """Per round, lower is better: step time (throughput) or time to train with the cold compile time
@@ -155,7 +158,7 @@ def versus(a: Candidate, b: Candidate, objective: Objective, score: bool,
     """``a / b``: of step time, or (``score``) of the objective's score. Side by side, windows are paired
     within processes; otherwise rounds are paired, each a fresh process per candidate. Time to train
     carries each side's one cold compile with the study's compile spread (``spread``)."""
-    step: Ratio | None = paired_windows(b.windows, a.windows) if a.windows and b.windows else (
+    step: Ratio | None = paired_windows(b.windows, a.windows, b.cpu, a.cpu) if a.windows and b.windows else (
         from_rounds(paired_ratio(a.steps, b.steps)))
     if step is None or not score or objective.kind == "throughput":
         return step
@@ -187,6 +190,8 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
             c.steps[a.round] = step
             if a.method == "side_by_side":
                 c.windows[a.round] = a.measured.step_s_windows
+                if a.measured.step_cpu_s_windows:
+                    c.cpu[a.round] = a.measured.step_cpu_s_windows
     measured = [c for c in candidates.values() if c.steps]
     if len(measured) < 2:  # an interrupted phase, or every other candidate failed: nothing was raced
         return {"winner": None, "reason": f"{len(measured)} candidate(s) with a completed repeat: no race (an "
@@ -223,8 +228,11 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
     beats_compile = compile_base is not None and compile_base is not winner and (
         (g := gains.get("compile")) is not None and g["score"] is not None and g["score"]["measurable"]
         and g["score"]["change"] < 0)
+    changes = [c.text(label, f"process {p}") for label, p, c in
+               speed_changes({m.name or m.label: m.windows for m in measured},
+                             {m.name or m.label: m.cpu for m in measured})]
     return {
-        "winner": winner.summary(), "leader": leader.label,
+        "winner": winner.summary(), "leader": leader.label, "speed_changes": changes,
         "tied_with_leader": [c.label for c in ties], "tie_margin": margin, "decided": decision.decided,
         "undetermined": undetermined, "compile_spread": spread.as_dict(),
         "candidates": [{**c.summary(), "status": status[c.label],
@@ -233,7 +241,8 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
         "rounds": max(len(c.steps) for c in measured),
         "method": method(study, "confirm"),
         "windows": max(sum(map(len, c.windows.values())) for c in measured),
-        "conclusion": conclusion(winner, leader, ties, compile_base, beats_compile, margin, undetermined),
+        "conclusion": "; ".join([conclusion(winner, leader, ties, compile_base, beats_compile, margin, undetermined),
+                                 *changes]),
     }
 
 
@@ -271,6 +280,9 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
     winner = {a.round: s for t, a in trials if a.label == "winner" and (s := step_time(t)) is not None}
     winner_windows = {a.round: a.measured.step_s_windows for t, a in trials
                       if a.label == "winner" and a.method == "side_by_side" and step_time(t) is not None}
+    winner_cpu = {a.round: a.measured.step_cpu_s_windows for _, a in trials
+                  if a.label == "winner" and a.round in winner_windows and a.measured.step_cpu_s_windows}
+    winner_changes = speed_changes({"the winner": winner_windows}, {"the winner": winner_cpu})
     cold = next((a.compile_s_cold for _, a in trials if a.label == "winner"), 0.0) or 0.0
     won = next((a.config for _, a in trials if a.label == "winner"), {})
     spread = compile_spread(study, objective.settings) if objective is not None else None
@@ -298,7 +310,12 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
         steps = {a.round: s for t, a in rounds if (s := step_time(t)) is not None}
         windows = {a.round: a.measured.step_s_windows for t, a in rounds
                    if a.method == "side_by_side" and step_time(t) is not None}
-        ratio: Ratio | None = paired_windows(winner_windows, windows) if windows else paired_ratio(steps, winner)
+        cpu = {a.round: a.measured.step_cpu_s_windows for _, a in rounds
+               if a.round in windows and a.measured.step_cpu_s_windows}
+        ratio: Ratio | None = paired_windows(winner_windows, windows, winner_cpu, cpu) if windows else \
+            paired_ratio(steps, winner)
+        changes = [c.text(who, f"process {p}") for who, p, c in
+                   [*winner_changes, *speed_changes({str(value): windows}, {str(value): cpu})]]
         if ratio is None:
             continue
         half = (ratio.high - ratio.low) / 2 if ratio.low is not None and ratio.high is not None else math.inf
@@ -322,7 +339,8 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
                               pays_back=pays or "", p_value=p_value(ratio), trial=first_trial.number,
                               score_change=score.change if score else None, score_low=score.low if score else None,
                               score_high=score.high if score else None,
-                              also={k: v for k, v in first.config.items() if k != key and k in won and won[k] != v}))
+                              also={k: v for k, v in first.config.items() if k != key and k in won and won[k] != v},
+                              speed_changes=changes))
         if score is not None:
             scores.append((effects[-1], score))
     tested = [e for e in effects if e.p_value is not None]

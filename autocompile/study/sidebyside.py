@@ -24,7 +24,7 @@ from autocompile.config.settings import Settings
 from autocompile.config.spec import SideBySideSpec
 from autocompile.trial.launcher import Agents, launch
 from autocompile.trial.slots import slot_threads
-from autocompile.trial.stats import stalled
+from autocompile.trial.stats import ChangePoint, change_point, descheduled
 
 log = logging.getLogger(__name__)
 
@@ -140,13 +140,27 @@ def merge_caches(members: list[Member], cache: Path) -> set[str]:
     return found
 
 
-def windows(results: list[dict[str, Any]]) -> dict[str, dict[int, list[float]]]:
-    """label -> process -> window step times, from each process's result."""
+def windows(results: list[dict[str, Any]], key: str = "step_s_windows") -> dict[str, dict[int, list[float]]]:
+    """label -> process -> window step times, from each process's result (``key="step_cpu_s_windows"``: their
+    CPU seconds per step, where the process recorded them)."""
     found: dict[str, dict[int, list[float]]] = {}
     for p, result in enumerate(results):
         for c in result.get("candidates", []):
-            if c.get("status") == "ok" and c.get("step_s_windows"):
-                found.setdefault(c["label"], {})[p] = c["step_s_windows"]
+            if c.get("status") == "ok" and c.get(key):
+                found.setdefault(c["label"], {})[p] = c[key]
+    return found
+
+
+def speed_changes(per: dict[str, dict[int, list[float]]], cpu: dict[str, dict[int, list[float]]] | None = None
+                  ) -> list[tuple[str, int, ChangePoint]]:
+    """(label, process, change) for every candidate whose windows changed speed within a process
+    (:func:`trial.stats.change_point`): its process's mean then blends two speeds, which a ratio beside
+    another candidate that did not change hides."""
+    found = []
+    for label, processes in per.items():
+        for p, w in sorted(processes.items()):
+            if (c := change_point(w, (cpu or {}).get(label, {}).get(p))) is not None:
+                found.append((label, p, c))
     return found
 
 
@@ -161,11 +175,14 @@ def not_shared(results: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def step_s(per_process: dict[int, list[float]]) -> float:
-    """A candidate's step time: the mean over processes of each process's geometric mean window (stalled
-    windows left out)."""
-    return statistics.fmean(math.exp(statistics.fmean(math.log(x) for k, x in enumerate(w) if k not in stalled(w)))
-                            for w in per_process.values())
+def step_s(per_process: dict[int, list[float]], cpu: dict[int, list[float]] | None = None) -> float:
+    """A candidate's step time: the mean over processes of each process's geometric mean window (descheduled
+    windows left out: ``cpu``, process -> CPU seconds of the windows; without, the wall-clock stall rule)."""
+    def mean(p: int, w: list[float]) -> float:
+        out = descheduled(w, (cpu or {}).get(p))
+        return math.exp(statistics.fmean(math.log(x) for k, x in enumerate(w) if k not in out))
+
+    return statistics.fmean(mean(p, w) for p, w in per_process.items())
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -110,6 +110,7 @@ def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: Sea
         items_per_step = cold.tokens_per_s * cold.step_s  # a step's tokens (or samples), as measured alone
         tell_measured(study, trial, objective, Measurement(
             status="ok", step_s=c["step_s"], step_s_windows=c["step_s_windows"],
+            step_cpu_s_windows=c.get("step_cpu_s_windows"),
             tokens_per_s=items_per_step / c["step_s"], losses=c["losses"], fingerprint=c["fingerprint"],
             compiled=c["compiled"], compiled_coverage=c.get("coverage"), throughput_unit=result.get("throughput_unit"),
             compile_s=cold.compile_s, peak_memory_bytes=cold.peak_memory_bytes, wall_s=result.get("wall_s"),

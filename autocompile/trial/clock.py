@@ -9,6 +9,13 @@ idles until the last kernel ends), up to a step per window whichever of CPU and 
 events mark positions in the stream, so a window's time is the GPU timeline between them, as a training
 loop that never synchronises sees it. Callers decide (more windows?) only when they resolve: on CUDA
 every few windows (:meth:`WindowClock.before_deciding`).
+
+Beside each window's time, the process's CPU seconds over it (``time.process_time()``, every thread of the
+process): a window that took long while the process did not run (descheduled) has CPU seconds far below
+its wall seconds, one slow by the program's own work has both (:func:`autocompile.trial.stats.descheduled`).
+On CUDA they are the host's CPU seconds between the window's two event records (launches and waits), while
+the window's time is the GPU's: a window the GPU alone made slower, its host waiting without spinning, would
+read as descheduled (not checked on a GPU yet).
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ class WindowClock:
         """Timing events, resolved at :meth:`resolve` (CUDA); else the wall clock, known at :meth:`stop`."""
         self.sync = sync
         self.seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
+        """Process CPU seconds of each window, known at :meth:`stop` (on CUDA too)."""
+        self._cpu_started = 0.0
         self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._started: torch.cuda.Event | float | None = None
 
@@ -42,6 +52,7 @@ class WindowClock:
         else:
             self.sync()
             self._started = time.perf_counter()
+        self._cpu_started = time.process_time()
 
     def stop(self) -> int:
         """End the window; returns its index in :meth:`resolve`'s list."""
@@ -55,6 +66,7 @@ class WindowClock:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._pending.append((started, end))
+        self.cpu_seconds.append(time.process_time() - self._cpu_started)
         return len(self.seconds) + len(self._pending) - 1
 
     @property

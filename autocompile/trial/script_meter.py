@@ -85,8 +85,10 @@ class Meter:
         self.warm_s: list[float] = []
         self.window_s: list[float] = []
         self.window_items: list[int] = []
+        self.window_cpu: list[float] = []
+        """Process CPU seconds of each timed window (a descheduled window has far fewer than its wall seconds)."""
         self.rewarm_s, self.rewarm_steps = 0.0, 0
-        self.window: tuple[int, float, int, int] | None = None  # start step, clock, items, frames
+        self.window: tuple[int, float, int, int, float] | None = None  # start step, clock, items, frames, CPU
         self.program: dict[str, Any] | None = None
         self.finished = False
         self._listening = listening(agent.log)
@@ -176,12 +178,13 @@ class Meter:
     # -- windows ----------------------------------------------------------------------------------------------
     def open_window(self) -> None:
         self.sync()
-        self.window = (self.steps, time.perf_counter(), self.items, self.frames())
+        self.window = (self.steps, time.perf_counter(), self.items, self.frames(), time.process_time())
 
     def close_window(self) -> None:
         self.sync()
-        start, t0, items, frames = self.window  # type: ignore[misc]
+        start, t0, items, frames, cpu0 = self.window  # type: ignore[misc]
         seconds = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
         compiled = self.agree(float(self.frames() - frames))
         if compiled:
             # Compile work in the timed part: the window was warm-up; its time counts as compile.
@@ -195,6 +198,7 @@ class Meter:
             return
         self.window_s.append(seconds)
         self.window_items.append(self.items - items)
+        self.window_cpu.append(cpu)
         self.progress("window", window=len(self.window_s) - 1, seconds=seconds,
                       step_s=seconds / (self.steps - start))
 
@@ -279,6 +283,7 @@ class Meter:
             "dynamo_compile_s": dynamo_compile_times(),
             "step_s": median_step,
             "step_s_windows": step_s,
+            "step_cpu_s_windows": [t / per_window for t in self.reduce_max(self.window_cpu)],
             "step_s_cv": statistics.pstdev(step_s) / statistics.fmean(step_s),
             "timed_precision": relative_half_width(step_s) if len(step_s) > 1 else None,
             "timed_s": sum(window_s),

@@ -54,7 +54,7 @@ from autocompile.trial.build import (
 from autocompile.trial.clock import WindowClock
 from autocompile.trial.readings import classify, environment
 from autocompile.trial.recordings import cudagraph_recordings
-from autocompile.trial.stats import clean_rounds, stalled, t975
+from autocompile.trial.stats import clean_rounds, descheduled, t975
 from autocompile.trial.warmstart import load_artifacts
 from autocompile.trial.worker import WORKER_START, exit_now
 
@@ -127,12 +127,14 @@ class SideBySide:
             self.agree(outcome, [i])
             self.progress("candidate_ready", candidate=i, label=label, status=outcome[i]["status"])
         self.timeline["warmup_done"] = time.time()
-        windows = self.time_rounds(alive, outcome)
+        windows, cpu = self.time_rounds(alive, outcome)
         self.timeline["timed_done"] = time.time()
         for i, built in alive.items():
             if outcome[i]["status"] == "ok":
                 outcome[i]["step_s_windows"] = windows[i]
-                kept = [s for k, s in enumerate(windows[i]) if k not in stalled(windows[i])]
+                outcome[i]["step_cpu_s_windows"] = cpu[i]
+                out = descheduled(windows[i], cpu[i])
+                kept = [s for k, s in enumerate(windows[i]) if k not in out]
                 outcome[i]["step_s"] = math.exp(statistics.fmean(math.log(s) for s in kept)) if kept else None
                 outcome[i]["stalled_windows"] = len(windows[i]) - len(kept)
                 outcome[i]["losses"] = [float(x) for x in torch.stack(built.losses[:LOSSES_KEPT]).float().tolist()]
@@ -174,8 +176,10 @@ class SideBySide:
     def window_steps(self) -> int:
         return window_steps(self.spec.candidates[0], self.spec.window_steps)
 
-    def time_rounds(self, alive: dict[int, Built], outcome: dict[int, dict[str, Any]]) -> dict[int, list[float]]:
-        """Windows in rotating order until the stopping rule. A round in which anything compiled is
+    def time_rounds(self, alive: dict[int, Built], outcome: dict[int, dict[str, Any]]
+                    ) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+        """Windows in rotating order until the stopping rule: each candidate's window step seconds, and the
+        process CPU seconds per step of each (aligned). A round in which anything compiled is
         dropped for every candidate (rounds stay aligned); a candidate that compiles in two rounds fails
         as ``compile_in_timed_part``. On CUDA the windows' times are read (one synchronisation) only where
         the next decision needs them, every few rounds (:class:`WindowClock`); what failed is agreed there."""
@@ -184,14 +188,15 @@ class SideBySide:
         spec = self.spec
         n = self.window_steps
         windows: dict[int, list[float]] = {i: [] for i in alive if outcome[i]["status"] == "ok"}
+        cpu: dict[int, list[float]] = {i: [] for i in windows}
         recompiled: dict[int, int] = dict.fromkeys(windows, 0)
         checked = {i: len(alive[i].losses) for i in windows}
         clock = WindowClock(self.device, self.sync)
         timed = 0.0
         r = 0
-        while self.more_rounds(windows, timed):
+        while self.more_rounds(windows, cpu, timed):
             rounds: list[tuple[int, dict[int, int], bool]] = []  # (round, candidate -> window index, compiled)
-            for _ in range(clock.before_deciding(rounds_done(windows), spec.min_rounds)):
+            for _ in range(clock.before_deciding(rounds_done(windows, cpu), spec.min_rounds)):
                 members = [i for i in rotate(sorted(windows), r + spec.shift) if outcome[i]["status"] == "ok"]
                 if len(members) < 2:
                     break
@@ -228,9 +233,15 @@ class SideBySide:
             kept = {(q, i): seconds[k] / n for q, members, _ in rounds if not compiled[q] for i, k in members.items()}
             for (_, i), step_s in sorted(self.reduce_max(kept).items()):
                 windows[i].append(step_s)
+            # The busiest rank's CPU: a window counts as descheduled only when no rank kept working.
+            used = {(q, i): clock.cpu_seconds[k] / n for q, members, _ in rounds if not compiled[q]
+                    for i, k in members.items()}
+            for (_, i), cpu_s in sorted(self.reduce_max(used).items()):
+                cpu[i].append(cpu_s)
             for q, members, _ in rounds:
                 self.progress("round", round=q, step_s={spec.labels[i]: seconds[k] / n for i, k in members.items()})
-        return {i: w for i, w in windows.items() if outcome[i]["status"] == "ok"}
+        ok = [i for i in windows if outcome[i]["status"] == "ok"]
+        return {i: windows[i] for i in ok}, {i: cpu[i] for i in ok}
 
     def agree(self, outcome: dict[int, dict[str, Any]], candidates: list[int]) -> None:
         """A candidate that failed on any rank fails on every rank, with that rank's reason: ranks that went on
@@ -258,7 +269,7 @@ class SideBySide:
                     outcome[int(i)] = {**failed, "reason": f"on rank {rank}: {failed['reason']}"}
                     log.warning("candidate %s failed on rank %d: %s", self.spec.labels[int(i)], rank, failed["reason"])
 
-    def more_rounds(self, windows: dict[int, list[float]], timed: float) -> bool:
+    def more_rounds(self, windows: dict[int, list[float]], cpu: dict[int, list[float]], timed: float) -> bool:
         """Rank 0 decides for every rank (the steps of DDP candidates are collective)."""
         spec = self.spec
         if rounds_done(windows) < spec.min_rounds:
@@ -266,7 +277,7 @@ class SideBySide:
         elif timed >= spec.max_timed_s:
             more = False
         else:
-            more = worst_half_width(list(windows.values())) > spec.precision
+            more = worst_half_width(list(windows.values()), [cpu[i] for i in windows]) > spec.precision
         if self.world_size == 1:
             return more
         flag = torch.tensor([float(more)], device=self.device if self.device.type == "cuda" else "cpu")
@@ -284,19 +295,22 @@ class SideBySide:
         return dict(zip(keys, t.tolist(), strict=True))
 
 
-def rounds_done(windows: dict[int, list[float]]) -> int:
-    """Rounds every candidate with windows has timed alike."""
-    ok = [w for w in windows.values() if w]
-    return len(clean_rounds(*ok)) if ok else 0
+def rounds_done(windows: dict[int, list[float]], cpu: dict[int, list[float]] | None = None) -> int:
+    """Rounds every candidate with windows has timed alike (``cpu``: their windows' CPU seconds, which tell a
+    descheduled window from a slow one of the program's own)."""
+    ok = [i for i, w in windows.items() if w]
+    return len(clean_rounds(*(windows[i] for i in ok), cpu=[(cpu or {}).get(i) for i in ok])) if ok else 0
 
 
-def worst_half_width(windows: list[list[float]]) -> float:
+def worst_half_width(windows: list[list[float]], cpu: list[list[float]] | None = None) -> float:
     """The widest 95% half-width (of the mean log-ratio, about relative) of any candidate against the
-    fastest, over the rounds they share."""
-    series = [w for w in windows if w]
+    fastest, over the rounds they share (``cpu``: each candidate's windows' CPU seconds, aligned)."""
+    cpus = cpu if cpu is not None else [None] * len(windows)
+    pairs = [(w, c) for w, c in zip(windows, cpus, strict=True) if w]
+    series = [w for w, _ in pairs]
     if len(series) < 2:
         return 0.0
-    rounds = clean_rounds(*series)
+    rounds = clean_rounds(*series, cpu=[c for _, c in pairs])
     n = len(rounds)
     if n < 2:
         return math.inf

@@ -163,7 +163,7 @@ class Trial:
             memory_source = reset_peak_memory(self.device)
             self.timeline["memory_reset"] = time.time()
             frames_before = counters["frames"]["total"] + cudagraph_recordings()
-            window_s, window_tokens = self.time_windows(built, window_steps)
+            window_s, window_tokens, window_cpu = self.time_windows(built, window_steps)
             recompiles_timed = counters["frames"]["total"] + cudagraph_recordings() - frames_before
             if not recompiles_timed:
                 break
@@ -186,6 +186,8 @@ class Trial:
         window_s = self.reduce_max(window_s)
         warm_s = self.reduce_max(warm_s)
         step_s = [t / window_steps for t in window_s]
+        # The busiest rank's CPU seconds: a window counts as descheduled only when no rank kept working.
+        step_cpu_s = [t / window_steps for t in self.reduce_max(window_cpu)]
         s = built.steps_done
         checksums = self.param_checksums(model)
         if not all(math.isclose(c, checksums[0], rel_tol=1e-9) for c in checksums):
@@ -204,6 +206,7 @@ class Trial:
             "dynamo_compile_s": dynamo_compile_times(),
             "step_s": median_step,
             "step_s_windows": step_s,
+            "step_cpu_s_windows": step_cpu_s,
             "step_s_cv": statistics.pstdev(step_s) / statistics.fmean(step_s),
             # Half-width of the 95% interval of the mean window step time, relative (inside this process).
             "timed_precision": relative_half_width(step_s) if len(step_s) > 1 else None,
@@ -232,9 +235,10 @@ class Trial:
             "environment": environment(self.device, self.rank, spec.threads),
         }
 
-    def time_windows(self, built: Built, window_steps: int) -> tuple[list[float], list[int]]:
-        """Timed windows until :meth:`more_windows` says enough; seconds and items of each. On CUDA the
-        windows' times are read (one synchronisation) only where the next decision needs them."""
+    def time_windows(self, built: Built, window_steps: int) -> tuple[list[float], list[int], list[float]]:
+        """Timed windows until :meth:`more_windows` says enough; seconds, items and process CPU seconds of
+        each. On CUDA the windows' times are read (one synchronisation) only where the next decision needs
+        them."""
         m = self.spec.measure
         clock = WindowClock(self.device, self.sync)
         window_s: list[float] = []
@@ -251,7 +255,7 @@ class Trial:
             for w in range(len(window_s), len(resolved)):
                 self.progress("window", window=w, seconds=resolved[w], step_s=resolved[w] / window_steps)
             window_s = list(resolved)
-        return window_s, window_tokens
+        return window_s, window_tokens, list(clock.cpu_seconds)
 
     def memory(self, built: Built, warmup_peak: int, source: str) -> dict[str, Any]:
         """Peak memory of the timed part (the largest rank's), without the staged batches beyond
