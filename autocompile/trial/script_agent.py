@@ -105,11 +105,17 @@ class Agent:
                 "autocompile.apply for the whole train step")
         if kwargs.get("disable"):
             return target
+        if self.taken(target):  # prepare() took it over already, then the script's own torch.compile
+            return target
         runner = target
         if self.scope != "none":
             runner = self._compile(target, in_place)
         self.meter.watch(runner, target)
         return target if in_place else runner
+
+    def taken(self, module: nn.Module) -> bool:
+        inner = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+        return any(inner is m for m in self.meter.models)
 
     def _compile(self, module: nn.Module, in_place: bool) -> nn.Module:
         prefix = f"{len(self.meter.models)}:" if self.meter.models else ""
@@ -131,6 +137,11 @@ class Agent:
 def _caller(depth: int = 2) -> tuple[str, str]:
     frame = sys._getframe(depth)
     return frame.f_code.co_filename, f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def caller_of_prepare() -> str:
+    """``train.py:120``: where the script called ``autocompile.prepare`` (called by prepare itself)."""
+    return _caller(3)[1]
 
 
 def _ours(filename: str) -> bool:
