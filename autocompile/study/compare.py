@@ -11,6 +11,7 @@
    within processes, a random effect per process), of time to train with the cold compiles, when a
    slower-compiling candidate pays back, and a verdict in words. ``compare.json`` in the run directory.
 
+A script (``script.path``) always runs fresh-process rounds: each of its processes runs one configuration.
 Candidates that cannot share a process (:func:`sidebyside.cannot_share`, or one that failed beside the
 others) are compared in fresh-process rounds instead (one process per candidate and round, paired
 by round), and the output says which ran and why.
@@ -34,6 +35,7 @@ from autocompile.trial.launcher import launch
 from autocompile.trial.stats import paired_ratio
 
 log = logging.getLogger(__name__)
+SCRIPT_ROUNDS = "a script's process runs one configuration (its own loop holds the model): fresh-process rounds"
 
 
 def compare(settings: Settings, run_dir: Path) -> dict[str, Any]:
@@ -67,7 +69,7 @@ def timed(members: list[sidebyside.Member], settings: Settings, out: Path
           ) -> tuple[str, str, dict[str, dict[int, list[float]]]]:
     """Side by side when the members can share a process, else fresh-process rounds: (method, why, label
     -> process or round -> step times)."""
-    reason = sidebyside.cannot_share(members, settings)
+    reason = SCRIPT_ROUNDS if settings.script.given else sidebyside.cannot_share(members, settings)
     if reason is None:
         results: list[dict[str, Any]] = []
         for p in range(settings.compare.processes):
