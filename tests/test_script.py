@@ -60,6 +60,10 @@ def test_a_nanogpt_shaped_script_is_measured_with_no_line_changed(tmp_path: Path
     assert len(result["losses"]) == NEEDED  # one per optimizer step: the scalars it called backward() on
     assert result["script"]["optimizer_steps"] == NEEDED  # ended right after the timed part, not at max_iters
     assert result["script"]["compile_calls"][0]["target"] == "GPT"
+    # Peak memory read as the worker reads it: reset after the warm-up (CPU RSS cannot be, and says so).
+    timeline = result["timeline"]
+    assert timeline["warmup_done"] <= timeline["memory_reset"] <= timeline["timed_done"]
+    assert result["memory_source"].startswith("ru_maxrss") and result["warmup_peak_memory_bytes"] > 0
     if compiled:
         assert result["compiled_coverage"] == 1.0 and result["fingerprint"] != "eager:script"
         assert result["graph_count"] >= 1

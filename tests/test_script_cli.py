@@ -52,7 +52,6 @@ def test_a_script_is_the_job_and_its_path_arguments_and_source_are_the_studys_id
 @pytest.mark.parametrize(("overrides", "says"), [
     (("+model=gpt2-tiny", f"script.path={GPT}"), "both +model and script.path are given"),
     (("script.path=no_such_train.py",), "script.path='no_such_train.py' is no file"),
-    ((f"script.path={GPT}", "task=compare"), "task=compare does not take a script yet"),
     ((f"script.path={GPT}", "task=measure", "amp.dtype=bfloat16"),
      "amp.dtype='bfloat16' does not apply: it needs a job autocompile runs (a script reaches it through "
      "autocompile.apply in the script"),
@@ -98,3 +97,40 @@ def test_tune_a_script_measures_its_eager_reference_and_searches_only_what_the_a
         knobs = json.loads(trial.read_text())["knobs"]
         assert knobs["compile.scope"] in ("none", "module", "regional")
         assert (knobs["amp.dtype"], knobs["ac.policy"], knobs["optim.impl"]) == ("none", "none", "default")
+
+
+def test_compare_takes_a_script_and_its_candidates_are_script_trials() -> None:
+    from autocompile.config.script import ScriptSpec
+
+    s = settings(f"script.path={GPT}", "task=compare",
+                 'compare.candidates=["compile.scope=none","compile.scope=regional compile.backend=eager"]')
+    configs = s.candidate_configs()
+    assert [c.compile.scope for c in configs] == ["none", "regional"]
+    assert all(isinstance(s.trial_spec(c), ScriptSpec) for c in configs)
+
+
+TINY = """
+import torch
+model = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(40):
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.integration  # 4 torchrun launches of a script (30-60 s on 2 cores)
+def test_compare_a_script_in_fresh_process_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autocompile.study.compare import SCRIPT_ROUNDS, compare
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.py").write_text(TINY)
+    s = settings("script.path=tiny.py", "task=compare", "compare.processes=1", *FAST, f"output_root={tmp_path}",
+                 'compare.candidates=["compile.scope=none","compile.scope=module compile.backend=eager"]')
+    report = compare(s, tmp_path / "run")
+    assert (report["method"], report["why"]) == ("fresh_processes", SCRIPT_ROUNDS)
+    assert [row["status"] for row in report["candidates"]] == ["ok", "ok"]
+    assert len(report["pairs"]) == 1 and report["pairs"][0]["step"]["basis"] == "fresh-process rounds"
+    rounds = sorted(p.parent.name for p in (tmp_path / "run" / "compare").glob("*/round0/*/result.json"))
+    assert rounds == ["0", "1"]  # each candidate its own process in the round

@@ -360,9 +360,8 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
         launch = OmegaConf.to_object(cfg.launch)
         compare = OmegaConf.to_object(cfg.compare)
         if script.given:
-            if cfg.task == "compare":
-                raise ConfigError("task=compare does not take a script yet: use task=tune or task=measure")
-            # Side by side means several candidates in one process: a script's process runs one configuration.
+            # Side by side means several candidates in one process: a script's process runs one configuration
+            # (task=compare runs fresh-process rounds instead).
             study = dataclasses.replace(study, side_by_side=False)
         device = workload.resolved_device()
         if device == "cuda":

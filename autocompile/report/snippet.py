@@ -4,12 +4,14 @@ compile artifacts (a warm start), runnable as is on the study's synthetic data."
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
 from autocompile.config.spec import PARTS
 from autocompile.report.entry import Entry
+from autocompile.report.script_snippet import script_snippet
 from autocompile.trial.warmstart import ARTIFACTS
 
 SNIPPET = '''"""Apply the best configuration autocompile found for {model} (study {study}, trial {number}).
@@ -100,13 +102,17 @@ TEARDOWN = '''    if torch.distributed.is_initialized():
 '''
 
 
-def snippet(settings: Settings, best: Entry, space: SearchSpace, command: str | None = None) -> str:
-    """``best_config.py``: one process per GPU (LOCAL_RANK) for a multi-GPU winner, plain otherwise."""
+def snippet(settings: Settings, best: Entry, space: SearchSpace, command: str | None = None,
+            run_dir: Path | None = None) -> str:
+    """``best_config.py``: one process per GPU (LOCAL_RANK) for a multi-GPU winner, plain otherwise; for a script
+    study, the script run with the winner (:mod:`autocompile.report.script_snippet`)."""
     r, w = best.result, settings.workload
     if command is None:  # the report passes the command it already built (composing it reads every model config)
         from autocompile.config.commands import measure_command
 
         command = measure_command(settings, best.config, (r.environment or {}).get("threads"))
+    if settings.script.given:
+        return script_snippet(settings, best, command, run_dir or Path.cwd())
     distributed = w.world_size > 1
     per_gpu = distributed and settings.device == "cuda"
     setup = PER_GPU_SETUP if per_gpu else SETUP.format(backend="gloo") if distributed else "\n    world_size_ = 1"

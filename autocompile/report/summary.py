@@ -22,6 +22,7 @@ from autocompile.config.space import SearchSpace
 from autocompile.report.effects import Z95, knob_effects
 from autocompile.report.entry import Entry
 from autocompile.report.frameworks import write_framework_configs
+from autocompile.report.script_snippet import run_commands, run_entries
 from autocompile.report.snippet import snippet
 from autocompile.report.view import console as make_console
 from autocompile.study.confirm import recommended as recommended_trial
@@ -124,9 +125,9 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         horizon_steps=settings.objective.horizon_steps, stop_reason=stop_reason, wall_s=wall_s, counts=counts,
         best=best, baselines=baselines, speedups=speedups, pareto=pareto_front(complete),
         effects=verdict_effects or knob_effects(complete, compiled_programs(trials), rel_sd), run_dir=str(run_dir),
-        commands=look_commands(settings, run_dir), noise=noise.as_dict() if noise else None, confirmed=outcome,
-        verdicts=verdict_effects, recommended=recommended, recommendation_changed=changed,
-        phases_wall_s=phases_wall(trials),
+        commands=look_commands(settings, run_dir) | run_commands(settings, run_dir), confirmed=outcome,
+        noise=noise.as_dict() if noise else None, verdicts=verdict_effects, recommended=recommended,
+        recommendation_changed=changed, phases_wall_s=phases_wall(trials),
         failures=failure_groups(measured, complete),
     )
     if recommended is not None:
@@ -134,7 +135,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         report.warm_start = warm if warm and warm.get("trial") == recommended.number else None
         threads = (recommended.result.environment or {}).get("threads")
         report.measure_command = measure_command(settings, recommended.config, threads)
-        report.snippet = snippet(settings, recommended, space, report.measure_command)
+        report.snippet = snippet(settings, recommended, space, report.measure_command, run_dir)
     return report
 
 
@@ -219,7 +220,7 @@ def write_artifacts(report: Report, run_dir: Path) -> None:
          "decided_by": ("verdict phase: " + report.recommendation_changed if report.recommendation_changed else
                         "confirmation repeats" if outcome.get("winner") else "search (one measurement each)"),
          **({"conclusion": outcome["conclusion"]} if outcome.get("winner") else {}),
-         "measure_command": report.measure_command}, sort_keys=False))
+         "measure_command": report.measure_command, **run_entries(report.commands)}, sort_keys=False))
     (run_dir / "best_config.py").write_text(report.snippet)
     write_framework_configs(report, run_dir)
 

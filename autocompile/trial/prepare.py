@@ -6,8 +6,14 @@ before. A winner is named by ``best_config=`` or the ``AUTOCOMPILE_BEST_CONFIG``
 checkpointing per block, then the compile scope in place (``module``: the model's forward; ``regional``: each
 block and the rest) with the winner's mode, options, dynamic and fullgraph, and dynamo's ``optimize_ddp``.
 
-Not yet: the knobs that rebuild the optimizer (``optim.impl``) or wrap the model (DDP/FSDP2 order), and
-applying a trial's knobs inside a script study (the study does not offer them to a script yet).
+Inside a script study's trial (the agent is loaded), ``prepare`` hands the model to the agent as
+``torch.compile(model)`` would: the trial's compile knobs are applied to it in place and the meter counts its
+forward calls, so a script that calls ``prepare`` needs no ``torch.compile`` of its own (one that has both is
+taken over once). A winner named in the environment is not applied inside a trial: the trial's knobs are.
+
+Not yet: the knobs that rebuild the optimizer (``optim.impl``) or wrap the model (DDP/FSDP2 order), and the
+per-block activation checkpointing inside a trial (a script study's space offers compile knobs only, the same
+for a script that calls ``prepare`` as for one that calls ``torch.compile``).
 
 Torch only (PyYAML when a winner is read): it runs inside the user's script.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +44,11 @@ NOT_YET = {"optim.impl": "default", "parallel.strategy": "ddp", "ddp.wrap_order"
 def prepare(model: nn.Module, optimizer: Any = None, *, best_config: str | os.PathLike[str] | None = None) -> Any:
     """``(model, optimizer)``: unchanged without a winner; with one, ``model`` compiled (and checkpointed) in place
     as the winner says. Returns the same two objects either way (``model`` alone when no optimizer is given)."""
+    script_agent = sys.modules.get("autocompile.trial.script_agent")  # loaded only in a script trial's processes
+    agent = script_agent.agent() if script_agent is not None else None
+    if agent is not None:  # a trial of a script study: its knobs, not a winner's
+        agent.take_over(model, {}, script_agent.caller_of_prepare(), in_place=True)
+        return model if optimizer is None else (model, optimizer)
     path = best_config or os.environ.get(WINNER_VAR)
     if path:
         apply_winner(model, winner_knobs(Path(path)))

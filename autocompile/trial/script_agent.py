@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import runpy
 import sys
 import sysconfig
 import time
@@ -67,16 +68,19 @@ class Agent:
 
     def __init__(self, spec: ScriptSpec, trial_dir: Path) -> None:
         self.spec = spec
+        self.setup(spec.knobs, spec.device)
+        self.meter: Meter | Watched = Meter(spec, trial_dir, self, BOOT)
+
+    def setup(self, knobs: dict[str, Any], device: str) -> None:
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
-        self.config = TrialConfig.from_flat(spec.knobs, script_env(spec.device, self.world_size))
+        self.config = TrialConfig.from_flat(knobs, script_env(device, self.world_size))
         self.log = CompileLog()
         self.compile_model = Compilers(self.log, compile_kwargs(self.config.compile))("model")
         self.units: list[tuple[str, nn.Module]] = []
         self.compiled: list[str] = []
         self.calls: list[dict[str, Any]] = []
         """Every ``torch.compile`` call of the script: what it compiled, from where, with which arguments."""
-        self.meter = Meter(spec, trial_dir, self, BOOT)
 
     @property
     def scope(self) -> str:
@@ -105,11 +109,17 @@ class Agent:
                 "autocompile.apply for the whole train step")
         if kwargs.get("disable"):
             return target
+        if self.taken(target):  # prepare() took it over already, then the script's own torch.compile
+            return target
         runner = target
         if self.scope != "none":
             runner = self._compile(target, in_place)
         self.meter.watch(runner, target)
         return target if in_place else runner
+
+    def taken(self, module: nn.Module) -> bool:
+        inner = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+        return any(inner is m for m in self.meter.models)
 
     def _compile(self, module: nn.Module, in_place: bool) -> nn.Module:
         prefix = f"{len(self.meter.models)}:" if self.meter.models else ""
@@ -128,9 +138,53 @@ class Agent:
         return module
 
 
+class Watched:
+    """What a run of the winner keeps of the meter: the models the script handed over (nothing is timed)."""
+
+    def __init__(self) -> None:
+        self.models: list[nn.Module] = []
+
+    def watch(self, runner: nn.Module, model: nn.Module) -> None:
+        self.models.append(model)
+
+    def install(self) -> None:
+        pass
+
+
+class WinnerAgent(Agent):
+    """The winner's knobs applied to the script's ``torch.compile`` calls (and its ``prepare``) exactly as its
+    trial applied them, in the user's own run: no timing, no early end, no recompile-limit failure."""
+
+    def __init__(self, knobs: dict[str, Any]) -> None:
+        self.spec = None  # type: ignore[assignment]
+        self.setup(knobs, "cuda" if torch.cuda.is_available() else "cpu")
+        self.meter = Watched()
+
+    def install(self) -> None:
+        apply_optimize_ddp(self.config.ddp, self.world_size > 1)
+        torch.compile = _compile  # type: ignore[assignment]
+        nn.Module.compile = _module_compile  # type: ignore[method-assign]
+
+
+def run_winner(script: str, argv: list[str], knobs: dict[str, Any]) -> None:
+    """Run ``script`` with ``argv`` as ``python script ...`` would, its compile taken over by ``knobs`` (a
+    study's winner): what ``best_config.py`` of a script study calls, in each process torchrun starts."""
+    global _AGENT
+    _AGENT = WinnerAgent(knobs)
+    _AGENT.install()
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as python puts the script's folder first
+    runpy.run_path(script, run_name="__main__")
+
+
 def _caller(depth: int = 2) -> tuple[str, str]:
     frame = sys._getframe(depth)
     return frame.f_code.co_filename, f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def caller_of_prepare() -> str:
+    """``train.py:120``: where the script called ``autocompile.prepare`` (called by prepare itself)."""
+    return _caller(3)[1]
 
 
 def _ours(filename: str) -> bool:

@@ -33,7 +33,7 @@ from autocompile.config.script import ScriptSpec
 from autocompile.config.spec import write_json_atomic
 from autocompile.trial.build import append_progress
 from autocompile.trial.programs import NothingCompiled, PartiallyCompiled, coverage, listening
-from autocompile.trial.readings import CudaGraphsSkipped
+from autocompile.trial.readings import CudaGraphsSkipped, reset_peak_memory
 from autocompile.trial.recordings import cudagraph_recordings
 from autocompile.trial.stats import relative_half_width
 from autocompile.trial.warmstart import save_artifacts
@@ -90,6 +90,7 @@ class Meter:
         self.rewarm_s, self.rewarm_steps = 0.0, 0
         self.window: tuple[int, float, int, int, float] | None = None  # start step, clock, items, frames, CPU
         self.program: dict[str, Any] | None = None
+        self.warmup_peak, self.memory_source = 0, ""
         self.finished = False
         self._listening = listening(agent.log)
 
@@ -164,6 +165,7 @@ class Meter:
             self.progress("warmup_step", step=self.steps, seconds=self.warm_s[-1])
             if self.steps == warmup:
                 self.check_program()
+                self.reset_memory()
                 self.open_window()
             return
         assert self.window is not None
@@ -179,6 +181,12 @@ class Meter:
     def open_window(self) -> None:
         self.sync()
         self.window = (self.steps, time.perf_counter(), self.items, self.frames(), time.process_time())
+
+    def reset_memory(self) -> None:
+        """Steady-state peak memory from here, as the worker reads it: compile-time buffers of the warm-up apart."""
+        self.warmup_peak = peak_memory(self.device())
+        self.memory_source = reset_peak_memory(self.device())
+        self.timeline["memory_reset"] = time.time()
 
     def close_window(self) -> None:
         self.sync()
@@ -291,7 +299,7 @@ class Meter:
             "tokens_per_s": statistics.median(rates),
             "tokens_per_s_windows": rates,
             "throughput_unit": self.unit or "optimizer steps",
-            "peak_memory_bytes": int(self.reduce_max([float(peak_memory(device))])[0]),
+            **self.memory(device),
             "graph_count": counters["stats"]["unique_graphs"],
             "graph_breaks": sum(counters["graph_break"].values()),
             "graph_break_reasons": {short_reason(k): v for k, v in counters["graph_break"].items()},
@@ -311,6 +319,11 @@ class Meter:
             "timeline": self.timeline,
             "environment": environment(device, self.rank, torch.get_num_threads()),
         }
+
+    def memory(self, device: torch.device) -> dict[str, Any]:
+        """Peak memory of the timed part and of the warm-up (the largest rank's)."""
+        steady, warm = (int(v) for v in self.reduce_max([float(peak_memory(device)), float(self.warmup_peak)]))
+        return {"peak_memory_bytes": steady, "warmup_peak_memory_bytes": warm, "memory_source": self.memory_source}
 
     def fail(self, exc: BaseException) -> None:
         """The script raised (from its own code or from the agent's checks inside its steps): a failed result."""
