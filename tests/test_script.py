@@ -156,6 +156,30 @@ def test_a_bad_script_is_a_failed_trial_with_a_one_line_reason(tmp_path: Path, n
     assert json.loads((tmp_path / "trial" / "result.json").read_text())["failure"] == failure
 
 
+def test_one_process_runs_as_python_starts_it_and_a_budget_ending_mid_precision_keeps_its_windows(
+        tmp_path: Path) -> None:
+    """nanoGPT's train.py takes RANK as "launched by torchrun: DDP on cuda:LOCAL_RANK", so a one-process script
+    starts with plain python (``script.launcher=auto``); and a script whose steps end while the timed part
+    still chases ``measure.precision`` is measured on the windows it ran (as ``measure.max_timed_s`` would)."""
+    script = tmp_path / "single.py"
+    script.write_text(textwrap.dedent("""
+        import os, torch
+        if "RANK" in os.environ:
+            raise SystemExit("torchrun's RANK: this script would take its DDP branch")
+        model = torch.compile(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(12):
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+        """))
+    chasing = MeasureSettings(warmup_steps=2, windows=2, window_steps=2, precision=1e-9, max_timed_s=600,
+                              timeout_s=240)
+    result = run(tmp_path, script, "", {"compile.scope": "module", "compile.backend": "eager"}, measure=chasing)
+    assert result["status"] == "ok", result.get("reason")
+    assert result["windows"] == 5  # 2 warm-up steps, then 5 whole windows of 2 in the script's 12 steps
+    assert "torch.distributed.run" not in (tmp_path / "trial" / "cmd.txt").read_text()
+
+
 def test_a_hanging_script_is_killed_at_its_timeout_and_leaves_no_process(tmp_path: Path) -> None:
     script = tmp_path / "hangs_forever.py"
     script.write_text("import time\ntime.sleep(600)\n")

@@ -76,6 +76,9 @@ def script_env(device: str, world_size: int) -> Env:
     return Env.detect(device, world_size, True, None, {"script_mode": True})
 
 
+LAUNCHERS = ("auto", "torchrun")
+
+
 @dataclass
 class ScriptSettings:
     """``script.*``: the user's own training script, run as it is in every trial (no model config needed)."""
@@ -88,7 +91,14 @@ class ScriptSettings:
     The script must run at least ``measure.warmup_steps + measure.windows x measure.window_steps`` optimizer
     steps with them: the trial ends it right after the timed part."""
 
+    launcher: str = "auto"
+    """How each trial starts the script: ``auto`` runs one process with plain ``python`` (as one starts a
+    single-process script: torchrun's RANK would send a script such as nanoGPT's ``train.py`` into its DDP
+    branch) and several under torchrun; ``torchrun`` always uses torchrun (a script started with it even alone)."""
+
     def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"script.launcher={self.launcher!r} is none of {', '.join(LAUNCHERS)}")
         if self.args and not self.path:
             raise ValueError("script.args is given without script.path: name the script (script.path=train.py)")
         if self.path and not Path(self.path).is_file():
@@ -138,6 +148,11 @@ class ScriptSpec:
     def entry(self, trial_dir: Path) -> list[str]:
         """What torchrun runs in each process: the script and its arguments."""
         return [self.script.path, *self.script.argv()]
+
+    def plain_python(self) -> bool:
+        """One process started with ``python`` itself, not torchrun (``script.launcher=auto``)."""
+        return (getattr(self.script, "launcher", "auto") == "auto"
+                and self.workload.nnodes * self.workload.nproc_per_node == 1)
 
     def environment(self, trial_dir: Path, base: dict[str, str]) -> dict[str, str]:
         """The agent's variables over the launcher's ``base``: its trial, and its ``sitecustomize`` first on

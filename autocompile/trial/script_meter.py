@@ -344,6 +344,10 @@ class Meter:
         """The script ended on its own before the measurement was complete."""
         if self.finished:
             return
+        if self.program is not None and len(self.window_s) >= self.spec.measure.windows:
+            # Ended while timing windows beyond the minimum (measure.precision not reached yet): its budget
+            # ended, as measure.max_timed_s would have; the windows so far are the measurement.
+            self.finish()
         needed = self.spec.needed_steps
         if not self.steps:
             why = ("the script never stepped an optimizer (torch.optim.Optimizer.step): there are no steps to "
