@@ -4,10 +4,11 @@ For each strategy and seed, a real Optuna study with that sampler runs against t
 (``autocompile.study.replay``, any table ``scripts/program_table.py`` wrote): trials are answered from
 their configuration's row with the noise the records show (``--noise-*``; defaults and their sources:
 ``autocompile.study.replay.Noise``), pruned by the tuner's own stop rule (``--no-prune``), the
-recommendation raced by the confirmation's tie rule, and cost the row's wall time. Reported: trials and simulated wall
-time until the recommended program (the confirmation's pick among the best measured so far: ``--confirm-top``)
-is within ``--tolerance`` of the table's best time to train, and its curves (median and quartiles of the
-recommendation's regret over the seeds).
+recommendation raced by the confirmation's tie rule, and cost the row's wall time. After the trials, the
+near-miss prunes are measured once more (``--remeasure-pruned``, as ``study.remeasure_pruned``). Reported:
+trials and simulated wall time until the recommended program (the confirmation's pick among the best measured
+so far: ``--confirm-top``) is within ``--tolerance`` of the table's best time to train, and its curves (median and
+quartiles of the recommendation's regret over the seeds).
 
     python scripts/replay_search.py --table benchmarks/tables/gpt2-tiny-cpu.csv --seeds 50
 """
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from program_table import REDUCED, compose
 
+from autocompile.config.sections import StudySettings
 from autocompile.config.space import SearchSpace
 from autocompile.study.decisions import PRIOR_ALONE_NOISE
 from autocompile.study.replay import Noise, Replay, best_time_to_train, load_table, replay
@@ -100,6 +102,8 @@ def main() -> None:
                         help="the first timed window against its process (what pruning reads)")
     parser.add_argument("--processes", type=int, default=defaults.processes, help="confirmation processes")
     parser.add_argument("--no-prune", action="store_true", help="as study.prune=false")
+    parser.add_argument("--remeasure-pruned", type=int, default=StudySettings.remeasure_pruned,
+                        help="as study.remeasure_pruned: near-miss prunes measured once more after the trials")
     parser.add_argument("--tie-margin", type=float, help="objective.tie_margin (default: its default)")
     parser.add_argument("--staged-margin", type=float, default=PRIOR_ALONE_NOISE,
                         help="staged: a one-knob change is kept only when it measured better by more than this")
@@ -126,7 +130,8 @@ def main() -> None:
         started = time.time()
         curves[name] = [replay(space, table, make_sampler(name, space, seed, margin=args.staged_margin), args.trials,
                                horizon, noise, seed, confirm_top=args.confirm_top, prune=not args.no_prune,
-                               tie_margin=args.tie_margin) for seed in range(args.seeds)]
+                               tie_margin=args.tie_margin, remeasure_pruned=args.remeasure_pruned)
+                          for seed in range(args.seeds)]
         hits = [r.first_within(best_s, args.tolerance) for r in curves[name]]
         reached = [h for h in hits if h is not None]
         trials = quartiles([h[0] if h else math.inf for h in hits])
@@ -137,10 +142,16 @@ def main() -> None:
               f"{walls[1]:.1f} min ({walls[0]:.1f}-{walls[2]:.1f}); after {args.trials} trials "
               f"+{final[1]:.1f} % ({final[0]:.1f}-{final[2]:.1f}) [{time.time() - started:.0f} s to replay]")
         within = sum(r.recommended_s[-1] <= best_s * (1 + args.tolerance) for r in curves[name])
+        before = sum(r.recommended_s[args.trials - 1] <= best_s * (1 + args.tolerance) for r in curves[name])
         pruned = statistics.fmean(sum(s.name == "PRUNED" for _, s in dict(r.states).items()) for r in curves[name])
-        print(f"         after {args.trials} trials: recommendation within {args.tolerance:.0%} of the best in "
-              f"{within}/{len(curves[name])} seeds; {pruned:.1f} configurations pruned per seed (mean)")
-        for t in (5, 10, 20, 40, args.trials):
+        again = statistics.fmean(len(r.remeasured) for r in curves[name])
+        completed = statistics.fmean(sum(s.name == "COMPLETE" for _, s in r.remeasured) for r in curves[name])
+        extra = statistics.median(r.wall_s[-1] - r.wall_s[args.trials - 1] for r in curves[name]) / 60
+        print(f"         after {args.trials} trials and the re-measures: recommendation within {args.tolerance:.0%} of "
+              f"the best in {within}/{len(curves[name])} seeds ({before} before the re-measures); per seed (mean) "
+              f"{pruned:.1f} configurations pruned, {again:.1f} re-measured ({completed:.1f} completed), "
+              f"the re-measures' wall median {extra:.1f} min")
+        for t in sorted({5, 10, 20, 40, args.trials}):
             if t <= args.trials:
                 at = [r.recommended_s[t - 1] / best_s * 100 - 100 for r in curves[name]]
                 wall = statistics.median(r.wall_s[t - 1] for r in curves[name]) / 60

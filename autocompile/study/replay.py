@@ -13,7 +13,12 @@ queues the same baselines a study queues, and answers each trial from its row as
   trial so far, the prior alone noise since a search measures no configuration twice, ``k`` = the complete
   trials) is called on the events the trial's first timed window would send. A pruned trial is told
   PRUNED, never reaches the confirmation, and costs its row's whole wall time (the first window comes
-  after the warm-up, the bulk of a trial's wall time on these tables).
+  after the warm-up, the bulk of a trial's wall time on these tables). The rule's evidence (ratio, margin)
+  is kept on the trial as the tuner keeps it.
+- **Provisional prunes** (``study.remeasure_pruned``): after the ``n_trials`` trials, the near misses
+  :func:`autocompile.study.objective.near_misses` picks from the in-memory study are measured once more as
+  search trials beyond ``n_trials`` (fresh noise, their wall time counted), pruned again by the same rule
+  against the best of the whole search, or complete and reach the confirmation.
 - **Confirmation** (``study.confirm_top``): the search's best ``confirm_top`` distinct programs (by their
   noisy single measurements, distinct by fingerprint) and the eager and default-compile baselines are
   timed again in ``Noise.processes`` processes (each process a shared level, each candidate its own
@@ -41,11 +46,11 @@ import optuna
 from optuna.trial import TrialState
 
 from autocompile.config.knobs import describe
-from autocompile.config.sections import ObjectiveSettings
+from autocompile.config.sections import ObjectiveSettings, StudySettings
 from autocompile.config.space import SearchSpace, identity
 from autocompile.study.decisions import PRIOR_ALONE_NOISE, race
 from autocompile.study.intervals import CompileSpread
-from autocompile.study.objective import Objective, time_to_train
+from autocompile.study.objective import Objective, near_misses, time_to_train
 from autocompile.study.racing import Candidate, simplicity, versus
 from autocompile.study.record import Measurement, set_attrs
 from autocompile.study.tuner import queue_baselines
@@ -65,7 +70,8 @@ class Row:
     wall_s: float
     """The trial's wall seconds, process start to result: what measuring it costs a study."""
     fingerprint: str = ""
-    """The compiled program's fingerprint: the confirmation races distinct programs."""
+    """The compiled program's fingerprint: the confirmation races distinct programs (empty: a program of its
+    own, as a table without fingerprints is read)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,11 @@ class Replay:
     recommended_s: list[float] = field(default_factory=list)
     """True time to train of the configuration the study would recommend after each trial (inf: none yet)."""
     states: list[tuple[str, TrialState]] = field(default_factory=list)
-    """Each trial's configuration and how it ended (COMPLETE, PRUNED, FAIL; a repeat as its first)."""
+    """Each of the ``n_trials`` trials' configuration and how it ended (COMPLETE, PRUNED, FAIL; a repeat as its
+    first)."""
+    remeasured: list[tuple[str, TrialState]] = field(default_factory=list)
+    """The near-miss prunes measured once more after them (their wall and recommendation follow the
+    ``n_trials`` entries of ``wall_s`` and ``recommended_s``): COMPLETE (recovered) or PRUNED again."""
 
     def first_within(self, best_s: float, tolerance: float) -> tuple[int, float] | None:
         """(trials, wall seconds) until the recommendation stays within ``tolerance`` of ``best_s``; None: never."""
@@ -136,6 +146,8 @@ class Told:
     """Step and compile time its one alone process read (None: failed)."""
     confirm_steps: dict[int, float] = field(default_factory=dict)
     """Its step time in each confirmation process, drawn when it was first measured."""
+    evidence: dict[str, float] = field(default_factory=dict)
+    """Pruned: the stop rule's evidence (``ratio``, ``margin``), as the tuner records it on the trial."""
 
     def score(self, horizon: int) -> float:
         m = self.measured
@@ -153,22 +165,27 @@ def first_window_events(compile_s: float, window_step_s: float) -> list[dict[str
 
 
 def pruned_by_tuner(objective: Objective, told: dict[str, Told], compile_s: float, window_step_s: float,
-                    horizon: int) -> bool:
-    """Whether the tuner's stop rule, built as ``tuner.run_trial`` builds it, stops this trial after its first
-    window: against the best complete trial so far, the prior alone noise (a search repeats nothing, so
-    ``study_noise`` has nothing to pool), ``k`` = the complete trials."""
+                    horizon: int) -> dict[str, float] | None:
+    """The tuner's stop rule, built as ``tuner.run_trial`` builds it, after this trial's first window: against
+    the best complete trial so far, the prior alone noise (a search repeats nothing, so ``study_noise`` has
+    nothing to pool), ``k`` = the complete trials. Pruned: the rule's evidence (``ratio``, ``margin``); None:
+    it goes on."""
     scored = [(i, t.measured) for i, t in enumerate(told.values())
               if t.measured is not None and t.state == TrialState.COMPLETE]
     best = min(scored, key=lambda s: time_to_train(s[1].compile_s, s[1].step_s, horizon), default=None)
     rule = objective.stop_rule(best, None, len(scored))
-    return rule is not None and rule(first_window_events(compile_s, window_step_s), 0.0) is not None
+    if rule is None or rule(first_window_events(compile_s, window_step_s), 0.0) is None:
+        return None
+    return dict(rule.evidence)  # type: ignore[attr-defined]
 
 
 def replay(space: SearchSpace, table: dict[str, Row], sampler: optuna.samplers.BaseSampler, n_trials: int,
            horizon_steps: int, noise: Noise, seed: int, baselines: bool = True, confirm_top: int = 3,
-           prune: bool = True, tie_margin: float | None = None) -> Replay:
-    """Run ``sampler`` for ``n_trials`` trials against ``table``; noise seeded by ``seed``. ``prune``: as
-    ``study.prune``; ``tie_margin``: ``objective.tie_margin`` (None: its default)."""
+           prune: bool = True, tie_margin: float | None = None,
+           remeasure_pruned: int = StudySettings.remeasure_pruned) -> Replay:
+    """Run ``sampler`` for ``n_trials`` trials against ``table``, then measure the near-miss prunes once more;
+    noise seeded by ``seed``. ``prune``: as ``study.prune``; ``tie_margin``: ``objective.tie_margin`` (None:
+    its default); ``remeasure_pruned``: as ``study.remeasure_pruned``."""
     rng = np.random.default_rng(seed)
     settings = ObjectiveSettings(horizon_steps=horizon_steps)
     if tie_margin is not None:
@@ -182,26 +199,45 @@ def replay(space: SearchSpace, table: dict[str, Row], sampler: optuna.samplers.B
     out, wall = Replay(), 0.0
     for _ in range(n_trials):
         trial = study.ask()
-        config = space.sample(trial)
-        key = identity(config, space.env)
-        active = config.active(space.env)
-        set_attrs(trial, config=active, identity=key, name=describe(config, space.env))
-        row = table.get(key)
-        if row is None:
-            raise KeyError(f"the table has no row for {key}: was it measured on another space?")
-        if key not in told:
-            wall += row.wall_s
-            told[key] = measure(objective, told, row, active, trial.user_attrs.get("baseline"), noise, rng,
-                                horizon_steps, prune)
-        t = told[key]
-        if t.state == TrialState.COMPLETE:
-            study.tell(trial, t.score(horizon_steps))
-        else:
-            study.tell(trial, state=t.state)
+        key, state, wall = answer(study, trial, space, table, told, objective, noise, rng, prune, wall)
         out.wall_s.append(wall)
-        out.states.append((key, t.state))
+        out.states.append((key, state))
+        out.recommended_s.append(recommended(table, told, objective, confirm_top, levels))
+    # Then as ``tuner.Runner.remeasure``: the near misses queued again, each a search trial with fresh noise.
+    for t in near_misses(study.get_trials(deepcopy=False), remeasure_pruned) if prune else []:
+        study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number})
+        key, state, wall = answer(study, study.ask(), space, table, told, objective, noise, rng, prune, wall)
+        out.wall_s.append(wall)
+        out.remeasured.append((key, state))
         out.recommended_s.append(recommended(table, told, objective, confirm_top, levels))
     return out
+
+
+def answer(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, table: dict[str, Row],
+           told: dict[str, Told], objective: Objective, noise: Noise, rng: np.random.Generator, prune: bool,
+           wall: float) -> tuple[str, TrialState, float]:
+    """Answer one search trial from its row and tell the study: (its configuration, its state, the wall clock
+    after it). A configuration measured before answers with that measurement, at no cost, unless the trial
+    re-measures a near-miss prune."""
+    config = space.sample(trial)
+    key = identity(config, space.env)
+    active = config.active(space.env)
+    set_attrs(trial, config=active, identity=key, name=describe(config, space.env))
+    row = table.get(key)
+    if row is None:
+        raise KeyError(f"the table has no row for {key}: was it measured on another space?")
+    if key not in told or trial.user_attrs.get("remeasure_of") is not None:
+        wall += row.wall_s
+        told[key] = measure(objective, told, row, active, trial.user_attrs.get("baseline"), noise, rng,
+                            objective.settings.horizon_steps, prune)
+        if told[key].evidence:  # as ``measuring`` records it: what ``near_misses`` reads
+            set_attrs(trial, prune_ratio=told[key].evidence["ratio"], prune_margin=told[key].evidence["margin"])
+    t = told[key]
+    if t.state == TrialState.COMPLETE:
+        study.tell(trial, t.score(objective.settings.horizon_steps))
+    else:
+        study.tell(trial, state=t.state)
+    return key, t.state, wall
 
 
 def measure(objective: Objective, told: dict[str, Told], row: Row, config: dict[str, Any], baseline: str | None,
@@ -213,8 +249,8 @@ def measure(objective: Objective, told: dict[str, Told], row: Row, config: dict[
     compile_s = row.compile_s * math.exp(rng.normal(0.0, noise.compile))
     window = step * math.exp(rng.normal(0.0, noise.window))
     confirm = {r: row.step_s * math.exp(rng.normal(0.0, noise.confirm)) for r in range(noise.processes)}
-    if prune and baseline is None and pruned_by_tuner(objective, told, compile_s, window, horizon):
-        return Told(TrialState.PRUNED, config, baseline, row.fingerprint, confirm_steps=confirm)
+    if prune and baseline is None and (evidence := pruned_by_tuner(objective, told, compile_s, window, horizon)):
+        return Told(TrialState.PRUNED, config, baseline, row.fingerprint, confirm_steps=confirm, evidence=evidence)
     measured = Measurement(status="ok", step_s=step, compile_s=compile_s, step_s_cv=noise.window)
     return Told(TrialState.COMPLETE, config, baseline, row.fingerprint, measured, confirm)
 
@@ -226,9 +262,10 @@ def confirmation(told: dict[str, Told], confirm_top: int, horizon: int) -> list[
     chosen: list[str] = []
     programs: set[str] = set()
     for _, k in ranked:
-        if len(chosen) < confirm_top and told[k].fingerprint not in programs:
+        program = told[k].fingerprint or k
+        if len(chosen) < confirm_top and program not in programs:
             chosen.append(k)
-            programs.add(told[k].fingerprint)
+            programs.add(program)
     chosen += [k for _, k in ranked if told[k].baseline in ("eager", "compile") and k not in chosen]
     return chosen
 
