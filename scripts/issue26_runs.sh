@@ -4,6 +4,7 @@
 #
 #   bash scripts/issue26_runs.sh compares     # nanoGPT 3-way, gpt2-tiny A/A and eager vs module, 3 runs each
 #   bash scripts/issue26_runs.sh studies      # the nanoGPT 8-trial study, seeds 0 and 1
+#   bash scripts/issue26_runs.sh table        # benchmarks/tables/nanogpt-cpu.csv for scripts/replay_search.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results/cpu-2core/issue26
@@ -32,6 +33,12 @@ for part in "$@"; do
           study.n_trials=8 "study.seed=$seed" study.confirm_top=2 'study.verdicts=[compile.scope,amp.dtype]' \
           "${common[@]}" "output_root=$work/study$seed"
       done ;;
-    *) echo "unknown part $part (compares, studies)" >&2; exit 2 ;;
+    table)  # the second table: nanoGPT, whose best program is compiled; 40 configurations (ac and compiled
+            # autograd fixed off to keep it near 20 minutes)
+      bash scripts/record.sh "$out/program_table_nanogpt.txt" python scripts/program_table.py --model custom \
+        --name nanogpt --override=model._target_=examples.models.nanogpt.tiny --override=workload.batch_size=8 \
+        '--override=workload.seq_len=[128]' --override=ac.policy=none --override=compile.compiled_autograd=false \
+        --output-root "$work/table" ;;
+    *) echo "unknown part $part (compares, studies, table)" >&2; exit 2 ;;
   esac
 done

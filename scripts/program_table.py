@@ -42,7 +42,8 @@ STUDY = {"study.sampler": "every", "study.confirm_top": 0, "study.verdicts": "no
 
 def overrides(args: argparse.Namespace, n_trials: int | None = None) -> list[str]:
     found = [f"+model={args.model}", f"workload.device={args.device}", f"output_root={args.output_root}",
-             *(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in {**REDUCED, **STUDY}.items())]
+             *(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in {**REDUCED, **STUDY}.items()),
+             *args.override]
     return found + ([f"study.n_trials={n_trials}"] if n_trials else [])
 
 
@@ -89,10 +90,17 @@ def main() -> None:
     parser.add_argument("--output-root", default="runs/program_table", help="where the study runs (resumable)")
     parser.add_argument("--out", help="the CSV (default benchmarks/tables/MODEL-DEVICE.csv)")
     parser.add_argument("--export-only", action="store_true", help="write the CSV from the study as it stands")
+    parser.add_argument("--override", action="append", default=[],
+                        help="a further Hydra override: a custom model's settings, or a knob fixed to shrink the space")
+    parser.add_argument("--name", help="the table's name (default MODEL-DEVICE)")
+    parser.add_argument("--size-only", action="store_true", help="print the space's size and stop")
     args = parser.parse_args()
     args.output_root = str(Path(args.output_root).resolve())
     settings = compose(args)
     space = SearchSpace(settings.env, settings.fixed_knobs)
+    if args.size_only:
+        print(f"{space.size()} configurations")
+        return
     if not args.export_only:
         subprocess.run([sys.executable, "-m", "autocompile", *overrides(args, space.size())], cwd=ROOT, check=True)
     run_dir = Path(args.output_root) / settings.study.name
@@ -100,15 +108,16 @@ def main() -> None:
     storage = optuna.storages.JournalStorage(journal)
     study = optuna.load_study(study_name=settings.study.name, storage=storage)
     table = rows(study, space, settings.objective.horizon_steps)
-    out = Path(args.out or ROOT / "benchmarks" / "tables" / f"{args.model}-{args.device}.csv")
+    out = Path(args.out or ROOT / "benchmarks" / "tables" / f"{args.name or args.model}-{args.device}.csv")
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(table[0]))
         writer.writeheader()
         writer.writerows(table)
-    meta = {"model": args.model, "device": args.device, "fixed": REDUCED, "configurations": space.size(),
+    meta = {"model": args.model, "device": args.device, "fixed": REDUCED, "overrides": args.override,
+            "configurations": space.size(),
             "rows": len(table), "horizon_steps": settings.objective.horizon_steps,
-            "command": f"python scripts/program_table.py --model {args.model} --device {args.device}",
+            "command": " ".join(["python scripts/program_table.py", *sys.argv[1:]]),
             "study": str(run_dir), "environment": next((Measurement.from_dict(
                 TrialRecord.of(t).result.to_dict() if TrialRecord.of(t).result else {}).environment
                 for t in study.trials if TrialRecord.of(t).result), None)}

@@ -111,7 +111,8 @@ def main() -> None:
     meta = json.loads(args.table.with_suffix(".json").read_text())
     if meta["fixed"] != REDUCED:
         sys.exit(f"{args.table} was measured on the space {meta['fixed']}, not {REDUCED}: regenerate it")
-    settings = compose(argparse.Namespace(model=meta["model"], device=meta["device"], output_root="runs/program_table"))
+    settings = compose(argparse.Namespace(model=meta["model"], device=meta["device"], output_root="runs/program_table",
+                                          override=meta.get("overrides", [])))
     space = SearchSpace(settings.env, settings.fixed_knobs)
     table = load_table(args.table)
     horizon = args.horizon_steps or meta["horizon_steps"]
