@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=60, help="trials per replayed study")
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--horizon-steps", type=int, help="objective.horizon_steps (default: the table's)")
-    parser.add_argument("--confirm-top", type=int, default=3,
+    parser.add_argument("--confirm-top", type=int, default=StudySettings.confirm_top,
                         help="as study.confirm_top: 0 recommends the search's best single measurement")
     parser.add_argument("--plot", type=Path, help="a PNG of the curves")
     defaults = Noise()
