@@ -5,6 +5,7 @@
 #   bash scripts/issue26_runs.sh compares     # nanoGPT 3-way, gpt2-tiny A/A and eager vs module, 3 runs each
 #   bash scripts/issue26_runs.sh studies      # the nanoGPT 8-trial study, seeds 0 and 1
 #   bash scripts/issue26_runs.sh table        # benchmarks/tables/nanogpt-cpu.csv for scripts/replay_search.py
+#   bash scripts/issue26_runs.sh script       # issue 29: nanoGPT's own train.py tuned as it is
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results/cpu-2core/issue26
@@ -39,6 +40,14 @@ for part in "$@"; do
         --name nanogpt --override=model._target_=examples.models.nanogpt.tiny --override=workload.batch_size=8 \
         '--override=workload.seq_len=[128]' --override=ac.policy=none --override=compile.compiled_autograd=false \
         --output-root "$work/table" ;;
-    *) echo "unknown part $part (compares, studies, table)" >&2; exit 2 ;;
+    script)  # issue 29: karpathy/nanoGPT's own train.py, unchanged, tuned as a script (examples/nanogpt/README.md)
+      (cd examples/nanogpt && python make_data.py > /dev/null)
+      root=$PWD
+      (cd examples/nanogpt && bash "$root/scripts/record.sh" "$root/$out/study_nanogpt_train_py.txt" python -m autocompile \
+        script.path=train.py 'script.args="config/train_shakespeare_char.py --device=cpu --dtype=float32
+        --batch_size=8 --block_size=128 --n_layer=2 --n_head=2 --n_embd=64 --max_iters=400 --eval_interval=100000
+        --eval_iters=2 --log_interval=100000 --dropout=0.0"' study.n_trials=6 'study.verdicts=[compile.scope]' \
+        "${common[@]}" "output_root=$work/script") ;;
+    *) echo "unknown part $part (compares, studies, table, script)" >&2; exit 2 ;;
   esac
 done

@@ -1,4 +1,4 @@
-"""nanoGPT's own GPT (``nanogpt_model.py``, unchanged) at the size issue 26 measured it: a factory for
+"""nanoGPT's own GPT (``examples/nanogpt/model.py``, unchanged) at the size issue 26 measured it: a factory for
 ``+model=custom model._target_=examples.models.nanogpt.tiny``.
 
 2 layers, 2 heads, n_embd 64, 128-token context, and the 65-character vocabulary of nanoGPT's
@@ -8,7 +8,7 @@ returns ``(logits, None)`` without targets: autocompile's loss reads the logits 
 
 from __future__ import annotations
 
-from examples.models.nanogpt_model import GPT, GPTConfig
+from examples.nanogpt.model import GPT, GPTConfig
 
 
 def tiny(n_layer: int = 2, n_head: int = 2, n_embd: int = 64, block_size: int = 128, vocab_size: int = 65) -> GPT:

@@ -1,6 +1,7 @@
 # karpathy/nanoGPT model.py at commit 3adf61e154c3fe3fca428ad6bc3818b27a3b8291, unchanged below this header
-# (MIT licence: examples/models/NANOGPT_LICENSE). A model no one here wrote: issue 26's decisions are checked on it.
-# Tune it with: +model=custom model._target_=examples.models.nanogpt.tiny (examples/models/nanogpt.py)
+# (MIT licence: examples/nanogpt/LICENSE). A model no one here wrote: issue 26's decisions are checked on it.
+# Tune it with: +model=custom model._target_=examples.models.nanogpt.tiny (examples/models/nanogpt.py), or its
+# own train.py beside it as a script (examples/nanogpt/README.md).
 """
 Full definition of a GPT Language Model, all of it in this single file.
 References:
