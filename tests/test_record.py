@@ -50,7 +50,8 @@ def full_record() -> TrialRecord:
                        reason="why", duplicate_of=1, same_program_as=2, interrupted=True, retry_of=3, round=0,
                        label="compile.fullgraph=True", candidate=4, compile_s_cold=20.0, cache_from="/c", same_as="fp",
                        same_as_trial=5, knob="compile.fullgraph", value=True, reference=False, method="side_by_side",
-                       cold_trial=6, cold_run=True, compile_cache="warm")
+                       cold_trial=6, cold_run=True, compile_cache="warm", prune_ratio=1.2, prune_margin=1.1,
+                       remeasure_of=7)
 
 
 def test_a_record_round_trips_through_user_attributes_and_json() -> None:
@@ -164,6 +165,8 @@ def test_a_study_stored_before_the_record_reports_what_it_reported(settings_for:
     report = build_report(study, settings, objective, SearchSpace(settings.env, settings.fixed_knobs, False),
                           before["stop_reason"], before["wall_s"], Path(before["run_dir"]))
     now = json.loads(json.dumps(report.summary, default=str))
+    # Counts added since (near-miss prunes measured again): none in an old study.
+    assert {now["counts"].pop(k) for k in ("remeasured", "recovered")} == {0}
     for key in ("counts", "best", "baselines", "pareto", "recommended", "phases_wall_s", "failures", "measure_command"):
         assert now[key] == without_none(before[key]), key
     # What issue 26's decision rules added or reworded (Holm's family, tie margins, "±" as a 95% half-width, the
