@@ -48,7 +48,8 @@ def test_bad_input_is_one_line_naming_the_fix(args: tuple[str, ...], says: str, 
 def test_measure_one_configuration_prints_the_table(tmp_path: Path) -> None:
     result = cli("+model=gpt2-tiny", "task=measure", "compile.scope=regional", "amp.dtype=bfloat16",
                  "compile.backend=eager", "workload.seq_len=[16]", "workload.batch_size=2",
-                 "measure.windows=2", f"output_root={tmp_path}")
+                 "measure.windows=2", "measure.window_steps=2", "measure.warmup_steps=2", "measure.precision=0",
+                 f"output_root={tmp_path}")
     assert result.returncode == 0, result.stderr[-2000:]
     for row in ("tokens/s", "compile time", "transformer.h.0, transformer.h.1", "wall time"):
         assert row in result.stdout

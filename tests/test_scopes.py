@@ -63,8 +63,9 @@ def test_every_model_trains_in_every_scope_under_inductor(name: str, settings_fo
 
 def test_t5_regional_compiles_its_tied_embedding_where_it_is_called(settings_for: Compose) -> None:
     # Before: "partially_compiled: shared handed to torch.compile but ran eager" (T5 calls it as embed_tokens).
+    # Where the units are compiled is the subject, not the backend: t5-tiny's aot_eager regional run is above.
     settings = settings_for("+model=t5-tiny", *SMALL)
-    step, model, losses = run_job(settings, {"compile.scope": "regional", "compile.backend": "aot_eager"}, steps=4)
+    step, model, losses = run_job(settings, {"compile.scope": "regional", "compile.backend": "eager"}, steps=4)
     assert verify(step, model, "regional")["coverage"] == 1.0
     assert "shared" not in step.compiled
     assert {"encoder.embed_tokens", "decoder.embed_tokens", "lm_head"} <= set(step.compiled)
