@@ -37,6 +37,11 @@ def check_command_line(argv: list[str]) -> None:
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException as exc:
+        spaced = next((a for a in args if a.startswith("script.args=") and " " in a), None)
+        if spaced is not None:  # the shell passed script.args=--a=1 --b=2 on: Hydra needs the value quoted
+            value = spaced.split("=", 1)[1]
+            raise ConfigError(f"script.args={value!r} has spaces: quote the value for Hydra as well as for the "
+                              f"shell, 'script.args=\"{value}\"'") from exc
         raise ConfigError(one_line(exc)) from exc
     choices = [
         [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]

@@ -6,6 +6,7 @@
 #   bash scripts/issue26_runs.sh studies      # the nanoGPT 8-trial study, seeds 0 and 1
 #   bash scripts/issue26_runs.sh table        # benchmarks/tables/nanogpt-cpu.csv for scripts/replay_search.py
 #   bash scripts/issue26_runs.sh script       # issue 29: nanoGPT's own train.py tuned as it is
+#   bash scripts/issue26_runs.sh probe        # why a process changes speed (scripts/speed_change_probe.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results/cpu-2core/issue26
@@ -48,6 +49,11 @@ for part in "$@"; do
         --batch_size=8 --block_size=128 --n_layer=2 --n_head=2 --n_embd=64 --max_iters=400 --eval_interval=100000
         --eval_iters=2 --log_interval=100000 --dropout=0.0"' study.n_trials=6 'study.verdicts=[compile.scope]' \
         "${common[@]}" "output_root=$work/script") ;;
-    *) echo "unknown part $part (compares, studies, table, script)" >&2; exit 2 ;;
+    probe)  # why a process changes speed: the steps beside a control loop that shares nothing with them
+      for threads in 2 1; do
+        bash scripts/record.sh "$out/speed_change_probe_threads$threads.txt" python scripts/speed_change_probe.py \
+          --threads "$threads" --windows 120
+      done ;;
+    *) echo "unknown part $part (compares, studies, table, script, probe)" >&2; exit 2 ;;
   esac
 done

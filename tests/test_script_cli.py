@@ -42,7 +42,7 @@ def test_a_script_is_the_job_and_its_path_arguments_and_source_are_the_studys_id
     assert s.study.name.startswith("train_gpt-") and s.study.name.endswith("-ws1-cpu")
     assert settings(f"script.path={GPT}", "script.args='--max_iters=200'").study.name != s.study.name
     identity = s.measured_on()
-    assert identity["script"] == {"path": GPT, "args": "--max_iters=100"} and len(identity["script_code"]) == 16
+    assert identity["script"] == {"path": GPT, "args": "--max_iters=100", "launcher": "auto"} and len(identity["script_code"]) == 16
     assert "model" not in identity
     spec = s.trial_spec(TrialConfig.from_flat({"compile.scope": "regional"}, s.env))
     assert isinstance(spec, ScriptSpec) and spec.script.argv() == ["--max_iters=100"]
@@ -63,6 +63,17 @@ def test_a_script_setting_that_cannot_run_is_one_error_naming_the_fix(overrides:
     with pytest.raises(ConfigError) as caught:
         settings(*overrides)
     assert says in str(caught.value)
+
+
+def test_script_args_with_spaces_unquoted_for_hydra_is_one_error_naming_the_quotes() -> None:
+    from autocompile.app import check_command_line
+    from autocompile.config.settings import ConfigError
+
+    with pytest.raises(ConfigError) as caught:  # what the shell hands on from script.args='--a=1 --b=2'
+        check_command_line([f"script.path={GPT}", "script.args=--max_iters=100 --batch_size=4"])
+    assert str(caught.value) == ("script.args='--max_iters=100 --batch_size=4' has spaces: quote the value for Hydra "
+                                 "as well as for the shell, 'script.args=\"--max_iters=100 --batch_size=4\"'")
+    check_command_line([f"script.path={GPT}", 'script.args="--max_iters=100 --batch_size=4"', "task=measure"])
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

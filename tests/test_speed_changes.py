@@ -84,7 +84,7 @@ def test_the_confirmation_names_a_candidate_that_changed_speed_within_a_process(
     outcome = confirmed(study, Objective(ObjectiveSettings(kind="throughput")))
     assert [line.split(" (")[0] for line in outcome["speed_changes"]] == [
         "eager changed speed within process 0 at window 6", "eager changed speed within process 1 at window 6"]
-    assert outcome["speed_changes"][0] in outcome["conclusion"] and "the program's own" in outcome["conclusion"]
+    assert outcome["speed_changes"][0] in outcome["conclusion"] and "CPU time moved with it" in outcome["conclusion"]
 
 
 def test_a_verdict_names_a_neighbour_that_changed_speed_within_a_process() -> None:
@@ -146,7 +146,7 @@ def test_cpu_time_says_whose_the_change_is() -> None:
     wall = series(rng, 22, 0.03, 6, 21 / 12)
     own = change_point(wall, [1.9 * w for w in wall])
     waited = change_point(wall, [1.9 * 0.012] * 22)
-    assert own is not None and own.cpu_kept_pace is True and "the program's own" in own.text("eager", "process 0")
+    assert own is not None and own.cpu_kept_pace is True and "CPU time moved with it" in own.text("eager", "process 0")
     assert waited is not None and waited.cpu_kept_pace is False and "waited for the cores" in waited.text("a", "b")
 
 
@@ -184,6 +184,6 @@ def test_the_compare_names_a_change_of_speed_and_a_ratio_alone_contradicts(setti
     print_comparison({**report, "run_dir": "/tmp/x"})
     out = " ".join(capsys.readouterr().out.split())
     assert "0: none changed speed within process 0 at window 6 (from" in out
-    assert "CPU time grew with it: the program's own" in out
+    assert "CPU time moved with it: the program's work or the machine's speed" in out
     assert "1: regional vs 0: none: 1: regional: side by side" in out and ", but alone +72.7%" in out
     assert "time to train 10,000 steps not stated" in out

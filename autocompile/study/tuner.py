@@ -38,6 +38,7 @@ from autocompile.study.shared import (
     check_measured_on,
     counted,
     feasible,
+    file_lock,
     find_measured,
     measured_trials,
     open_study,
@@ -193,11 +194,12 @@ class Runner:
 
     def remeasure(self, slots: list[Resources], view: LiveView) -> None:
         """The near-miss prunes (``objective.near_misses``) measured once more, as search trials beyond n_trials."""
-        picked = near_misses(self.study.get_trials(deepcopy=False), self.settings.study.remeasure_pruned)
+        with file_lock(self.run_dir / "remeasure.lock"):  # tuners of one study ending together pick once
+            picked = near_misses(self.study.get_trials(deepcopy=False), self.settings.study.remeasure_pruned)
+            for t in picked:
+                self.study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number})
         if not picked:
             return
-        for t in picked:
-            self.study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number})
         log.info("measuring %d near-miss prune(s) once more (a prune is one noisy window): %s", len(picked),
                  "; ".join(f"trial {t.number} ({TrialRecord.of(t).name}, {TrialRecord.of(t).prune_ratio - 1:+.0%} "
                            f"over the best, margin {TrialRecord.of(t).prune_margin - 1:.0%})" for t in picked))

@@ -182,7 +182,7 @@ class ChangePoint:
     def text(self, who: str, where: str, scale: float = 1e3, unit: str = "ms") -> str:
         """``X changed speed within process P at window k (from a to b ms, ...)``, one line (``where``:
         ``process P``)."""
-        why = {True: "; CPU time grew with it: the program's own, not descheduled",
+        why = {True: "; CPU time moved with it: the program's work or the machine's speed, not a wait for the cores",
                False: "; CPU time did not: the process waited for the cores", None: ""}[self.cpu_kept_pace]
         return (f"{who} changed speed within {where} at window {self.at} (from "
                 f"{self.before_s * scale:.2f} to {self.after_s * scale:.2f} {unit}, {self.change:+.0%}{why})")
@@ -217,5 +217,8 @@ def change_point(windows: Sequence[float], cpu: Sequence[float] | None = None) -
     if cpu is not None and len(cpu) == n and min(cpu) > 0:
         ratio = [c / w for c, w in zip(cpu, windows, strict=True)]
         before, after = statistics.median(ratio[:k]), statistics.median(ratio[k:])
-        kept = after * STALL >= before  # the descheduled rule's margin: CPU/wall fell by less than STALL
+        # The descheduled rule's margin, either way: the slow side's CPU/wall ratio is not STALL x under the fast
+        # side's (a speed-up can end a descheduled stretch as a slow-down can start one).
+        slow, fast = (after, before) if m2 > m1 else (before, after)
+        kept = slow * STALL >= fast
     return ChangePoint(k, math.exp(m1), math.exp(m2), shift / sd if sd > 0 else math.inf, kept)
