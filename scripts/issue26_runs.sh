@@ -7,6 +7,8 @@
 #   bash scripts/issue26_runs.sh table        # benchmarks/tables/nanogpt-cpu.csv for scripts/replay_search.py
 #   bash scripts/issue26_runs.sh script       # issue 29: nanoGPT's own train.py tuned as it is
 #   bash scripts/issue26_runs.sh probe        # why a process changes speed (scripts/speed_change_probe.py)
+#   bash scripts/issue26_runs.sh compares7    # the gpt2-tiny pair and A/A again with compare.processes=7
+#   bash scripts/issue26_runs.sh staged       # issue 16's staged study, seeds 0, 1, 2, under the new rules
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results/cpu-2core/issue26
@@ -29,6 +31,21 @@ for part in "$@"; do
           +model=gpt2-tiny task=compare 'compare.candidates=["compile.scope=none","compile.scope=module"]' \
           "${common[@]}" "output_root=$work/em$run"
       done ;;
+    compares7)  # 7 processes instead of 5: the machine's speed changes make processes disagree (probe)
+      for run in 1 2 3; do
+        bash scripts/record.sh "$out/compare7_aa_gpt2-tiny_run$run.txt" python -m autocompile +model=gpt2-tiny \
+          task=compare 'compare.candidates=["compile.scope=module","compile.scope=module"]' compare.processes=7 \
+          "${common[@]}" "output_root=$work/aa7$run"
+        bash scripts/record.sh "$out/compare7_eager_vs_module_gpt2-tiny_run$run.txt" python -m autocompile \
+          +model=gpt2-tiny task=compare 'compare.candidates=["compile.scope=none","compile.scope=module"]' \
+          compare.processes=7 "${common[@]}" "output_root=$work/em7$run"
+      done ;;
+    staged)  # issue 16's command as it ran then (MLflow on), for the wall time before and after
+      for seed in 0 1 2; do
+        bash scripts/record.sh "$out/study_gpt2-tiny_staged_seed$seed.txt" python -m autocompile +model=gpt2-tiny \
+          study.n_trials=8 study.confirm_top=2 study.repeats=3 "study.seed=$seed" \
+          "output_root=$work/staged$seed"
+      done ;;
     studies)
       for seed in 0 1; do
         bash scripts/record.sh "$out/study_nanogpt_seed$seed.txt" python -m autocompile "${nanogpt[@]}" \
@@ -44,16 +61,17 @@ for part in "$@"; do
     script)  # issue 29: karpathy/nanoGPT's own train.py, unchanged, tuned as a script (examples/nanogpt/README.md)
       (cd examples/nanogpt && python make_data.py > /dev/null)
       root=$PWD
+      args="config/train_shakespeare_char.py --device=cpu --dtype=float32 --batch_size=8 --block_size=128"
+      args+=" --n_layer=2 --n_head=2 --n_embd=64 --max_iters=400 --eval_interval=100000 --eval_iters=2"
+      args+=" --log_interval=100000 --dropout=0.0"
       (cd examples/nanogpt && bash "$root/scripts/record.sh" "$root/$out/study_nanogpt_train_py.txt" python -m autocompile \
-        script.path=train.py 'script.args="config/train_shakespeare_char.py --device=cpu --dtype=float32
-        --batch_size=8 --block_size=128 --n_layer=2 --n_head=2 --n_embd=64 --max_iters=400 --eval_interval=100000
-        --eval_iters=2 --log_interval=100000 --dropout=0.0"' study.n_trials=6 'study.verdicts=[compile.scope]' \
+        script.path=train.py "script.args=\"$args\"" study.n_trials=6 'study.verdicts=[compile.scope]' \
         "${common[@]}" "output_root=$work/script") ;;
     probe)  # why a process changes speed: the steps beside a control loop that shares nothing with them
       for threads in 2 1; do
         bash scripts/record.sh "$out/speed_change_probe_threads$threads.txt" python scripts/speed_change_probe.py \
           --threads "$threads" --windows 120
       done ;;
-    *) echo "unknown part $part (compares, studies, table, script, probe)" >&2; exit 2 ;;
+    *) echo "unknown part $part (compares, compares7, staged, studies, table, script, probe)" >&2; exit 2 ;;
   esac
 done

@@ -2,7 +2,7 @@
 configuration, as Markdown under ``docs/reference/``.
 
 A page written by hand drifts from the code it describes (the README once said ``compare.processes`` was 3
-where the default was 5); these are generated, and ``tests/test_reference_pages.py`` fails when a page on
+where the default was 5); these are generated, and ``tests/test_docs.py`` fails when a page on
 disk differs from what the code writes now. Regenerate with::
 
     python -m autocompile.config.reference          # writes docs/reference/knobs.md and settings.md
@@ -145,7 +145,7 @@ def stale(directory: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--dir", type=Path, default=Path("docs/reference"))
     parser.add_argument("--check", action="store_true", help="exit 1 when a page is stale, write nothing")
     args = parser.parse_args(argv)
