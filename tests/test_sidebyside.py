@@ -211,3 +211,37 @@ def test_a_candidate_left_alone_beside_failed_neighbours_is_told_not_timed() -> 
     assert failure(timed, result, shared) is None
     assert failure(timed, {"status": "failed", "failure": "timeout", "reason": "killed"}, shared) == {
         "failure": "timeout", "reason": "killed"}
+
+
+@pytest.mark.parametrize("programs", [1, 12])
+def test_candidates_sharing_a_process_each_get_the_recompile_budget_they_would_have_alone(programs: int) -> None:
+    """Twelve compiled verdict neighbours share the model's code objects; dynamo's limit (8 entries per code
+    object) failed the ninth with FailOnRecompileLimitHit beside the others, never alone."""
+    import torch
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    from autocompile.trial.build import start_process
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    def backend(i: int):  # a distinct program per candidate: its own cache entry on step's code object
+        return lambda gm, _: gm.forward
+
+    threads = torch.get_num_threads()
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(recompile_limit=8, accumulated_recompile_limit=256,
+                                        fail_on_recompile_limit_hit=False):
+            start_process(threads, torch.device("cpu"), 1, programs=programs)
+            compiled = [torch.compile(step, backend=backend(i)) for i in range(12)]
+            if programs == 1:
+                for fn in compiled[:8]:
+                    fn(torch.ones(3))
+                with pytest.raises(FailOnRecompileLimitHit):
+                    compiled[8](torch.ones(3))
+            else:
+                assert all(torch.equal(fn(torch.ones(3)), torch.full((3,), 3.0)) for fn in compiled)
+    finally:
+        torch._dynamo.reset()
+        torch.set_num_threads(threads)

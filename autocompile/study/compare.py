@@ -130,7 +130,7 @@ def alone_disagrees(step: Paired, alone: tuple[float, float], names: tuple[str, 
     half = 1.96 * math.sqrt(2 * alone_cv**2 + step.log_se**2)
     if abs(apart) <= half:
         return None
-    return (f"{names[1]}: side by side {step.change:+.1%}, but alone {b / a - 1:+.1%} (one cold run each; they "
+    return (f"{names[1]}: side by side {step.text()}, but alone {b / a - 1:+.1%} (one cold run each; they "
             f"should agree within about +-{math.expm1(half):.0%}): a candidate's speed depends on its process, so "
             "neither ratio is the answer")
 

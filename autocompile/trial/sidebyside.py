@@ -109,7 +109,8 @@ class SideBySide:
     def run(self) -> dict[str, Any]:
         spec = self.spec
         first = spec.candidates[0]
-        self.device = start_process(spec.threads, self.device, self.world_size, first.workload.float32_matmul_precision)
+        self.device = start_process(spec.threads, self.device, self.world_size, first.workload.float32_matmul_precision,
+                                    programs=len(spec.candidates))
         env = Env.detect(self.device.type, self.world_size, first.workload.shapes_vary)
         outcome: dict[int, dict[str, Any]] = {}
         alive: dict[int, Built] = {}
