@@ -30,7 +30,7 @@ from autocompile.study.confirm import (
 from autocompile.study.objective import Objective
 from autocompile.study.racing import phase_trials, step_time
 from autocompile.study.record import TrialRecord, set_attrs, user_attrs
-from autocompile.study.shared import owner
+from autocompile.study.shared import interrupted, owner
 from autocompile.study.together import MeasureTogether, cold_of, method, set_method
 
 log = logging.getLogger(__name__)
@@ -102,18 +102,28 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
         return True  # every neighbour is the winner's program or failed: the verdicts say so
     plan = [Slot("verdict", r, m.label, m.params, dict(m.attrs))
             for r in range(settings.compare.processes) for m in members]
-    why = why_apart(study, members, settings) or run_together(study, plan, measure, together)
+    why = why_apart(study, members, settings) or run_together(study, plan, measure, together, drop_failed=True)
     if why:
         set_method(study, "verdict", "fresh_processes", why)
         return False
     return True
 
 
-def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, together: MeasureTogether) -> str | None:
+def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, together: MeasureTogether,
+                 drop_failed: bool = False) -> str | None:
     """Each round of ``plan`` in one side-by-side process (a resumed study skips the rounds it has).
-    Returns why the candidates could not share a process, or None."""
+    Returns why the candidates could not share a process, or None.
+
+    ``drop_failed`` (verdicts): a candidate that failed beside the others leaves the later rounds and its verdict
+    says why, while the winner and the rest stay side by side (a compiled winner's twelve neighbours otherwise
+    all fell back to fresh processes, ±30-100 % instead of ±2 %, for one that could not share). Without it, or
+    when the winner failed or fewer than two are left, the first failure returns its reason."""
     for r in sorted({slot.round for slot in plan}):
-        slots = [slot for slot in plan if slot.round == r and not slot_done(study, slot.key())]
+        dropped = failed_beside(study, plan[0].phase) if drop_failed else set()
+        slots = [slot for slot in plan if slot.round == r and not slot_done(study, slot.key())
+                 and slot.label not in dropped]
+        if len({slot.label for slot in plan if slot.label not in dropped}) < 2:
+            return f"{', '.join(sorted(dropped))} failed beside the others"
         if not slots:
             continue
         keys = {slot.key() for slot in slots}
@@ -137,8 +147,20 @@ def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, togeth
                 measure(trial)  # another queued trial (one an interruption queued again): measured alone
         why = together([trials[slot.key()] for slot in slots])
         if why:
-            return why
+            failed = failed_beside(study, plan[0].phase) & {slot.label for slot in slots}
+            if not drop_failed or "winner" in failed or len(slots) - len(failed) < 2:
+                return why
+            log.warning("%s round %d: %s failed beside the others (%s); their verdicts say so, the rest stay side "
+                        "by side", plan[0].phase, r, ", ".join(sorted(failed)), why)
     return None
+
+
+def failed_beside(study: optuna.Study, phase: str) -> set[str]:
+    """Labels of ``phase``'s side-by-side repeats that ran and measured nothing (failed beside the others)."""
+    return {rec.label for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
+                                                                        TrialState.PRUNED))
+            if (rec := TrialRecord.of(t)).phase == phase and rec.method == "side_by_side" and rec.round >= 0
+            and not rec.measured.ok and not interrupted(t)}
 
 
 def together_or_fresh(study: optuna.Study, phase: str, plan: list[Slot], settings: Settings, measure: Measure,

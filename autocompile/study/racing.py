@@ -308,6 +308,11 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
             continue
         rounds = [(t, a) for t, a in runs if not a.cold_run]
         steps = {a.round: s for t, a in rounds if (s := step_time(t)) is not None}
+        if rounds and not steps and not (bad := rounds[0][1].measured).ok:  # it could not run beside the winner
+            effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 0, True, basis="verdict",
+                                  failure=f"not timed beside the winner ({bad.failure or bad.status}: "
+                                          f"{(bad.reason or '')[:160]}); task=compare can time the two alone"))
+            continue
         windows = {a.round: a.measured.step_s_windows for t, a in rounds
                    if a.method == "side_by_side" and step_time(t) is not None}
         cpu = {a.round: a.measured.step_cpu_s_windows for _, a in rounds
