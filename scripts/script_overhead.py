@@ -9,8 +9,8 @@ own start-up to its first forward, warm-up, timed windows, teardown to exit) and
     python scripts/script_overhead.py                     # examples/scripts/train_gpt.py, 3 repeats
     python scripts/script_overhead.py --script examples/scripts/train_hf.py --args "--no-compile"
 
-The per-trial overhead is what the trial adds around the script: process start to the agent, the agent's
-imports and the teardown; the whole command's wall time adds the tuner's own start-up once per study.
+The per-trial overhead is the trial's wall time less the plain script's over the same steps; the whole
+command's wall time adds the tuner's own start-up, once per study.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def run_trial(script: str, args: str, root: Path) -> tuple[float, dict]:
     started = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True)
     command_s = time.perf_counter() - started
-    (result_file,) = sorted(root.glob("*/trials/*/result.json"))
+    (result_file,) = sorted(root.glob("**/result.json"))
     return command_s, json.loads(result_file.read_text())
 
 
@@ -70,11 +70,14 @@ def main() -> int:
     for key in rows[0]:
         print(f"  {key:<20} {statistics.median(r[key] for r in rows):8.2f}")
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    print(f"\nper-trial overhead (process start + agent imports + teardown): {med['added_s']:.2f} s, against the "
-          f"script's own start-up {med['overhead_build_s']:.2f} s; the trial's wall {med['trial_wall_s']:.2f} s "
-          f"against {med['plain_s']:.2f} s for the plain script over the same {med['steps']:.0f} steps "
-          f"({med['trial_wall_s'] - med['plain_s']:+.2f} s); the whole command {med['command_s']:.2f} s "
-          f"(the tuner's own start-up once per study: {med['command_s'] - med['trial_wall_s']:.2f} s)")
+    extra = [r["trial_wall_s"] - r["plain_s"] for r in rows]
+    print(f"\nper-trial overhead: the trial's wall less the plain script's over the same optimizer steps, per "
+          f"repeat {', '.join(f'{x:+.2f}' for x in extra)} s (median {statistics.median(extra):+.2f} s); in the "
+          f"trial's timeline, process start to the agent {med['overhead_start_s']:.2f} s, the agent's imports "
+          f"{med['overhead_imports_s']:.2f} s (torch's among them, which the script then finds loaded), the "
+          f"script's own start-up to its first forward {med['overhead_build_s']:.2f} s, teardown "
+          f"{med['teardown_s']:.2f} s; the tuner's own start-up, once per study: "
+          f"{med['command_s'] - med['trial_wall_s']:.2f} s")
     return 0
 
 
