@@ -44,7 +44,8 @@ def test_real_inductor_study_of_8_trials_recommends_and_writes_a_working_snippet
         assert words in run.stdout
     run_dir = next(tmp_path.glob("*/summary.json")).parent
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["counts"]["trials"] == 8 and summary["best"] is not None
+    counts = summary["counts"]  # near-miss prunes measured once more come on top of study.n_trials
+    assert counts["trials"] - counts["remeasured"] == 8 and counts["remeasured"] <= 2 and summary["best"] is not None
     spec = importlib.util.spec_from_file_location("best_config", run_dir / "best_config.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
