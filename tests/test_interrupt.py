@@ -159,14 +159,16 @@ def test_a_set_interrupt_kills_a_running_trial_and_starts_no_other(tmp_path: Pat
     assert not (tmp_path / "later").exists()
 
 
-def replay_cache(cmd_txt: Path, cmd: list[str]) -> str:
-    """Run cmd.txt's replay line with the trial command swapped for one that prints the cache it got."""
+def replay_cache(cmd_txt: Path, cmd: list[str], tmpdir: Path) -> str:
+    """Run cmd.txt's replay line with the trial command swapped for one that prints the cache it got (its
+    ``mktemp -d`` under ``tmpdir``, so the test leaves nothing in the system's temporary directory)."""
     line = cmd_txt.read_text().splitlines()[0]
     assert shlex.join(cmd) in line
     show = shlex.join([sys.executable, "-c", "import os; print(os.environ['TORCHINDUCTOR_CACHE_DIR'], "
                        "os.environ['TRITON_CACHE_DIR'])"])
+    tmpdir.mkdir(exist_ok=True)
     out = subprocess.run(["bash", "-c", line.replace(shlex.join(cmd), show)], capture_output=True, text=True,
-                         check=True).stdout.split()
+                         check=True, env={**os.environ, "TMPDIR": str(tmpdir)}).stdout.split()
     return out[0] if out[1] == os.path.join(out[0], "triton") else f"mismatch: {out}"
 
 
@@ -176,13 +178,14 @@ def test_a_cold_trial_replays_cold_and_a_warm_one_with_the_shared_cache(tmp_path
     kept = extra["TORCHINDUCTOR_CACHE_DIR"]
     assert kept == str((tmp_path / "cold" / "inductor_cache").resolve())  # the trial itself keeps its cache
     assert kept not in (tmp_path / "cold" / "cmd.txt").read_text()
-    first, second = replay_cache(tmp_path / "cold" / "cmd.txt", cmd), replay_cache(tmp_path / "cold" / "cmd.txt", cmd)
+    replays = tmp_path / "replays"
+    first, second = (replay_cache(tmp_path / "cold" / "cmd.txt", cmd, replays) for _ in range(2))
     assert first != second and not os.listdir(first)  # a new, empty cache at every replay
-    assert not first.startswith(str(tmp_path))
+    assert first.startswith(str(replays)) and not first.startswith(str(tmp_path / "cold"))
 
     warm = tmp_path / "warm_cache"
     cmd, _ = prepare(tmp_path / "warm", spec, cache_dir=warm)
-    assert replay_cache(tmp_path / "warm" / "cmd.txt", cmd) == str(warm.resolve())
+    assert replay_cache(tmp_path / "warm" / "cmd.txt", cmd, tmp_path / "replays") == str(warm.resolve())
 
 
 def test_the_child_sets_its_parent_death_signal_without_loading_a_library(monkeypatch: pytest.MonkeyPatch) -> None:
