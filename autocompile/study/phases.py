@@ -150,8 +150,7 @@ def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, togeth
             failed = failed_beside(study, plan[0].phase) & {slot.label for slot in slots}
             if not drop_failed or "winner" in failed or len(slots) - len(failed) < 2:
                 return why
-            log.warning("%s round %d: %s failed beside the others (%s); their verdicts say so, the rest stay side "
-                        "by side", plan[0].phase, r, ", ".join(sorted(failed)), why)
+            log.warning("%s round %d: %s; its verdict says so, the rest stay side by side", plan[0].phase, r, why)
     return None
 
 
