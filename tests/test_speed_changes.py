@@ -187,3 +187,20 @@ def test_the_compare_names_a_change_of_speed_and_a_ratio_alone_contradicts(setti
     assert "CPU time moved with it: the program's work or the machine's speed" in out
     assert "1: regional vs 0: none: 1: regional: side by side" in out and ", but alone +72.7%" in out
     assert "time to train 10,000 steps not stated" in out
+
+
+def test_the_alone_check_widens_to_the_spread_its_own_processes_measured() -> None:
+    from autocompile.study.compare import ALONE_CV, alone_disagrees, process_spread
+    from autocompile.study.intervals import Paired
+
+    steady = {"a": {p: [0.010] * 12 for p in range(5)}, "b": {p: [0.009] * 12 for p in range(5)}}
+    assert process_spread(steady) == pytest.approx(0.0) and process_spread({"a": {0: [1.0], 1: [2.0]}}) is None
+    # processes of one run 14 to 25 ms apart, as compare7 run 3 of issue 26 saw: one cold run each is that noisy
+    moving = {"a": {p: [ms / 1000] * 12 for p, ms in enumerate((14, 16, 25, 19, 15, 22, 17))},
+              "b": {p: [0.86 * ms / 1000] * 12 for p, ms in enumerate((14, 16, 25, 19, 15, 22, 17))}}
+    spread = process_spread(moving)
+    assert spread is not None and spread > 2 * ALONE_CV
+    step = Paired(-0.14, -0.16, -0.12, 200, 7, "windows", None, 0.012, 6)
+    names = ("0: none", "1: module")
+    assert alone_disagrees(step, (0.0150, 0.0178), names) is not None  # +18.6 % alone beyond the prior's noise
+    assert alone_disagrees(step, (0.0150, 0.0178), names, max(ALONE_CV, spread)) is None  # within what it measured

@@ -22,11 +22,12 @@ class CompareSettings:
     candidates: list[str] = field(default_factory=list)
     """``task=compare``: one string of space-separated knob overrides per candidate; the first is the one
     every other is compared against. ``["compile.scope=none", "compile.scope=module"]``."""
-    processes: int = 5
+    processes: int = 7
     """Fresh processes per comparison, in ``task=compare`` and in the study's phases (build and window
     order rotated in each): differences between processes widen the interval, so they are measured, not
     assumed away. They dominate once a process has timed a few dozen windows, so more, shorter processes
-    narrow the interval more than longer ones (gpt2-tiny on 2 cores: processes disagree by about 1.4%)."""
+    narrow the interval more than longer ones (gpt2-tiny on 2 cores, three A/A runs each: 5 processes
+    within +-2.4 %, 7 within +-1.1 %, in the same wall time; issue 26's compare7 records)."""
     window_steps: int = 10
     """Steps per timed window."""
     min_rounds: int = 12

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,10 @@ log = logging.getLogger(__name__)
 SCRIPT_ROUNDS = "a script's process runs one configuration (its own loop holds the model): fresh-process rounds"
 
 ALONE_CV = 0.086
-"""Relative sd of one candidate's step time across fresh processes alone, for comparing the cold runs' ratio
-with the side-by-side one (a compare runs each candidate alone once, so it cannot measure it): the largest the
-studies' records show (6.7-8.6 %, issue 26)."""
+"""Least relative sd of one candidate's step time across fresh processes alone, for comparing the cold runs'
+ratio with the side-by-side one: the largest the studies' records show (6.7-8.6 %, issue 26). A compare runs
+each candidate alone once, so it takes the larger of this and the spread its side-by-side processes measured
+(``process_spread``): on a day the machine changes speed between processes, one cold run each is that noisy."""
 PerProcess = dict[str, dict[int, list[float]]]
 
 
@@ -118,6 +120,17 @@ def pair(base: dict[int, list[float]], other: dict[int, list[float]], method: st
                   se, df)
 
 
+def process_spread(per: PerProcess) -> float | None:
+    """The largest relative sd, over candidates, of a candidate's median step time from one side-by-side
+    process to the next (each process a fresh start, as a cold run alone is); None under three processes."""
+    spreads = []
+    for by_process in per.values():
+        logs = [math.log(statistics.median(v)) for v in by_process.values() if v]
+        if len(logs) >= 3:
+            spreads.append(math.expm1(statistics.stdev(logs)))
+    return max(spreads) if spreads else None
+
+
 def alone_disagrees(step: Paired, alone: tuple[float, float], names: tuple[str, str],
                     alone_cv: float = ALONE_CV) -> str | None:
     """One line when the side-by-side ratio ``step`` (``b / a``) and the ratio of the candidates' cold runs
@@ -151,6 +164,7 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
                      "throughput_unit": m.cold.get("throughput_unit", "tokens"), "cold_trial": m.cold.get("trial_dir")})
     pairs = []
     base = rows[0]
+    alone_cv = max(ALONE_CV, process_spread(per) or 0.0)
     horizon = settings.objective.horizon_steps
     for b, row in enumerate(rows[1:], start=1):
         a_steps, b_steps = per.get(base["label"]), per.get(row["label"])
@@ -165,7 +179,7 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
         pays = break_even(step, a, bb, (base["label"], row["label"]))
         shared = base["cold_trial"] is not None and base["cold_trial"] == row["cold_trial"]  # A/A: alone is 1
         apart = None if shared or method != "side_by_side" else alone_disagrees(
-            step, (base["step_s_alone"], row["step_s_alone"]), (base["label"], row["label"]))
+            step, (base["step_s_alone"], row["step_s_alone"]), (base["label"], row["label"]), alone_cv)
         pairs.append({"a": 0, "b": b, "change": step.change, "low": step.low, "high": step.high,
                       "measurable": step.measurable, "step": step.as_dict(), "time_to_train": ttt.as_dict(),
                       "horizon_steps": horizon, "break_even": pays, "alone_agrees": apart is None,
@@ -184,7 +198,7 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
             "model": ("log window step time = candidate + process effect + window noise; windows paired within "
                       "rounds, a random effect per process (see docs/measuring.md)") if method == "side_by_side" else
             "one fresh process per candidate and round, paired by round",
-            "candidates": rows, "pairs": pairs, "wall_s": walls, "speed_changes": changes,
+            "candidates": rows, "pairs": pairs, "alone_cv": alone_cv, "wall_s": walls, "speed_changes": changes,
             "failed": [{"label": m.label, "reason": m.cold.get("reason")} for m in failed]}
 
 

@@ -93,8 +93,9 @@ class Noise:
     window: float = 0.06
     """The first timed window against the process's step time (what pruning reads): the window CV of
     bench_trial_gpt2-tiny*.txt, medians 5.7-7.9 %."""
-    processes: int = 5
-    """Processes of the side-by-side confirmation (``compare.processes``)."""
+    processes: int = 7
+    """Processes of the side-by-side confirmation (``compare.processes``, default 7; the replays recorded
+    before that default ran with 5)."""
 
 
 @dataclass
