@@ -9,6 +9,8 @@
 #   bash scripts/issue26_runs.sh probe        # why a process changes speed (scripts/speed_change_probe.py)
 #   bash scripts/issue26_runs.sh compares7    # the gpt2-tiny pair and A/A again with compare.processes=7
 #   bash scripts/issue26_runs.sh staged       # issue 16's staged study, seeds 0, 1, 2, under the new rules
+#   bash scripts/issue26_runs.sh default7     # the compares (nanoGPT, gpt2-tiny eager vs module) and the staged
+#                                             # seeds again at the defaults of 7 processes and the measured alone check
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results/cpu-2core/issue26
@@ -72,6 +74,22 @@ for part in "$@"; do
         bash scripts/record.sh "$out/speed_change_probe_threads$threads.txt" python scripts/speed_change_probe.py \
           --threads "$threads" --windows 120
       done ;;
-    *) echo "unknown part $part (compares, compares7, staged, studies, table, script, probe)" >&2; exit 2 ;;
+    default7)  # compare.processes defaults to 7 and the alone check takes the processes' own spread
+      for run in 1 2 3; do
+        bash scripts/record.sh "$out/default7_compare_nanogpt_run$run.txt" python -m autocompile "${nanogpt[@]}" \
+          task=compare 'compare.candidates=["compile.scope=none","compile.scope=regional","compile.scope=train_step"]' \
+          "${common[@]}" "output_root=$work/d7ng$run"
+        bash scripts/record.sh "$out/default7_compare_eager_vs_module_gpt2-tiny_run$run.txt" python -m autocompile \
+          +model=gpt2-tiny task=compare 'compare.candidates=["compile.scope=none","compile.scope=module"]' \
+          "${common[@]}" "output_root=$work/d7em$run"
+      done ;;
+    default7-staged)
+      for seed in ${SEEDS:-0 1 2}; do
+        bash scripts/record.sh "$out/default7_study_gpt2-tiny_staged_seed$seed.txt" python -m autocompile \
+          +model=gpt2-tiny study.n_trials=8 study.confirm_top=2 study.repeats=3 "study.seed=$seed" \
+          "output_root=$work/d7staged$seed"
+      done ;;
+    *) echo "unknown part $part (compares, compares7, staged, studies, table, script, probe, default7, default7-staged)" >&2
+       exit 2 ;;
   esac
 done
