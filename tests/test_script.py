@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from autocompile.config.knobs import KnobError, TrialConfig
-from autocompile.config.script import ScriptSettings, ScriptSpec, script_env
+from autocompile.config.script import ScriptSettings, ScriptSpec, calls_prepare, script_env
 from autocompile.config.spec import MeasureSettings, Workload
 from autocompile.trial.launcher import launch
 from tests.conftest import ROOT, survivors
@@ -27,7 +27,8 @@ NEEDED = 2 + 2 * 2
 
 def script_spec(path: str | Path, args: str, knobs: dict[str, Any], *, nproc: int = 1,
                 measure: MeasureSettings = MEASURE) -> ScriptSpec:
-    config = TrialConfig.from_flat(knobs, script_env("cpu", nproc))  # only valid configurations are launched
+    # only valid configurations are launched: the knobs a script that calls prepare() opens, where it does
+    config = TrialConfig.from_flat(knobs, script_env("cpu", nproc, calls_prepare(path)))
     return ScriptSpec(knobs=config.flat(), script=ScriptSettings(str(path), args),
                       workload=Workload(nproc_per_node=nproc, threads=1), measure=measure, device="cpu", threads=1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,39 @@ def test_a_named_winner_is_applied_in_place_and_trains_as_eager_does(tmp_path: P
 
 def test_a_winner_prepare_cannot_apply_yet_is_refused_with_the_way_out(tmp_path: Path) -> None:
     winner = tmp_path / "best_config.yaml"
-    winner.write_text(yaml.safe_dump({"knobs": {"compile.scope": "module", "optim.impl": "foreach"}}))
-    with pytest.raises(ValueError, match=r"cannot apply \{'optim.impl': 'foreach'\} yet: use autocompile.apply"):
+    winner.write_text(yaml.safe_dump({"knobs": {"compile.scope": "module", "amp.dtype": "bfloat16"}}))
+    with pytest.raises(ValueError, match=r"cannot apply \{'amp.dtype': 'bfloat16'\} yet: use autocompile.apply"):
         autocompile.prepare(Net(), None, best_config=winner)
+
+
+def test_a_winners_optimizer_implementation_is_set_on_the_scripts_own_optimizer(tmp_path: Path) -> None:
+    """The scheduler the script built before prepare() holds the same optimizer, now fused."""
+    winner = tmp_path / "best_config.yaml"
+    winner.write_text(yaml.safe_dump({"knobs": {"compile.scope": "none", "optim.impl": "fused"}}))
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    schedule = torch.optim.lr_scheduler.LinearLR(optimizer)
+    assert autocompile.prepare(model, optimizer, best_config=winner)[1] is optimizer
+    assert all(g["fused"] for g in optimizer.param_groups) and optimizer._step_supports_amp_scaling
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    optimizer.step()
+    schedule.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * (1 / 3 + (1 - 1 / 3) / 5))
+
+
+def test_the_knobs_prepare_opens_are_asked_only_of_a_script_that_calls_it(tmp_path: Path) -> None:
+    from autocompile.config.knobs import KnobError, TrialConfig
+    from autocompile.config.script import calls_prepare, script_env
+
+    root = Path(__file__).resolve().parent.parent / "examples" / "scripts"
+    assert calls_prepare(root / "train_gpt_prepare.py") and not calls_prepare(root / "train_gpt.py")
+    (tmp_path / "a.py").write_text("from autocompile import prepare\nmodel = prepare(model)\n")
+    (tmp_path / "b.py").write_text("def prepare(m):\n    return m\nmodel = prepare(model)\n")  # not ours
+    assert calls_prepare(tmp_path / "a.py") and not calls_prepare(tmp_path / "b.py")
+    knobs = {"compile.scope": "regional", "ac.policy": "block", "optim.impl": "fused"}
+    assert TrialConfig.from_flat(knobs, script_env("cpu", 1, prepares=True)).optim.impl == "fused"
+    with pytest.raises(KnobError, match=re.escape("ac.policy='block' does not apply: it needs a job autocompile "
+                                                  "runs, or a script that calls autocompile.prepare")):
+        TrialConfig.from_flat(knobs, script_env("cpu", 1, prepares=False))
+    ddp = {"compile.scope": "module", "ddp.wrap_order": "compile_of_ddp"}
+    assert TrialConfig.from_flat(ddp, script_env("cpu", 2, prepares=True)).ddp.wrap_order == "compile_of_ddp"

@@ -52,6 +52,9 @@ class Env:
     """The workload accumulates gradients over micro-batches (``workload.grad_accum_steps`` > 1)."""
     script_mode: bool = False
     """The job is the user's own script (``script.path``): only the knobs its agent reaches apply."""
+    script_prepares: bool = False
+    """The script calls ``autocompile.prepare(model, optimizer)``: checkpointing, the optimizer's
+    implementation and the DDP wrap order are reachable there too."""
 
     @classmethod
     def detect(cls, device: str, world_size: int, shapes_vary: bool, structure: Any = None,

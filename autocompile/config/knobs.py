@@ -350,20 +350,26 @@ KNOBS: dict[str, tuple[KnobSpec, Any]] = {key: (spec, default) for key, spec, de
 # dynamo's settings, not the objects the script builds and drives itself. These knobs keep their defaults there
 # (the knobs under them follow), each saying which line in the script would open it.
 SCRIPT_NEEDS = {
-    "parallel.strategy": "autocompile.prepare(model, optimizer) in the script (the script wraps the model itself)",
-    "compile.optimizer": "autocompile.prepare(model, optimizer) in the script (its optimizer step)",
+    "parallel.strategy": "autocompile.apply in the script (the script wraps the model itself)",
+    "compile.optimizer": "autocompile.apply in the script (its optimizer step)",
     "compile.compiled_autograd": "autocompile.apply in the script (its backward)",
     "amp.dtype": "autocompile.apply in the script (it runs its own autocast)",
-    "ddp.wrap_order": "autocompile.prepare(model, optimizer) in the script (it wraps DDP itself)",
-    "placement.order": "autocompile.prepare(model, optimizer) in the script (it moves the model itself)",
+    "ddp.wrap_order": "autocompile.prepare(model, optimizer) in the script, before it wraps DDP",
+    "placement.order": "autocompile.apply in the script (it moves the model itself)",
     "ac.policy": "autocompile.prepare(model, optimizer) in the script (its blocks' forward)",
     "optim.impl": "autocompile.prepare(model, optimizer) in the script (it builds its optimizer)",
-    "optim.tensor_lr": "autocompile.prepare(model, optimizer) in the script (its optimizer's learning rate)",
+    "optim.tensor_lr": "autocompile.apply in the script (its optimizer's learning rate)",
     "optim.clip": "autocompile.apply in the script (its clipping)",
 }
+PREPARE_OPENS = ("ac.policy", "optim.impl", "ddp.wrap_order")
+"""Of those, what ``autocompile.prepare`` applies inside a trial (``Env.script_prepares``)."""
 for _key, _needs in SCRIPT_NEEDS.items():
     _spec, _default = KNOBS[_key]
-    _own = Rule(f"a job autocompile runs (a script reaches it through {_needs})", lambda c, e: not e.script_mode)
+    if _key in PREPARE_OPENS:
+        _own = Rule(f"a job autocompile runs, or a script that calls autocompile.prepare (a script reaches it "
+                    f"through {_needs})", lambda c, e: not e.script_mode or e.script_prepares)
+    else:
+        _own = Rule(f"a job autocompile runs (a script reaches it through {_needs})", lambda c, e: not e.script_mode)
     KNOBS[_key] = (dataclasses.replace(_spec, when=_own & _spec.when if _spec.when else _own), _default)
 
 

@@ -68,12 +68,36 @@ if _runs_script():
 '''
 
 
-def script_env(device: str, world_size: int) -> Env:
+def script_env(device: str, world_size: int, prepares: bool = False) -> Env:
     """What a script's trials may be asked, the same in the tuner and in the agent: only the knobs its agent
-    reaches (``Env.script_mode``). Its shapes are unknown, so ``compile.dynamic`` is offered (where they do not
-    vary, its values compile one program and the study sees them as twins); so is regional compile (a model
-    without repeated blocks fails that trial in one line)."""
-    return Env.detect(device, world_size, True, None, {"script_mode": True})
+    reaches (``Env.script_mode``; with ``prepares``, those ``autocompile.prepare`` opens too). Its shapes are
+    unknown, so ``compile.dynamic`` is offered (where they do not vary, its values compile one program and the
+    study sees them as twins); so is regional compile (a model without repeated blocks fails that trial in one
+    line)."""
+    return Env.detect(device, world_size, True, None, {"script_mode": True, "script_prepares": prepares})
+
+
+def calls_prepare(path: str | os.PathLike[str]) -> bool:
+    """Whether the script's own file calls ``autocompile.prepare`` (``import autocompile`` then
+    ``autocompile.prepare(...)``, or ``from autocompile import prepare``): read from its source, the same in the
+    tuner and in the agent. A call in another module of the user's is not seen: its knobs stay closed."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    imported = any(isinstance(n, ast.ImportFrom) and n.module == "autocompile"
+                   and any(a.name == "prepare" for a in n.names) for n in ast.walk(tree))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and f.attr == "prepare" and isinstance(f.value, ast.Name) \
+                    and f.value.id == "autocompile":
+                return True
+            if imported and isinstance(f, ast.Name) and f.id == "prepare":
+                return True
+    return False
 
 
 LAUNCHERS = ("auto", "torchrun")

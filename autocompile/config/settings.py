@@ -25,7 +25,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from autocompile.config.comparing import CompareSettings, overrides
 from autocompile.config.gpus import check_triton, device_name
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
-from autocompile.config.script import ScriptSettings, ScriptSpec, script_env
+from autocompile.config.script import ScriptSettings, ScriptSpec, calls_prepare, script_env
 from autocompile.config.sections import LaunchSettings, ObjectiveSettings, StudySettings, TrackingSettings
 from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
 from autocompile.workload.models import factory_kwargs, resolve
@@ -196,7 +196,7 @@ class Settings:
         """What may be sampled here: device, world size, torch, the model's structure and the job's parts (read
         once per Settings: ``dataclasses.replace`` makes a new one)."""
         if self.script.given:  # the script builds its own job: only what its agent reaches is asked
-            return script_env(self.device, self.workload.world_size)
+            return script_env(self.device, self.workload.world_size, calls_prepare(self.script.path))
         return Env.detect(self.device, self.workload.world_size, self.workload.shapes_vary,
                           model_structure(self.model), knob_facts(self.workload, self.device))
 

@@ -63,14 +63,17 @@ class Compilers:
         return self(role, mode=None, options=None, fullgraph=False, dynamic=None)
 
 
-def apply_ac(model: nn.Module, ac: AcKnobs) -> None:
+def apply_ac(model: nn.Module, ac: AcKnobs) -> list[str]:
     """``ac.policy=block``: each repeated block recomputes its activations in backward. A leaf block (a
-    head in a stack of heads) has no activations worth recomputing."""
+    head in a stack of heads) has no activations worth recomputing. Returns the blocks checkpointed."""
     if ac.policy != "block":
-        return
-    for _, block in units.blocks(model):
+        return []
+    done = []
+    for name, block in units.blocks(model):
         if any(True for _ in block.children()):
             _wrap_forward(block, _checkpointed)
+            done.append(name)
+    return done
 
 
 def compile_targets(model: nn.Module, knobs: CompileKnobs) -> list[Unit]:

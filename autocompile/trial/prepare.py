@@ -6,14 +6,16 @@ before. A winner is named by ``best_config=`` or the ``AUTOCOMPILE_BEST_CONFIG``
 checkpointing per block, then the compile scope in place (``module``: the model's forward; ``regional``: each
 block and the rest) with the winner's mode, options, dynamic and fullgraph, and dynamo's ``optimize_ddp``.
 
-Inside a script study's trial (the agent is loaded), ``prepare`` hands the model to the agent as
-``torch.compile(model)`` would: the trial's compile knobs are applied to it in place and the meter counts its
-forward calls, so a script that calls ``prepare`` needs no ``torch.compile`` of its own (one that has both is
-taken over once). A winner named in the environment is not applied inside a trial: the trial's knobs are.
+Inside a script study's trial (the agent is loaded), ``prepare`` hands the objects to the agent: activation
+checkpointing per block (``ac.policy``), the optimizer's implementation set on the script's own optimizer
+(``optim.impl``: its scheduler and GradScaler keep working on it), then the compile knobs in place, and under
+``ddp.wrap_order=compile_of_ddp`` the DDP wrapper the script builds around the model compiled in place. A
+script whose file calls ``prepare`` (:func:`autocompile.config.script.calls_prepare`) is asked those knobs too;
+a script that has both ``prepare`` and its own ``torch.compile`` is taken over once. A winner named in the
+environment is not applied inside a trial: the trial's knobs are.
 
-Not yet: the knobs that rebuild the optimizer (``optim.impl``) or wrap the model (DDP/FSDP2 order), and the
-per-block activation checkpointing inside a trial (a script study's space offers compile knobs only, the same
-for a script that calls ``prepare`` as for one that calls ``torch.compile``).
+Not yet: FSDP2, the compiled optimizer step, compiled autograd and autocast (``NOT_YET``): the script runs
+its own versions of those.
 
 Torch only (PyYAML when a winner is read): it runs inside the user's script.
 """
@@ -26,32 +28,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
-
-from autocompile.config.knobs import Env, TrialConfig
-from autocompile.trial.apply_parts import Compilers, apply_ac, apply_optimize_ddp, compile_targets, compile_units
-from autocompile.trial.programs import CompileLog
-from autocompile.trial.step import compile_kwargs
 
 log = logging.getLogger(__name__)
 WINNER_VAR = "AUTOCOMPILE_BEST_CONFIG"
-NOT_YET = {"optim.impl": "default", "parallel.strategy": "ddp", "ddp.wrap_order": "ddp_of_compiled",
-           "compile.optimizer": False, "compile.compiled_autograd": False, "amp.dtype": "none"}
+NOT_YET = {"parallel.strategy": "ddp", "compile.optimizer": False, "compile.compiled_autograd": False,
+           "amp.dtype": "none"}
 """Knobs prepare() does not apply yet, with the value it runs as: a winner that sets another one is refused."""
 
 
 def prepare(model: nn.Module, optimizer: Any = None, *, best_config: str | os.PathLike[str] | None = None) -> Any:
-    """``(model, optimizer)``: unchanged without a winner; with one, ``model`` compiled (and checkpointed) in place
-    as the winner says. Returns the same two objects either way (``model`` alone when no optimizer is given)."""
+    """``(model, optimizer)``: unchanged without a winner; with one, the same objects prepared in place as the
+    winner says. Returns the same two objects either way (``model`` alone when no optimizer is given)."""
     script_agent = sys.modules.get("autocompile.trial.script_agent")  # loaded only in a script trial's processes
     agent = script_agent.agent() if script_agent is not None else None
-    if agent is not None:  # a trial of a script study: its knobs, not a winner's
-        agent.take_over(model, {}, script_agent.caller_of_prepare(), in_place=True)
+    if agent is not None:  # a trial of a script study (or its winner's run): the agent's knobs
+        agent.prepare(model, optimizer, script_agent.caller_of_prepare())
         return model if optimizer is None else (model, optimizer)
     path = best_config or os.environ.get(WINNER_VAR)
     if path:
-        apply_winner(model, winner_knobs(Path(path)))
+        apply_winner(model, winner_knobs(Path(path)), optimizer)
     return model if optimizer is None else (model, optimizer)
 
 
@@ -65,19 +61,15 @@ def winner_knobs(path: Path) -> dict[str, Any]:
     return knobs
 
 
-def apply_winner(model: nn.Module, knobs: dict[str, Any]) -> list[str]:
-    """Apply ``knobs`` to ``model`` in place; returns the names of the units compiled."""
+def apply_winner(model: nn.Module, knobs: dict[str, Any], optimizer: Any = None) -> list[str]:
+    """Apply ``knobs`` to ``model`` (and ``optimizer``) in place; returns the names of the units compiled."""
     unsupported = {k: v for k, v in knobs.items() if k in NOT_YET and v != NOT_YET[k]}
     if unsupported:
         raise ValueError(f"prepare() cannot apply {unsupported} yet: use autocompile.apply for this winner")
-    world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    from autocompile.trial import script_agent
+
     device = next(model.parameters()).device.type
-    env = Env.detect("cuda" if device == "cuda" else "cpu", world_size, False)
-    config = TrialConfig.from_flat(knobs, env, strict=False)
-    apply_ac(model, config.ac)
-    apply_optimize_ddp(config.ddp, world_size > 1)
-    targets = compile_targets(model, config.compile)
-    graphs = CompileLog()
-    compiled = compile_units(targets, Compilers(graphs, compile_kwargs(config.compile))("model"), graphs)
+    compiled = script_agent.prepare_winner(model, optimizer, knobs, "cuda" if device == "cuda" else "cpu",
+                                           "autocompile.prepare")
     log.info("autocompile.prepare: compiled %s", ", ".join(compiled) or "nothing (eager)")
     return compiled

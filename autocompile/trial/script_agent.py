@@ -36,11 +36,19 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from autocompile.config.knobs import TrialConfig  # noqa: E402
-from autocompile.config.script import TRIAL_VAR, ScriptSpec, script_env  # noqa: E402
-from autocompile.trial.apply_parts import Compilers, apply_optimize_ddp, compile_targets, compile_units  # noqa: E402
+from autocompile.config.script import TRIAL_VAR, ScriptSpec, calls_prepare, script_env  # noqa: E402
+from autocompile.trial.apply_parts import (  # noqa: E402
+    Compilers,
+    apply_ac,
+    apply_optimize_ddp,
+    compile_targets,
+    compile_units,
+    compiles_ddp,
+)
 from autocompile.trial.programs import CompileLog  # noqa: E402
 from autocompile.trial.script_meter import CannotTakeOver, Meter  # noqa: E402
 from autocompile.trial.step import compile_kwargs  # noqa: E402
+from autocompile.workload.optim import set_impl  # noqa: E402
 
 _REAL_COMPILE = torch.compile
 _REAL_MODULE_COMPILE = nn.Module.compile
@@ -68,19 +76,23 @@ class Agent:
 
     def __init__(self, spec: ScriptSpec, trial_dir: Path) -> None:
         self.spec = spec
-        self.setup(spec.knobs, spec.device)
+        self.setup(spec.knobs, spec.device, calls_prepare(spec.script.path))
         self.meter: Meter | Watched = Meter(spec, trial_dir, self, BOOT)
 
-    def setup(self, knobs: dict[str, Any], device: str) -> None:
+    def setup(self, knobs: dict[str, Any], device: str, prepares: bool, strict: bool = True) -> None:
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
-        self.config = TrialConfig.from_flat(knobs, script_env(device, self.world_size))
+        self.config = TrialConfig.from_flat(knobs, script_env(device, self.world_size, prepares), strict=strict)
         self.log = CompileLog()
         self.compile_model = Compilers(self.log, compile_kwargs(self.config.compile))("model")
         self.units: list[tuple[str, nn.Module]] = []
         self.compiled: list[str] = []
         self.calls: list[dict[str, Any]] = []
         """Every ``torch.compile`` call of the script: what it compiled, from where, with which arguments."""
+        self.prepared: dict[str, Any] = {}
+        """What ``autocompile.prepare`` applied, read back from the script's objects (empty: never called)."""
+        self.awaiting_ddp: nn.Module | None = None
+        """``ddp.wrap_order=compile_of_ddp``: the prepared model, compiled once the script wraps it in DDP."""
 
     @property
     def scope(self) -> str:
@@ -116,6 +128,70 @@ class Agent:
             runner = self._compile(target, in_place)
         self.meter.watch(runner, target)
         return target if in_place else runner
+
+    def prepare(self, model: nn.Module, optimizer: Any, where: str) -> None:
+        """``autocompile.prepare(model, optimizer)`` in a trial: checkpointing per block, the optimizer's
+        implementation (on the script's own optimizer object: its scheduler holds it), then the compile scope
+        in place, as the tuner's own trials order them. Under ``compile_of_ddp`` the model is compiled when the
+        script wraps it in DDP (``DistributedDataParallel`` then compiles itself in place)."""
+        config = self.config
+        if config.optim.impl != "default":
+            if optimizer is None:
+                raise CannotTakeOver(f"optim.impl={config.optim.impl}: pass the optimizer too, "
+                                     f"autocompile.prepare(model, optimizer) ({where})")
+            try:
+                set_impl(optimizer, config.optim.impl)
+            except (ValueError, RuntimeError, TypeError) as exc:
+                raise CannotTakeOver(f"optim.impl={config.optim.impl} on {type(optimizer).__name__}: {exc}") from exc
+        inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        try:
+            checkpointed = apply_ac(inner, config.ac)
+        except ValueError as exc:  # no repeated blocks: nothing to checkpoint, the trial would time ac=none
+            raise CannotTakeOver(f"ac.policy={config.ac.policy}: {exc}") from exc
+        groups = optimizer.param_groups if optimizer is not None else []
+        self.prepared = {"where": where, "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+                         "foreach": [g.get("foreach") for g in groups], "fused": [g.get("fused") for g in groups],
+                         "checkpointed": checkpointed}
+        if not compiles_ddp(config.ddp, self.scope, self.world_size > 1):
+            self.take_over(inner, {}, where, in_place=True)  # DDP built before or after runs the compiled model
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            self.compile_ddp(model, where)
+        else:
+            self.awaiting_ddp = inner
+            _compile_when_wrapped(self)
+
+    def compile_ddp(self, ddp: nn.parallel.DistributedDataParallel, where: str) -> None:
+        """``torch.compile(DDP(model))`` on the script's own DDP object: its call compiled in place (what
+        ``Module.compile`` does), so dynamo's DDPOptimizer splits the graph at the buckets."""
+        self.awaiting_ddp = None
+        self.calls.append({"target": "DistributedDataParallel", "module": True, "where": where, "kwargs": {}})
+        self.units.append(("DistributedDataParallel(model)", ddp.module))
+        self.compiled.append("DistributedDataParallel(model)")
+        ddp._compiled_call_impl = self.compile_model(ddp._call_impl)  # type: ignore[assignment]
+        self.meter.watch(ddp, ddp.module)
+
+    def prepared_knobs(self) -> dict[str, Any]:
+        """The knobs ``prepare`` applied that change the program (part of its fingerprint)."""
+        c = self.config
+        knobs = {"ac.policy": c.ac.policy, "optim.impl": c.optim.impl}
+        if self.world_size > 1:
+            knobs["ddp.wrap_order"] = c.ddp.wrap_order
+        return knobs if self.prepared else {}
+
+    def unmet(self) -> str | None:
+        """Why the trial's program did not run as its configuration names (checked after warm-up), or None."""
+        c = self.config
+        opened = {k: v for k, v in (("ac.policy", c.ac.policy), ("optim.impl", c.optim.impl)) if v != "none"
+                  and v != "default"}
+        if compiles_ddp(c.ddp, self.scope, self.world_size > 1):
+            opened["ddp.wrap_order"] = c.ddp.wrap_order
+        if opened and not self.prepared:
+            return (f"{', '.join(f'{k}={v}' for k, v in opened.items())} needs autocompile.prepare(model, "
+                    "optimizer) before training, and the script never called it")
+        if self.awaiting_ddp is not None:
+            return ("ddp.wrap_order=compile_of_ddp: the prepared model was never wrapped in "
+                    "DistributedDataParallel; prepare it before the script wraps it")
+        return None
 
     def taken(self, module: nn.Module) -> bool:
         inner = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
@@ -155,9 +231,9 @@ class WinnerAgent(Agent):
     """The winner's knobs applied to the script's ``torch.compile`` calls (and its ``prepare``) exactly as its
     trial applied them, in the user's own run: no timing, no early end, no recompile-limit failure."""
 
-    def __init__(self, knobs: dict[str, Any]) -> None:
+    def __init__(self, knobs: dict[str, Any], prepares: bool, device: str | None = None, strict: bool = True) -> None:
         self.spec = None  # type: ignore[assignment]
-        self.setup(knobs, "cuda" if torch.cuda.is_available() else "cpu")
+        self.setup(knobs, device or ("cuda" if torch.cuda.is_available() else "cpu"), prepares, strict)
         self.meter = Watched()
 
     def install(self) -> None:
@@ -170,7 +246,7 @@ def run_winner(script: str, argv: list[str], knobs: dict[str, Any]) -> None:
     """Run ``script`` with ``argv`` as ``python script ...`` would, its compile taken over by ``knobs`` (a
     study's winner): what ``best_config.py`` of a script study calls, in each process torchrun starts."""
     global _AGENT
-    _AGENT = WinnerAgent(knobs)
+    _AGENT = WinnerAgent(knobs, calls_prepare(script))
     _AGENT.install()
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as python puts the script's folder first
@@ -212,6 +288,39 @@ def _module_compile(self: nn.Module, *args: Any, **kwargs: Any) -> None:
     return None
 
 
+_DDP_WAITING: list[Agent] = []
+"""Agents whose prepared model is compiled once the script wraps it in DDP (``ddp.wrap_order=compile_of_ddp``)."""
+
+
+def _compile_when_wrapped(waiting: Agent) -> None:
+    """Compile ``waiting``'s prepared model's DDP wrapper as the script builds it (DDP's ``__init__`` patched once)."""
+    _DDP_WAITING.append(waiting)
+    ddp_class = nn.parallel.DistributedDataParallel
+    if getattr(ddp_class.__init__, "_autocompile", False):
+        return
+    real_init = ddp_class.__init__
+
+    @functools.wraps(real_init)
+    def init(self: nn.parallel.DistributedDataParallel, module: nn.Module, *args: Any, **kwargs: Any) -> None:
+        real_init(self, module, *args, **kwargs)
+        for agent in [a for a in _DDP_WAITING if a.awaiting_ddp is module]:
+            _DDP_WAITING.remove(agent)
+            agent.compile_ddp(self, _caller()[1])
+
+    init._autocompile = True  # type: ignore[attr-defined]
+    ddp_class.__init__ = init  # type: ignore[method-assign]
+
+
 def agent() -> Agent | None:
     """The agent of this process, when it runs a script trial."""
     return _AGENT
+
+
+def prepare_winner(model: nn.Module, optimizer: Any, knobs: dict[str, Any], device: str, where: str) -> list[str]:
+    """``autocompile.prepare`` with a winner in the user's own run (no trial, no agent installed): the knobs
+    applied as a trial of a script that calls ``prepare`` applies them; knobs of another kind of study that do
+    not apply to a script are dropped. Returns the names compiled."""
+    winner = WinnerAgent(knobs, prepares=True, device=device, strict=False)
+    apply_optimize_ddp(winner.config.ddp, winner.world_size > 1)
+    winner.prepare(model, optimizer, where)
+    return winner.compiled

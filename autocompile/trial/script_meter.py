@@ -229,8 +229,12 @@ class Meter:
         """After warm-up: what the trial asked to compile ran compiled (every unit inside a graph), or raise."""
         self._listening.__exit__(None, None, None)
         agent = self.agent
+        if (unmet := agent.unmet()) is not None:
+            raise CannotTakeOver(unmet)
+        prepared = agent.prepared_knobs()  # programs that differ only in what prepare() applied differ here
         if agent.scope == "none":
-            self.program = {"coverage": 0.0, "fingerprint": "eager:script"}
+            self.program = {"coverage": 0.0, "fingerprint": "eager:script" + "".join(
+                f":{k}={v}" for k, v in sorted(prepared.items()))}
         elif not agent.calls or not self.models:
             raise NothingCompiled(f"compile.scope={agent.scope}, but the script never called torch.compile on a "
                                   "model (nothing to take over): add model = torch.compile(model) to it")
@@ -242,7 +246,7 @@ class Meter:
             if cover.missing:
                 raise PartiallyCompiled(f"{', '.join(cover.missing[:6])} handed to torch.compile but ran eager")
             self.program = {"coverage": cover.fraction,
-                            "fingerprint": agent.log.fingerprint({"scope": agent.scope, "script": True})}
+                            "fingerprint": agent.log.fingerprint({"scope": agent.scope, "script": True, **prepared})}
         self.timeline["warmup_done"] = time.time()
         self.progress("compiled", **self.program)
 
@@ -315,7 +319,8 @@ class Meter:
             "compile_artifacts": save_artifacts(self.trial_dir) if self.rank == 0 and compiled else None,
             "artifacts_loaded": None,
             "script": {"path": self.spec.script.path, "args": self.spec.script.args, "optimizer_steps": self.steps,
-                       "compile_calls": self.agent.calls, "losses_seen": bool(self.losses)},
+                       "compile_calls": self.agent.calls, "losses_seen": bool(self.losses),
+                       "prepared": self.agent.prepared},
             "timeline": self.timeline,
             "environment": environment(device, self.rank, torch.get_num_threads()),
         }

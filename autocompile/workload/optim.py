@@ -40,7 +40,23 @@ def build_optimizer(optimizer: OptimizerLike, params: Iterable[torch.nn.Paramete
     groups = [{**group, **{k: None for k in ("foreach", "fused") if k in group}, **IMPL_KWARGS[impl]}
               for group in optimizer.param_groups]
     accepted = inspect.signature(type(optimizer)).parameters  # defaults also hold keys the constructor sets itself
-    return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+    # impl's arguments to the constructor too: it checks them there (and fused sets its AMP-scaling support)
+    kwargs = {**{k: v for k, v in optimizer.defaults.items() if k in accepted}, **IMPL_KWARGS[impl]}
+    return type(optimizer)(groups, **kwargs)
+
+
+def set_impl(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
+    """``impl`` on ``optimizer`` itself, for a script that holds it (its scheduler and GradScaler do too): the
+    optimizer is rebuilt as :func:`build_optimizer` does, so its constructor checks the implementation, and
+    the rebuilt groups' choice and AMP-scaling support are copied onto it."""
+    if impl == "default":
+        return optimizer
+    built = build_optimizer(optimizer, [p for g in optimizer.param_groups for p in g["params"]], impl)
+    for group, new in zip(optimizer.param_groups, built.param_groups, strict=True):
+        group.update({k: new[k] for k in ("foreach", "fused") if k in new})
+    optimizer.defaults.update({k: built.defaults[k] for k in ("foreach", "fused") if k in built.defaults})
+    optimizer._step_supports_amp_scaling = getattr(built, "_step_supports_amp_scaling", False)  # fused unscales itself
+    return optimizer
 
 
 def use_tensor_lr(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
