@@ -71,9 +71,10 @@ def test_before_any_trial_the_reference_and_the_model_size_set_the_estimate(sett
     # A sampled trial is eager as often as compile.scope=none is among tiny_lm's four scopes.
     assert found.trials_left == 5 and found.search_s == pytest.approx(
         5 * (found.costs.eager_s / 4 + 3 * found.costs.cold_s / 4))
-    # Side by side (the default): 5 processes, each starting (an eager run), warming up the 3 compiled of the
-    # (confirm_top + 2) candidates from their cold caches, and timing for compare.max_timed_s.
-    assert found.confirm_s == pytest.approx(5 * (found.costs.eager_s + 3 * (found.costs.warm_s - found.costs.eager_s)
+    # Side by side (the default): compare.processes processes, each starting (an eager run), warming up the 3
+    # compiled of the (confirm_top + 2) candidates from their cold caches, and timing for compare.max_timed_s.
+    assert settings.compare.processes == 7
+    assert found.confirm_s == pytest.approx(7 * (found.costs.eager_s + 3 * (found.costs.warm_s - found.costs.eager_s)
                                                  + 10.0))
     fresh = settings_for(*TINY, "study.side_by_side=false")  # (confirm_top + 2) x repeats, each a process
     assert estimate(study, *parts(fresh)[1:], fresh, prior).confirm_s == pytest.approx(
@@ -232,7 +233,7 @@ def test_after_the_search_side_by_side_processes_count_down(settings_for: Compos
     assert first is not None
     costs = first.costs
     one = costs.eager_s + 2 * (costs.warm_s - costs.eager_s) + 10.0  # 3 candidates, 2 of them compiled
-    assert first.confirm_s == pytest.approx(5 * one)
+    assert first.confirm_s == pytest.approx(7 * one)  # compare.processes
     study.set_user_attr("method.confirm", {"method": "side_by_side", "why": ""})
     for number in (0, 1, 2):  # the first process timed all three
         add(study, space, study.trials[number].user_attrs["config"], wall_s=20.0, compile_s=0.0, phase="confirm",
@@ -240,4 +241,4 @@ def test_after_the_search_side_by_side_processes_count_down(settings_for: Compos
             compile_s_cold=study.trials[number].user_attrs["result"]["compile_s"],
             step_s_windows=[0.01] * 12)
     after = estimate(study, space, objective, settings, prior)
-    assert after is not None and after.confirm_s == pytest.approx(4 * one)
+    assert after is not None and after.confirm_s == pytest.approx(6 * one)

@@ -75,8 +75,7 @@ class Meter:
         self.models: list[nn.Module] = []
         """What the script handed to torch.compile (the first is the model whose weights are counted)."""
         self.optimizer: int | None = None
-        self.steps = 0
-        self.items = 0
+        self.steps, self.items = 0, 0
         self.unit: str | None = None
         self.pending: list[torch.Tensor] = []
         self.losses: list[torch.Tensor] = []
@@ -229,7 +228,7 @@ class Meter:
         """After warm-up: what the trial asked to compile ran compiled (every unit inside a graph), or raise."""
         self._listening.__exit__(None, None, None)
         agent = self.agent
-        if (unmet := agent.unmet()) is not None:
+        if (unmet := agent.unmet()) is not None:  # a program other than the trial's: fail saying why
             raise CannotTakeOver(unmet)
         prepared = agent.prepared_knobs()  # programs that differ only in what prepare() applied differ here
         if agent.scope == "none":
