@@ -29,6 +29,18 @@ from autocompile.config.settings import ConfigError, register, settings_from
 log = logging.getLogger(__name__)
 
 
+def quote_script_args(argv: list[str]) -> list[str]:
+    """``script.args=--max_iters=200 --batch_size=8`` (what the shell hands on from ``script.args='...'``) quoted
+    for Hydra, whose grammar takes no ``=`` or space in a bare value; a value already quoted is left alone."""
+    quoted = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+~") == "script.args" and value and value[0] not in "'\"":
+            arg = f"{key}='" + value.replace("'", "\\'") + "'"
+        quoted.append(arg)
+    return quoted
+
+
 def check_command_line(argv: list[str]) -> None:
     """Compose and validate every job of the command line; raise ConfigError on the first problem."""
     from hydra import compose, initialize_config_dir
@@ -37,11 +49,6 @@ def check_command_line(argv: list[str]) -> None:
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException as exc:
-        spaced = next((a for a in args if a.startswith("script.args=") and " " in a), None)
-        if spaced is not None:  # the shell passed script.args=--a=1 --b=2 on: Hydra needs the value quoted
-            value = spaced.split("=", 1)[1]
-            raise ConfigError(f"script.args={value!r} has spaces: quote the value for Hydra as well as for the "
-                              f"shell, 'script.args=\"{value}\"'") from exc
         raise ConfigError(one_line(exc)) from exc
     choices = [
         [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
@@ -178,7 +185,7 @@ class MultirunSummary(Callback):
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = quote_script_args(sys.argv[1:] if argv is None else argv)
     stop_on_signals()
     try:
         register()
