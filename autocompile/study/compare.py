@@ -40,7 +40,7 @@ from autocompile.trial.launcher import launch
 from autocompile.trial.stats import change_point, paired_ratio
 
 log = logging.getLogger(__name__)
-SCRIPT_ROUNDS = "a script's process runs one configuration (its own loop holds the model): fresh-process rounds"
+SCRIPT_ROUNDS = f"{sidebyside.ONE_CONFIGURATION} (its own loop holds the model): fresh-process rounds"
 
 ALONE_CV = 0.086
 """Least relative sd of one candidate's step time across fresh processes alone, for comparing the cold runs'

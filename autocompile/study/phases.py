@@ -179,7 +179,7 @@ def phase_method(study: optuna.Study, phase: str, plan: list[Slot], settings: Se
     """Decided once per phase and kept in the study, so a resumed phase goes on the same way."""
     if f"method.{phase}" not in study.user_attrs:
         if together is None or not settings.study.side_by_side:
-            set_method(study, phase, "fresh_processes", "a script's process runs one configuration"
+            set_method(study, phase, "fresh_processes", sidebyside.ONE_CONFIGURATION
                        if settings.script.given else "study.side_by_side=false")
         else:
             why = why_apart(study, list({s.label: s for s in plan}.values()), settings)

@@ -27,6 +27,8 @@ from autocompile.trial.slots import slot_threads
 from autocompile.trial.stats import ChangePoint, change_point, descheduled
 
 log = logging.getLogger(__name__)
+ONE_CONFIGURATION = "a script's process runs one configuration"
+"""Why a script (``script.path``) is never timed side by side: its own loop holds the model."""
 
 MEMORY_SHARE = 0.8
 """Candidates share a process when their cold peaks together stay under this share of what is free."""
