@@ -86,6 +86,9 @@ def test_a_winner_prepare_cannot_apply_yet_is_refused_with_the_way_out(tmp_path:
     winner.write_text(yaml.safe_dump({"knobs": {"compile.scope": "module", "amp.dtype": "bfloat16"}}))
     with pytest.raises(ValueError, match=r"cannot apply \{'amp.dtype': 'bfloat16'\} yet: use autocompile.apply"):
         autocompile.prepare(Net(), None, best_config=winner)
+    winner.write_text(yaml.safe_dump({"knobs": {"compile.scope": "train_step"}}))
+    with pytest.raises(ValueError, match=r"cannot apply \{'compile.scope': 'train_step'\} yet"):
+        autocompile.prepare(Net(), None, best_config=winner)
 
 
 def test_a_winners_optimizer_implementation_is_set_on_the_scripts_own_optimizer(tmp_path: Path) -> None:

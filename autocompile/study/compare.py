@@ -120,32 +120,40 @@ def pair(base: dict[int, list[float]], other: dict[int, list[float]], method: st
                   se, df)
 
 
-def process_spread(per: PerProcess) -> float | None:
-    """The largest relative sd, over candidates, of a candidate's median step time from one side-by-side
-    process to the next (each process a fresh start, as a cold run alone is); None under three processes."""
-    spreads = []
+def process_spread(per: PerProcess) -> tuple[float, int] | None:
+    """The largest sd, over candidates, of a candidate's log median step time from one side-by-side process to
+    the next (each process a fresh start, as a cold run alone is), with its degrees of freedom; None under three
+    processes."""
+    widest: tuple[float, int] | None = None
     for by_process in per.values():
         logs = [math.log(statistics.median(v)) for v in by_process.values() if v]
-        if len(logs) >= 3:
-            spreads.append(math.expm1(statistics.stdev(logs)))
-    return max(spreads) if spreads else None
+        if len(logs) >= 3 and (widest is None or statistics.stdev(logs) > widest[0]):
+            widest = (statistics.stdev(logs), len(logs) - 1)
+    return widest
 
 
 def alone_disagrees(step: Paired, alone: tuple[float, float], names: tuple[str, str],
-                    alone_cv: float = ALONE_CV) -> str | None:
+                    alone_cv: float = ALONE_CV, df: int | None = None) -> str | None:
     """One line when the side-by-side ratio ``step`` (``b / a``) and the ratio of the candidates' cold runs
     alone (``alone``: a's and b's step seconds) differ by more than their noise allows (95 %, each cold run
-    one fresh process of relative sd ``alone_cv``); None when they agree."""
+    one fresh process of log sd ``alone_cv``, estimated with ``df`` degrees of freedom or, None, a prior);
+    None when they agree."""
     a, b = alone
     if not a or not b:
         return None
     apart = math.log(b / a) - math.log1p(step.change)
-    half = 1.96 * math.sqrt(2 * alone_cv**2 + step.log_se**2)
+    half = (t_quantile(df) if df else 1.96) * math.sqrt(2 * alone_cv**2 + step.log_se**2)
     if abs(apart) <= half:
         return None
     return (f"{names[1]}: side by side {step.text()}, but alone {b / a - 1:+.1%} (one cold run each; they "
             f"should agree within about +-{math.expm1(half):.0%}): a candidate's speed depends on its process, so "
             "neither ratio is the answer")
+
+
+def alone_noise(per: PerProcess) -> tuple[float, int | None]:
+    """The cold runs' noise for :func:`alone_disagrees`: the processes' own spread where it is above the prior."""
+    spread = process_spread(per)
+    return spread if spread is not None and spread[0] > ALONE_CV else (ALONE_CV, None)
 
 
 def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
@@ -164,7 +172,7 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
                      "throughput_unit": m.cold.get("throughput_unit", "tokens"), "cold_trial": m.cold.get("trial_dir")})
     pairs = []
     base = rows[0]
-    alone_cv = max(ALONE_CV, process_spread(per) or 0.0)
+    alone_cv, alone_df = alone_noise(per)
     horizon = settings.objective.horizon_steps
     for b, row in enumerate(rows[1:], start=1):
         a_steps, b_steps = per.get(base["label"]), per.get(row["label"])
@@ -179,7 +187,7 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
         pays = break_even(step, a, bb, (base["label"], row["label"]))
         shared = base["cold_trial"] is not None and base["cold_trial"] == row["cold_trial"]  # A/A: alone is 1
         apart = None if shared or method != "side_by_side" else alone_disagrees(
-            step, (base["step_s_alone"], row["step_s_alone"]), (base["label"], row["label"]), alone_cv)
+            step, (base["step_s_alone"], row["step_s_alone"]), (base["label"], row["label"]), alone_cv, alone_df)
         pairs.append({"a": 0, "b": b, "change": step.change, "low": step.low, "high": step.high,
                       "measurable": step.measurable, "step": step.as_dict(), "time_to_train": ttt.as_dict(),
                       "horizon_steps": horizon, "break_even": pays, "alone_agrees": apart is None,

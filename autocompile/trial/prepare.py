@@ -63,7 +63,8 @@ def winner_knobs(path: Path) -> dict[str, Any]:
 
 def apply_winner(model: nn.Module, knobs: dict[str, Any], optimizer: Any = None) -> list[str]:
     """Apply ``knobs`` to ``model`` (and ``optimizer``) in place; returns the names of the units compiled."""
-    unsupported = {k: v for k, v in knobs.items() if k in NOT_YET and v != NOT_YET[k]}
+    unsupported = {k: v for k, v in knobs.items() if (k in NOT_YET and v != NOT_YET[k])
+                   or (k == "compile.scope" and v == "train_step")}  # the step is the script's own code
     if unsupported:
         raise ValueError(f"prepare() cannot apply {unsupported} yet: use autocompile.apply for this winner")
     from autocompile.trial import script_agent
