@@ -70,10 +70,12 @@ def test_script_args_as_the_shell_hands_them_on_reach_the_script_intact() -> Non
     """``script.args='--max_iters=100 --batch_size=4'`` (the README's form): the shell drops its quotes, and a bare
     value with ``=`` or spaces is no Hydra value, so the command line quotes it for Hydra; quoted ones stay."""
     from autocompile.app import check_command_line, quote_script_args
+    from autocompile.config.settings import register
 
+    register()
     for given, args in ((["script.args=--max_iters=100 --batch_size=4"], "--max_iters=100 --batch_size=4"),
                         (["script.args=--max_iters=100"], "--max_iters=100"),
-                        (["script.args=--name=it's"], "--name=it's"),
+                        (["script.args=--betas=0.9,0.95"], "--betas=0.9,0.95"),  # a comma, not a sweep
                         (['script.args="--max_iters=100 --batch_size=4"'], "--max_iters=100 --batch_size=4")):
         line = [f"script.path={GPT}", *quote_script_args(given), "task=measure"]
         check_command_line(line)
