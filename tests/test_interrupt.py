@@ -129,7 +129,8 @@ def test_sigterm_stops_the_study_as_ctrl_c_does_and_a_rerun_resumes_it(tmp_path:
         (retry,) = [r for r in study.trials if r.user_attrs.get("retry_of") == t.number]
         assert retry.state == TrialState.COMPLETE and retry.user_attrs["identity"] == t.user_attrs["identity"]
     assert sum(counted(t) for t in study.trials) == 3  # the interrupted trials are not counted
-    identities = [t.user_attrs["identity"] for t in measured_trials(study)]
+    identities = [t.user_attrs["identity"] for t in measured_trials(study)
+                  if t.user_attrs.get("remeasure_of") is None]  # a near-miss prune measured once more is meant
     assert len(identities) == len(set(identities))  # nothing measured twice
 
 

@@ -82,6 +82,7 @@ def test_killed_tuner_trial_is_failed_by_heartbeat_and_measured_again(tmp_path: 
     assert retry.user_attrs["identity"] == dead.user_attrs["identity"]
     assert retry.user_attrs["owner"]["pid"] == survivor.pid and retry.state == TrialState.COMPLETE
     assert sum(counted(t) for t in trials) == 4
-    identities = [t.user_attrs["identity"] for t in measured_trials(study)]
+    identities = [t.user_attrs["identity"] for t in measured_trials(study)
+                  if t.user_attrs.get("remeasure_of") is None]  # a near-miss prune measured once more is meant
     assert len(identities) == len(set(identities))
     assert not [t for t in trials if t.state == TrialState.RUNNING]

@@ -28,7 +28,8 @@ def test_two_tuner_processes_share_one_study_without_measuring_anything_twice(tm
     study = load(tmp_path)
     owners = {t.user_attrs["owner"]["pid"] for t in study.trials}
     assert len(owners) == 2  # both tuners worked on the study
-    identities = [t.user_attrs["identity"] for t in measured_trials(study)]
+    identities = [t.user_attrs["identity"] for t in measured_trials(study)
+                  if t.user_attrs.get("remeasure_of") is None]  # a near-miss prune measured once more is meant
     assert len(identities) == len(set(identities))
     baselines = [t.user_attrs["baseline"] for t in measured_trials(study) if "baseline" in t.user_attrs]
     assert sorted(baselines) == ["compile", "eager", "regional"]
@@ -58,9 +59,10 @@ def test_tuners_started_at_once_on_a_fresh_root_share_the_default_stores(tmp_pat
     study = load(tmp_path)
     trials = study.get_trials()
     assert not [t for t in trials if t.state == TrialState.RUNNING]
-    identities = [t.user_attrs["identity"] for t in measured_trials(study)]
+    identities = [t.user_attrs["identity"] for t in measured_trials(study)
+                  if t.user_attrs.get("remeasure_of") is None]  # a near-miss prune measured once more is meant
     assert len(identities) == len(set(identities))  # no configuration measured twice
-    assert 4 <= sum(counted(t) for t in trials) <= 4 + n - 1
+    assert 4 <= sum(counted(t) for t in trials if t.user_attrs.get("remeasure_of") is None) <= 4 + n - 1
     repeats = [key_of(t) for t in trials if key_of(t) and t.state.is_finished()]
     assert repeats and len(repeats) == len(set(repeats))  # each repeat measured once, by one tuner
 

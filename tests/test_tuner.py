@@ -197,7 +197,8 @@ def test_kill_9_mid_trial_then_rerun_resumes_without_loss_or_double_counting(tmp
     assert sum(counted(t) for t in study.trials) == 4  # the interrupted trial is not counted
     retried = [t for t in study.trials if t.user_attrs.get("retry_of") == 1]
     assert len(retried) == 1 and retried[0].user_attrs["identity"] == interrupted[0].user_attrs["identity"]
-    identities = [t.user_attrs["identity"] for t in measured_trials(study)]
+    identities = [t.user_attrs["identity"] for t in measured_trials(study)
+                  if t.user_attrs.get("remeasure_of") is None]  # a near-miss prune measured once more is meant
     assert len(identities) == len(set(identities))  # no configuration measured twice
 
 
