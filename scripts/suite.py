@@ -123,6 +123,19 @@ def against(summary: dict[str, Any], baseline: str, kind: str) -> tuple[str, flo
     return ratio_text(ratio), (1.0 + ratio["change"]) if ratio else None
 
 
+def verdict_rounds(summary: dict[str, Any]) -> str:
+    """How the verdict phase timed the neighbours it timed (an identical program is not timed): side by side in
+    fresh processes, in fresh-process rounds (candidates that could not share a process), or not at all."""
+    kinds = {"side by side": 0, "fresh-process rounds": 0, "not timed": 0}
+    for v in summary.get("verdicts") or []:
+        how = v.get("how") or ""
+        if v.get("identical"):
+            continue
+        kinds["side by side" if "side by side" in how else "fresh-process rounds" if "fresh processes" in how
+              else "not timed"] += 1
+    return ", ".join(f"{n} {kind}" for kind, n in kinds.items() if n) or "-"
+
+
 def decided(summary: dict[str, Any]) -> str:
     """Verdict questions answered (measurably faster or slower, the same program, or a failure) of those asked."""
     asked = summary.get("verdicts") or []
@@ -140,7 +153,8 @@ class Row:
     """Winner / default compile: ``step`` and ``score`` (None: not raced or not confirmed)."""
     verdicts: str
     wall_s: float
-    noise: float | None
+    rounds: str
+    """How the verdict phase timed: side by side in fresh processes, or fresh-process rounds (a fallback)."""
 
 
 def row(summary: dict[str, Any]) -> Row:
@@ -156,8 +170,7 @@ def row(summary: dict[str, Any]) -> Row:
                 versus[kind] = value
     return Row(family=summary.get("model", "?"), winner=winner.get("name") or recommended.get("name") or "none",
                step_ms=step_s * 1e3 if step_s else None, cells=cells, versus_compile=versus,
-               verdicts=decided(summary), wall_s=float(summary.get("wall_s") or 0.0),
-               noise=(summary.get("noise") or {}).get("rel_sd"))
+               verdicts=decided(summary), wall_s=float(summary.get("wall_s") or 0.0), rounds=verdict_rounds(summary))
 
 
 def geomean(values: list[float]) -> float | None:
@@ -170,13 +183,12 @@ def table(summaries: list[dict[str, Any]]) -> str:
     objective = {s.get("objective") for s in summaries}
     score = "time to train" if objective <= {"time_to_train"} else f"score ({', '.join(sorted(map(str, objective)))})"
     lines = [f"| family | winner | step (ms) | step vs eager | {score} vs eager | step vs default compile | "
-             f"{score} vs default compile | verdicts | noise | study wall (min) |",
+             f"{score} vs default compile | verdicts | verdicts timed | study wall (min) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         step = f"{r.step_ms:.2f}" if r.step_ms is not None else "-"
-        noise = f"{r.noise:.1%}" if r.noise is not None else "-"
         lines.append(f"| {r.family} | {r.winner} | {step} | {r.cells['step vs eager']} | {r.cells['score vs eager']} "
-                     f"| {r.cells['step vs compile']} | {r.cells['score vs compile']} | {r.verdicts} | {noise} "
+                     f"| {r.cells['step vs compile']} | {r.cells['score vs compile']} | {r.verdicts} | {r.rounds} "
                      f"| {r.wall_s / 60:.1f} |")
     lines.append("")
     for kind, name in (("step", "step time"), ("score", score)):
@@ -188,7 +200,8 @@ def table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def document(summaries: list[dict[str, Any]], commands: list[list[str]], families: list[str]) -> str:
+def document(summaries: list[dict[str, Any]], commands: list[list[str]], families: list[str],
+             extra: list[str]) -> str:
     head = ["# The suite: the default study on every family's tiny variant (CPU)", "",
             "Made by `scripts/suite.py`; each family's study output, load average and wall time are in "
             f"`suite_FAMILY.txt` beside this file ({', '.join(families)}).", "", "```",
@@ -196,8 +209,12 @@ def document(summaries: list[dict[str, Any]], commands: list[list[str]], familie
             "Intervals are 95% CIs of the confirmation phase's paired rounds, winner against the baseline "
             "(negative: the winner is faster; \"is the winner\": the baseline itself won). Verdicts: questions "
             "the verdict phase answered (measurably faster or slower, the same program, or fails) of those it "
-            "asked. Noise: run-to-run relative sd of step time.", ""]
-    return "\n".join(head) + table(summaries)
+            "asked. Verdicts timed: the neighbours timed side by side in fresh processes, in fresh-process rounds "
+            "(candidates that could not share a process: the study's log says why) or not at all; an identical "
+            "program needs no timing.", ""]
+    if extra:
+        head[4:4] = [f"Every study ran the default study with `{' '.join(extra)}` changed.", ""]
+    return "\n".join(head) + "\n" + table(summaries)
 
 
 def main() -> int:
@@ -227,7 +244,7 @@ def main() -> int:
             missing.append(family)
     if missing:
         print(f"no summary.json for {', '.join(missing)} under {args.output_root}: left out of the table")
-    (args.results / "suite.md").write_text(document(summaries, commands, families))
+    (args.results / "suite.md").write_text(document(summaries, commands, families, args.extra))
     print(f"wrote {args.results / 'suite.md'}")
     return 0 if not missing else 1
 

@@ -43,7 +43,19 @@ def test_the_table_of_a_real_study(suite: ModuleType) -> None:
     # That study's winner was eager itself and default compile was not among its candidates.
     assert line.split(" | ")[1:5] == ["compile.scope=none", "5.30", "is the winner", "is the winner"]
     assert "not raced" in line and "1 of 1" in line and "| 0.6 |" in line
+    assert "| 1 fresh-process rounds |" in line  # that study timed its verdict in fresh-process rounds
     assert "none of the 1 families raced default compile" in text
+
+
+def test_the_table_says_how_each_verdict_was_timed(suite: ModuleType) -> None:
+    summary = json.loads(SUMMARY.read_text())
+    verdict = summary["verdicts"][0]
+    summary["verdicts"] = [
+        {**verdict, "how": "paired windows side by side in 7 processes (process means)"},
+        {**verdict, "how": "paired windows side by side in 7 processes (process means)"},
+        {**verdict, "how": "interleaved rounds", "identical": True},  # the same program: nothing to time
+        {**verdict, "how": "interleaved rounds", "failure": "not timed beside the winner (not_same_program)"}]
+    assert "| 2 side by side, 1 not timed |" in suite.table([summary])
 
 
 def test_the_geometric_mean_is_over_the_families_that_raced_default_compile(suite: ModuleType) -> None:
