@@ -136,6 +136,17 @@ def verdict_rounds(summary: dict[str, Any]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in kinds.items() if n) or "-"
 
 
+def race_text(confirmed: dict[str, Any]) -> str:
+    """``decided``, or which candidates stayed undetermined against the winner and how many more processes
+    would decide each (the confirmation's own estimate)."""
+    if not confirmed:
+        return "-"
+    open_ = [f"{u.get('name', u.get('label', '?'))} undetermined"
+             + (f" ({u['more_processes']} more processes)" if u.get("more_processes") else "")
+             for u in confirmed.get("undetermined") or []]
+    return "; ".join(open_) if open_ else "decided"
+
+
 def decided(summary: dict[str, Any]) -> str:
     """Verdict questions answered (measurably faster or slower, the same program, or a failure) of those asked."""
     asked = summary.get("verdicts") or []
@@ -155,6 +166,8 @@ class Row:
     wall_s: float
     rounds: str
     """How the verdict phase timed: side by side in fresh processes, or fresh-process rounds (a fallback)."""
+    race: str
+    """``decided``, or the candidates the confirmation left undetermined against the winner."""
 
 
 def row(summary: dict[str, Any]) -> Row:
@@ -170,7 +183,8 @@ def row(summary: dict[str, Any]) -> Row:
                 versus[kind] = value
     return Row(family=summary.get("model", "?"), winner=winner.get("name") or recommended.get("name") or "none",
                step_ms=step_s * 1e3 if step_s else None, cells=cells, versus_compile=versus,
-               verdicts=decided(summary), wall_s=float(summary.get("wall_s") or 0.0), rounds=verdict_rounds(summary))
+               verdicts=decided(summary), wall_s=float(summary.get("wall_s") or 0.0),
+               rounds=verdict_rounds(summary), race=race_text(confirmed))
 
 
 def geomean(values: list[float]) -> float | None:
@@ -183,13 +197,13 @@ def table(summaries: list[dict[str, Any]]) -> str:
     objective = {s.get("objective") for s in summaries}
     score = "time to train" if objective <= {"time_to_train"} else f"score ({', '.join(sorted(map(str, objective)))})"
     lines = [f"| family | winner | step (ms) | step vs eager | {score} vs eager | step vs default compile | "
-             f"{score} vs default compile | verdicts | verdicts timed | study wall (min) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"{score} vs default compile | race | verdicts | verdicts timed | study wall (min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         step = f"{r.step_ms:.2f}" if r.step_ms is not None else "-"
         lines.append(f"| {r.family} | {r.winner} | {step} | {r.cells['step vs eager']} | {r.cells['score vs eager']} "
-                     f"| {r.cells['step vs compile']} | {r.cells['score vs compile']} | {r.verdicts} | {r.rounds} "
-                     f"| {r.wall_s / 60:.1f} |")
+                     f"| {r.cells['step vs compile']} | {r.cells['score vs compile']} | {r.race} | {r.verdicts} "
+                     f"| {r.rounds} | {r.wall_s / 60:.1f} |")
     lines.append("")
     for kind, name in (("step", "step time"), ("score", score)):
         values = [v for r in rows if (v := r.versus_compile[kind]) is not None]
@@ -207,7 +221,9 @@ def document(summaries: list[dict[str, Any]], commands: list[list[str]], familie
             f"`suite_FAMILY.txt` beside this file ({', '.join(families)}).", "", "```",
             *(shlex.join(["python", *c[1:]]) for c in commands), "```", "",
             "Intervals are 95% CIs of the confirmation phase's paired rounds, winner against the baseline "
-            "(negative: the winner is faster; \"is the winner\": the baseline itself won). Verdicts: questions "
+            "(negative: the winner is faster; \"is the winner\": the baseline itself won). Race: decided, or "
+            "the candidates the confirmation left undetermined against the winner and about how many more "
+            "processes would decide each. Verdicts: questions "
             "the verdict phase answered (measurably faster or slower, the same program, or fails) of those it "
             "asked. Verdicts timed: the neighbours timed side by side in fresh processes, in fresh-process rounds "
             "(candidates that could not share a process: the study's log says why) or not at all; an identical "

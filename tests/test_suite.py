@@ -58,6 +58,14 @@ def test_the_table_says_how_each_verdict_was_timed(suite: ModuleType) -> None:
     assert "| 2 side by side, 1 not timed |" in suite.table([summary])
 
 
+def test_the_table_names_what_the_confirmation_left_undetermined(suite: ModuleType) -> None:
+    summary = json.loads(SUMMARY.read_text())
+    summary["confirmed"]["undetermined"] = [{"label": "#1", "name": "defaults", "more_processes": 11}]
+    assert "| defaults undetermined (11 more processes) |" in suite.table([summary])
+    summary["confirmed"]["undetermined"] = []
+    assert "| decided |" in suite.table([summary])
+
+
 def test_the_geometric_mean_is_over_the_families_that_raced_default_compile(suite: ModuleType) -> None:
     real = json.loads(SUMMARY.read_text())
     faster = copy.deepcopy(real)  # the same study, had a compiled winner beaten both baselines
