@@ -165,7 +165,7 @@ class Row:
     verdicts: str
     wall_s: float
     rounds: str
-    """How the verdict phase timed: side by side in fresh processes, or fresh-process rounds (a fallback)."""
+    """How many neighbours the verdict phase timed side by side, in fresh-process rounds, or not at all."""
     race: str
     """``decided``, or the candidates the confirmation left undetermined against the winner."""
 
@@ -218,7 +218,8 @@ def document(summaries: list[dict[str, Any]], commands: list[list[str]], familie
              extra: list[str]) -> str:
     head = ["# The suite: the default study on every family's tiny variant (CPU)", "",
             "Made by `scripts/suite.py`; each family's study output, load average and wall time are in "
-            f"`suite_FAMILY.txt` beside this file ({', '.join(families)}).", "", "```",
+            f"`suite_FAMILY.txt` beside this file ({', '.join(families)}).", "",
+            *([f"Every study ran the default study with `{' '.join(extra)}` changed.", ""] if extra else []), "```",
             *(shlex.join(["python", *c[1:]]) for c in commands), "```", "",
             "Intervals are 95% CIs of the confirmation phase's paired rounds, winner against the baseline "
             "(negative: the winner is faster; \"is the winner\": the baseline itself won). Race: decided, or "
@@ -228,8 +229,6 @@ def document(summaries: list[dict[str, Any]], commands: list[list[str]], familie
             "asked. Verdicts timed: the neighbours timed side by side in fresh processes, in fresh-process rounds "
             "(candidates that could not share a process: the study's log says why) or not at all; an identical "
             "program needs no timing.", ""]
-    if extra:
-        head[4:4] = [f"Every study ran the default study with `{' '.join(extra)}` changed.", ""]
     return "\n".join(head) + "\n" + table(summaries)
 
 
