@@ -10,8 +10,9 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "prepare": "autocompile.trial.prepare",
-    "apply": "autocompile.trial.step", "lm_loss": "autocompile.trial.step", "TrainStep": "autocompile.trial.step",
+    "prepare": "autocompile.trial.script.prepare",
+    "apply": "autocompile.trial.program.step", "lm_loss": "autocompile.trial.program.step",
+    "TrainStep": "autocompile.trial.program.step",
     "Env": "autocompile.config.knobs", "TrialConfig": "autocompile.config.knobs",
     "KnobError": "autocompile.config.knobs", "KNOBS": "autocompile.config.knobs",
 }

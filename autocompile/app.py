@@ -63,14 +63,14 @@ def check_command_line(argv: list[str]) -> None:
             except (HydraException, OmegaConfBaseException) as exc:
                 raise ConfigError(explain(exc)) from exc
     # Stores are touched only once every job is known to be valid: a typo creates nothing.
-    from autocompile.study.shared import check_resumable
+    from autocompile.study.records.optuna_store import check_resumable
 
     opened: dict[str, Any] = {}
     for settings, output_root in jobs:
         if settings.task == "tune":  # opens the storage (a bad URL fails here) and checks a resumed study
             check_resumable(settings, output_root / settings.study.name, opened)
     for uri in dict.fromkeys(s.tracking_uri for s, _ in jobs if s.task == "tune" and s.tracking.enabled):
-        from autocompile.report.mlflow_store import check_store
+        from autocompile.report.tracking.mlflow_store import check_store
 
         check_store(uri)
 
@@ -151,7 +151,7 @@ def hydra_main(cfg: DictConfig) -> Any:
                 sys.exit(1)
             return result
         if settings.task == "compare":
-            from autocompile.report.comparison import print_comparison
+            from autocompile.report.compare_table import print_comparison
             from autocompile.study.compare import compare
 
             report = compare(settings, run_dir)

@@ -14,7 +14,7 @@ import math
 import random
 
 from autocompile.study.compare import ALONE_CV, alone_disagrees, alone_noise
-from autocompile.study.intervals import paired_windows
+from autocompile.study.statistics.intervals import paired_windows
 
 
 def rates(sd: float, runs: int = 800, seed: int = 7) -> tuple[float, float, float]:

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autocompile.config.knobs import KNOBS, Env, TrialConfig
 from autocompile.config.space import SearchSpace
 from autocompile.config.spec import Workload
-from autocompile.trial.programs import listening, verify
-from autocompile.trial.step import apply, lm_loss
+from autocompile.trial.program.graphs import listening, verify
+from autocompile.trial.program.step import apply, lm_loss
 from autocompile.workload.data import SyntheticTokens
 from autocompile.workload.models import build
 from autocompile.workload.parts import knob_facts

@@ -16,8 +16,8 @@ import torch
 
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.settings import ObjectiveSettings
-from autocompile.study.objective import loss_drift
-from autocompile.trial.step import apply, lm_loss
+from autocompile.study.records.objective import loss_drift
+from autocompile.trial.program.step import apply, lm_loss
 from autocompile.workload.data import SyntheticTokens
 from autocompile.workload.models import gpt2
 

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
-from autocompile.study.objective import time_to_train
-from autocompile.study.record import Measurement, TrialRecord
+from autocompile.study.records.objective import time_to_train
+from autocompile.study.records.record import Measurement, TrialRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 REDUCED = {"compile.mode": "default", "compile.granularity": "block", "compile.fullgraph": False,

@@ -32,9 +32,9 @@ from program_table import REDUCED, compose
 
 from autocompile.config.sections import StudySettings
 from autocompile.config.space import SearchSpace
-from autocompile.study.decisions import PRIOR_ALONE_NOISE
 from autocompile.study.replay import Noise, Replay, best_time_to_train, load_table, replay
-from autocompile.study.samplers import make_sampler
+from autocompile.study.search.samplers import make_sampler
+from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE
 
 SAMPLERS = ("random", "tpe", "staged")
 """The default strategies compared; ``gp`` too with ``--samplers random tpe staged gp`` (slower to replay)."""

@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from autocompile.report.mlflow_store import mlflow_server
+from autocompile.report.tracking.mlflow_store import mlflow_server
 
 ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("screenshot_mlflow")

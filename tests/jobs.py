@@ -9,7 +9,7 @@ import torch
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import Settings
-from autocompile.trial.step import TrainStep, apply
+from autocompile.trial.program.step import TrainStep, apply
 from autocompile.workload.infer import model_facts
 from autocompile.workload.models import build
 from autocompile.workload.parts import build_data, build_loss, optimizer_factory, schedule_factory

@@ -26,9 +26,9 @@ from autocompile.config.knobs import (
     PlacementKnobs,
     TrialConfig,
 )
-from autocompile.trial import apply_parts as parts
-from autocompile.trial.programs import CODECACHE, CompileLog, listening, verify
-from autocompile.trial.step import (
+from autocompile.trial.program import apply_parts as parts
+from autocompile.trial.program.graphs import CODECACHE, CompileLog, listening, verify
+from autocompile.trial.program.step import (
     Micro,
     apply,
     compile_kwargs,
@@ -301,7 +301,7 @@ import logging, torch, torch._inductor.codecache
 logger = logging.getLogger("torch._inductor.codecache")
 state = lambda: (logger.level, logger.propagate, list(logger.handlers))
 before = state()
-import autocompile, autocompile.trial.programs, autocompile.trial.step, autocompile.trial.build
+import autocompile, autocompile.trial.program.graphs, autocompile.trial.program.step, autocompile.trial.program.build
 autocompile.apply
 assert state() == before, (before, state())
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from autocompile.study.shared import counted
+from autocompile.study.records.optuna_store import counted
 from autocompile.trial.launcher import launch
 from tests.conftest import make_spec, tiny_lm
 from tests.test_identity import FIXED, reload, study_with

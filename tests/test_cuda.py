@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from autocompile.config.knobs import Env, TrialConfig
-from autocompile.trial.step import TrainStep, apply, lm_loss
-from autocompile.trial.worker import peak_flops
+from autocompile.trial.program.step import TrainStep, apply, lm_loss
+from autocompile.trial.timing.worker import peak_flops
 from autocompile.workload.data import SyntheticTokens
 from autocompile.workload.models import gpt2
 from tests.conftest import TINY_GPT2, assert_ok, make_spec, run_trials
@@ -136,7 +136,7 @@ def test_hopper_gpus_get_their_bf16_peak() -> None:
 def test_staged_batches_live_on_the_gpu_and_the_timed_steps_copy_nothing_from_pageable_memory() -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from autocompile.trial.build import build_candidate, period, stage, tensors, warm_up
+    from autocompile.trial.program.build import build_candidate, period, stage, tensors, warm_up
 
     spec = make_spec({"compile.scope": "none"}, device="cuda")
     device = torch.device("cuda", torch.cuda.current_device())
@@ -158,7 +158,7 @@ def test_staged_batches_live_on_the_gpu_and_the_timed_steps_copy_nothing_from_pa
 def test_event_window_times_agree_with_a_synchronised_wall_clock_over_the_timed_part() -> None:
     import time
 
-    from autocompile.trial.clock import WindowClock
+    from autocompile.trial.timing.clock import WindowClock
 
     a = torch.randn(4096, 4096, device="cuda")
     for _ in range(3):
@@ -291,7 +291,7 @@ def test_a_loss_the_model_computes_inside_a_cuda_graph_survives_later_replays(
 def test_cuda_graph_recordings_and_re_recordings_are_counted(cuda_graph_recordings: list[int]) -> None:
     """Finding 4: the worker counts recordings with the frames it compiles; a static input that moves (FSDP2
     re-allocates its parameters' storage, pytorch#183451) makes the tree record again."""
-    from autocompile.trial.recordings import cudagraph_recordings
+    from autocompile.trial.timing.recordings import cudagraph_recordings
 
     config = TrialConfig.from_flat({"compile.mode": "reduce-overhead"}, Env.detect("cuda", 1, False))
     step, model, data = _gpt2_step(config)

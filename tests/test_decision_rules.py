@@ -15,8 +15,11 @@ from optuna.trial import TrialState
 from autocompile.config.knobs import Env
 from autocompile.config.settings import ObjectiveSettings
 from autocompile.config.space import SearchSpace
-from autocompile.study.confirm import neighbours, recommended
-from autocompile.study.decisions import (
+from autocompile.study.phases.confirm import neighbours, recommended
+from autocompile.study.phases.racing import compile_spread, verdicts
+from autocompile.study.records.objective import Objective
+from autocompile.study.records.record import Measurement
+from autocompile.study.statistics.decisions import (
     classify,
     expected_max_normal,
     holm,
@@ -24,11 +27,8 @@ from autocompile.study.decisions import (
     processes_to_decide,
     race,
 )
-from autocompile.study.intervals import level, paired_windows, time_to_train
-from autocompile.study.objective import Objective
-from autocompile.study.racing import compile_spread, verdicts
-from autocompile.study.record import Measurement
-from autocompile.trial.stats import Ratio, paired_ratio, pooled_noise
+from autocompile.study.statistics.intervals import level, paired_windows, time_to_train
+from autocompile.trial.timing.stats import Ratio, paired_ratio, pooled_noise
 
 MARGIN = 0.02
 
@@ -156,7 +156,7 @@ def test_a_near_miss_prune_is_measured_again_and_a_good_configuration_survives_i
     best of 8) is lost for good far less often than with one window deciding."""
     import optuna
 
-    from autocompile.study.objective import near_misses
+    from autocompile.study.records.objective import near_misses
 
     rng = random.Random(1)
     throughput = Objective(ObjectiveSettings(kind="throughput"))
@@ -283,7 +283,7 @@ def test_the_compile_spread_is_measured_where_a_program_compiled_cold_twice_else
 
 
 def test_stalls_told_by_cpu_time_keep_the_programs_own_slow_windows() -> None:
-    from autocompile.trial.stats import descheduled
+    from autocompile.trial.timing.stats import descheduled
 
     rng = random.Random(0)
     reps, windows, processes = 300, 40, 5

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autocompile.config import reference
+from autocompile.config import docpages as reference
 from autocompile.config.knobs import KNOBS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,7 +21,7 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def test_the_reference_pages_are_what_the_code_writes_now() -> None:
-    assert reference.stale(ROOT / "docs" / "reference") == [], "run: python -m autocompile.config.reference"
+    assert reference.stale(ROOT / "docs" / "reference") == [], "run: python -m autocompile.config.docpages"
 
 
 def test_a_knob_changed_without_its_page_makes_the_page_stale(monkeypatch: pytest.MonkeyPatch) -> None:

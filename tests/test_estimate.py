@@ -24,8 +24,8 @@ from autocompile.study.estimate import (
     duration,
     estimate,
 )
-from autocompile.study.objective import Objective
-from autocompile.study.samplers import eager_runs_left
+from autocompile.study.records.objective import Objective
+from autocompile.study.search.samplers import eager_runs_left
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.device=cpu",
@@ -207,8 +207,8 @@ def test_the_live_view_shows_the_time_left_and_each_running_trials_phase(setting
 
 def test_a_warm_repeat_logs_its_compile_under_its_own_key_and_compile_s_stays_cold(
         settings_for: Compose, tmp_path: Path) -> None:
-    from autocompile.report.plots import trial_rows
-    from autocompile.report.tracking import MlflowTracker
+    from autocompile.report.tracking.plots import trial_rows
+    from autocompile.report.tracking.runs import MlflowTracker
 
     settings = settings_for(*TINY, f"output_root={tmp_path}")
     study, space, _ = parts(settings)

@@ -10,9 +10,9 @@ from torch import nn
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import ConfigError
-from autocompile.study.record import compact
-from autocompile.trial.flops import flops_per_item
-from autocompile.trial.programs import verify
+from autocompile.study.records.record import compact
+from autocompile.trial.program.flops import flops_per_item
+from autocompile.trial.program.graphs import verify
 from autocompile.workload import units
 from autocompile.workload.data import rate_label
 from autocompile.workload.models import build, flops_per_token

@@ -16,18 +16,18 @@ import pytest
 import yaml
 
 from autocompile.config.knobs import KNOBS, Env, TrialConfig
-from autocompile.report.entry import Entry
-from autocompile.report.frameworks import (
+from autocompile.report.export.frameworks import (
     accelerate_gaps,
     accelerate_yaml,
     trainer_json,
     winner_of,
     write_framework_configs,
 )
-from autocompile.report.gaps import Winner, measured_cost
-from autocompile.report.torchtitan import torchtitan_gaps, torchtitan_toml
-from autocompile.study.effect import Effect
-from autocompile.study.record import Measurement
+from autocompile.report.export.gaps import Winner, measured_cost
+from autocompile.report.export.torchtitan import torchtitan_gaps, torchtitan_toml
+from autocompile.report.findings.entry import Entry
+from autocompile.study.records.record import Measurement
+from autocompile.study.statistics.effect import Effect
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -32,8 +32,8 @@ from autocompile.config.knobs import (
 )
 from autocompile.config.spec import SideBySideSpec
 from autocompile.trial.launcher import launch
-from autocompile.trial.programs import PartiallyCompiled, coverage, listening, verify
-from autocompile.trial.step import apply, lm_loss
+from autocompile.trial.program.graphs import PartiallyCompiled, coverage, listening, verify
+from autocompile.trial.program.step import apply, lm_loss
 from autocompile.workload.data import SyntheticTokens
 from autocompile.workload.models import gpt2
 from tests.conftest import TINY_GPT2, assert_ok, make_spec, run_trials

@@ -11,8 +11,8 @@ import torch
 
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
 from autocompile.config.space import SearchSpace
-from autocompile.trial.programs import listening, verify
-from autocompile.trial.step import apply, compile_kwargs, lm_loss
+from autocompile.trial.program.graphs import listening, verify
+from autocompile.trial.program.step import apply, compile_kwargs, lm_loss
 from autocompile.workload.data import SyntheticTokens
 from tests.test_programs import VOCAB, tiny_gpt2
 

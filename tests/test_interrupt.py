@@ -18,7 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autocompile.config.spec import ModelSpec
-from autocompile.study.shared import counted, measured_trials
+from autocompile.study.records.optuna_store import counted, measured_trials
 from autocompile.trial import launcher
 from autocompile.trial.launcher import Interrupted, launch, prepare, read_progress
 from tests.conftest import make_spec, survivors

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig, describe
-from autocompile.trial.step import compile_kwargs
+from autocompile.trial.program.step import compile_kwargs
 
 
 def cfg(env: Env, **values: object) -> TrialConfig:

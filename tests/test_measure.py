@@ -18,15 +18,15 @@ import torch
 
 from autocompile.config.space import SearchSpace
 from autocompile.config.spec import SideBySideSpec, TrialSpec, Workload
-from autocompile.report.frameworks import accelerate_yaml, trainer_arguments
-from autocompile.report.snippet import snippet
-from autocompile.report.torchtitan import torchtitan_toml
-from autocompile.trial import build as build_module
-from autocompile.trial import worker
-from autocompile.trial.build import stage
-from autocompile.trial.clock import LAZY_WINDOWS, WindowClock
+from autocompile.report.export.frameworks import accelerate_yaml, trainer_arguments
+from autocompile.report.export.snippet import snippet
+from autocompile.report.export.torchtitan import torchtitan_toml
 from autocompile.trial.launcher import launch
-from autocompile.trial.readings import classify, peak_flops
+from autocompile.trial.program import build as build_module
+from autocompile.trial.program.build import stage
+from autocompile.trial.timing import worker
+from autocompile.trial.timing.clock import LAZY_WINDOWS, WindowClock
+from autocompile.trial.timing.readings import classify, peak_flops
 from autocompile.workload.data import SyntheticTokens
 from tests.conftest import ROOT, make_spec, tiny_lm
 from tests.test_frameworks import make_winner

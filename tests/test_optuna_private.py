@@ -12,7 +12,7 @@ import pytest
 from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from autocompile.study.shared import beats, heartbeat, stale_trial_ids, storage_of, trial_id
+from autocompile.study.records.optuna_store import beats, heartbeat, stale_trial_ids, storage_of, trial_id
 
 PRIVATE = {
     "optuna.Study": ("_storage", "_study_id"),
@@ -39,7 +39,7 @@ def test_every_private_name_exists(tmp_path: Path) -> None:
                "a database storage (cached)": study._storage}
     missing = [f"{what}.{name}" for what, names in PRIVATE.items() for name in names
                if not hasattr(holders[what], name)]
-    assert not missing, f"Optuna {optuna.__version__} moved {missing}: update autocompile/study/shared.py"
+    assert not missing, f"Optuna {optuna.__version__} moved {missing}: update autocompile/study/records/optuna_store.py"
     assert trial_id(trial) == trial_id(frozen)
     assert storage_of(study).get_trial(trial_id(frozen)).number == frozen.number
 

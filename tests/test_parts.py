@@ -14,7 +14,7 @@ import torch
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import Workload
 from autocompile.trial.launcher import launch
-from autocompile.trial.step import apply
+from autocompile.trial.program.step import apply
 from autocompile.workload.losses import cross_entropy
 from autocompile.workload.parts import knob_facts
 from tests.conftest import assert_ok, run_trials

@@ -8,9 +8,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autocompile.study.confirm import Slot
-from autocompile.study.phases import run_together
-from autocompile.study.record import TrialRecord
+from autocompile.study.phases.confirm import Slot
+from autocompile.study.phases.run import run_together
+from autocompile.study.records.record import TrialRecord
 
 LABELS = ["winner", "compile.mode=lite", "compile.compiled_autograd=True"]
 BAD = "compile.compiled_autograd=True"

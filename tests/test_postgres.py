@@ -17,7 +17,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autocompile.study.shared import counted, measured_trials
+from autocompile.study.records.optuna_store import counted, measured_trials
 from autocompile.trial.launcher import free_port
 from tests.test_tuner import ROOT, TINY
 

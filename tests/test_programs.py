@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from autocompile.config.knobs import Env, TrialConfig
-from autocompile.trial.programs import NothingCompiled, PartiallyCompiled, verify
-from autocompile.trial.step import apply, lm_loss
+from autocompile.trial.program.graphs import NothingCompiled, PartiallyCompiled, verify
+from autocompile.trial.program.step import apply, lm_loss
 from autocompile.workload import units
 from autocompile.workload.data import SyntheticTokens
 from autocompile.workload.models import gpt2

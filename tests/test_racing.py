@@ -14,9 +14,9 @@ from scipy.stats import t as student_t
 
 from autocompile.config.settings import ObjectiveSettings, StudySettings
 from autocompile.config.spec import MeasureSettings
-from autocompile.study.objective import Objective
-from autocompile.study.racing import confirmed, verdicts
-from autocompile.trial.stats import paired_ratio, pooled_noise, relative_half_width, t975
+from autocompile.study.phases.racing import confirmed, verdicts
+from autocompile.study.records.objective import Objective
+from autocompile.trial.timing.stats import paired_ratio, pooled_noise, relative_half_width, t975
 
 
 def test_tabulated_t_quantiles_agree_with_scipy() -> None:
@@ -185,8 +185,8 @@ def test_phases_wait_until_no_other_tuner_of_the_study_measures_on_this_machine(
     import sys
     import threading
 
-    from autocompile.study.confirm import PHASE_LOCK, alone_on_the_machine
-    from autocompile.study.shared import owner
+    from autocompile.study.phases.confirm import PHASE_LOCK, alone_on_the_machine
+    from autocompile.study.records.optuna_store import owner
     from autocompile.trial.launcher import Interrupted
 
     study = optuna.create_study()

@@ -15,11 +15,11 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 from autocompile.config.space import SearchSpace
-from autocompile.report.plots import trial_rows
 from autocompile.report.summary import build_report
-from autocompile.study.objective import Objective
-from autocompile.study.record import FIELDS, Measurement, TrialRecord, compact, set_attrs, user_attrs
-from autocompile.study.shared import requeue
+from autocompile.report.tracking.plots import trial_rows
+from autocompile.study.records.objective import Objective
+from autocompile.study.records.optuna_store import requeue
+from autocompile.study.records.record import FIELDS, Measurement, TrialRecord, compact, set_attrs, user_attrs
 from tests.jobs import Compose
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from autocompile.trial.build import warmup_steps
-from autocompile.trial.recordings import cudagraph_recordings
+from autocompile.trial.program.build import warmup_steps
+from autocompile.trial.timing.recordings import cudagraph_recordings
 from tests.conftest import make_spec
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autocompile"

@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from autocompile.config.knobs import TrialConfig
-from autocompile.study.reference import REFERENCE_KNOBS, ensure_reference, numerics, reference
+from autocompile.study.search.numerics import REFERENCE_KNOBS, ensure_reference, numerics, reference
 from autocompile.trial.launcher import launch
 
 TINY = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",

@@ -16,9 +16,9 @@ from autocompile.config.commands import hydra_value, measure_command
 from autocompile.config.knobs import KNOBS, TrialConfig
 from autocompile.config.settings import Settings, register, settings_from
 from autocompile.config.space import SearchSpace
-from autocompile.report.entry import Entry
-from autocompile.report.snippet import snippet
-from autocompile.study.record import Measurement
+from autocompile.report.export.snippet import snippet
+from autocompile.report.findings.entry import Entry
+from autocompile.study.records.record import Measurement
 
 ROOT = Path(__file__).resolve().parent.parent
 Compose = Callable[..., Settings]

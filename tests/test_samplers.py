@@ -12,9 +12,9 @@ import pytest
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.space import SearchSpace, identity
-from autocompile.study.decisions import PRIOR_ALONE_NOISE, prune_margin
 from autocompile.study.replay import Noise, Row, best_time_to_train, load_table, replay
-from autocompile.study.samplers import SHARED, kept, make_sampler
+from autocompile.study.search.samplers import SHARED, kept, make_sampler
+from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, prune_margin
 
 GPT2_TINY = ["+model=gpt2-tiny", "workload.device=cpu", "compile.mode=default", "compile.granularity=block",
              "compile.fullgraph=false", "placement.order=to_then_compile", "amp.placement=outside"]

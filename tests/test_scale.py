@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from autocompile.study.confirm import key_of
-from autocompile.study.shared import counted, measured_trials
+from autocompile.study.phases.confirm import key_of
+from autocompile.study.records.optuna_store import counted, measured_trials
 from tests.test_tuner import ROOT, TINY, load, tune_cli
 
 SMALL = ["compile.backend=eager", "amp.dtype=none", "ac.policy=none", "study.prune=false"]
@@ -44,7 +44,7 @@ def test_tuners_started_at_once_on_a_fresh_root_share_the_default_stores(tmp_pat
     # and its parent run are all created by whichever comes first, at the same instant.
     from mlflow.tracking import MlflowClient
 
-    from autocompile.report.tracking import PARENT_ATTR, STUDY_TAG
+    from autocompile.report.tracking.runs import PARENT_ATTR, STUDY_TAG
 
     args = [sys.executable, "-m", "autocompile", "+model=gpt2-tiny", "compile.backend=aot_eager", "study.n_trials=4",
             "workload.batch_size=2", "workload.seq_len=[16]", "workload.device=cpu", "measure.windows=2",

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from autocompile.config.knobs import CompileKnobs
-from autocompile.trial.apply_parts import compile_targets
-from autocompile.trial.programs import verify
+from autocompile.trial.program.apply_parts import compile_targets
+from autocompile.trial.program.graphs import verify
 from autocompile.workload import units
 from autocompile.workload.models import build
 from tests import models as test_models

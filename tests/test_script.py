@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from autocompile.config.knobs import KnobError, TrialConfig
-from autocompile.config.script import ScriptSettings, ScriptSpec, calls_prepare, script_env
+from autocompile.config.script_settings import ScriptSettings, ScriptSpec, calls_prepare, script_env
 from autocompile.config.spec import MeasureSettings, Workload
 from autocompile.trial.launcher import launch
 from tests.conftest import ROOT, survivors
@@ -200,7 +200,7 @@ def test_the_agent_stays_out_of_processes_that_do_not_run_the_script(tmp_path: P
     trial.mkdir()
     spec.write(trial)
     env = {**spec.environment(trial, {"PYTHONPATH": str(ROOT)}), "PATH": "/usr/bin:/bin"}
-    probe = "import sys, torch; print(torch.compile.__module__, 'autocompile.trial.script_agent' in sys.modules)"
+    probe = "import sys, torch; print(torch.compile.__module__, 'autocompile.trial.script.agent' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["torch", "False"]
 

@@ -35,7 +35,7 @@ def _in_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_script_is_the_job_and_its_path_arguments_and_source_are_the_studys_identity() -> None:
     from autocompile.config.knobs import TrialConfig
-    from autocompile.config.script import ScriptSpec
+    from autocompile.config.script_settings import ScriptSpec
 
     s = settings(f"script.path={GPT}", "script.args='--max_iters=100'")
     assert s.model.name == "train_gpt" and s.env.script_mode  # no +model needed
@@ -117,7 +117,7 @@ def test_tune_a_script_measures_its_eager_reference_and_searches_only_what_the_a
 
 
 def test_compare_takes_a_script_and_its_candidates_are_script_trials() -> None:
-    from autocompile.config.script import ScriptSpec
+    from autocompile.config.script_settings import ScriptSpec
 
     s = settings(f"script.path={GPT}", "task=compare",
                  'compare.candidates=["compile.scope=none","compile.scope=regional compile.backend=eager"]')

@@ -108,7 +108,7 @@ def test_a_winners_optimizer_implementation_is_set_on_the_scripts_own_optimizer(
 
 def test_the_knobs_prepare_opens_are_asked_only_of_a_script_that_calls_it(tmp_path: Path) -> None:
     from autocompile.config.knobs import KnobError, TrialConfig
-    from autocompile.config.script import calls_prepare, script_env
+    from autocompile.config.script_settings import calls_prepare, script_env
 
     root = Path(__file__).resolve().parent.parent / "examples" / "scripts"
     assert calls_prepare(root / "train_gpt_prepare.py") and not calls_prepare(root / "train_gpt.py")

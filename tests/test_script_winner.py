@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autocompile.report.entry import Entry
-from autocompile.report.script_snippet import PREPARE, RUN, run_commands, run_entries
-from autocompile.report.snippet import snippet
-from autocompile.study.record import Measurement
+from autocompile.report.export.script_snippet import PREPARE, RUN, run_commands, run_entries
+from autocompile.report.export.snippet import snippet
+from autocompile.report.findings.entry import Entry
+from autocompile.study.records.record import Measurement
 from tests.conftest import ROOT
 from tests.test_script_cli import settings
 

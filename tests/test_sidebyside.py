@@ -15,9 +15,9 @@ from optuna.trial import TrialState
 from autocompile.config.knobs import Env
 from autocompile.config.settings import ObjectiveSettings
 from autocompile.config.spec import SideBySideSpec
-from autocompile.study.intervals import break_even, paired_windows, time_to_train
-from autocompile.study.objective import Objective
-from autocompile.study.racing import confirmed, study_noise
+from autocompile.study.phases.racing import confirmed, study_noise
+from autocompile.study.records.objective import Objective
+from autocompile.study.statistics.intervals import break_even, paired_windows, time_to_train
 from autocompile.trial.launcher import launch
 from tests.conftest import make_spec, tiny_lm
 
@@ -146,7 +146,7 @@ def test_a_confirmation_side_by_side_pairs_windows_and_its_noise_floor_pools_onl
 
 def test_one_cache_per_process_holds_every_candidates_cold_cache_once(tmp_path: Path) -> None:
     from autocompile.config.knobs import TrialConfig
-    from autocompile.study.sidebyside import Member, merge_caches
+    from autocompile.study.phases.sidebyside import Member, merge_caches
 
     env = Env.detect("cpu", 1, False)
     config = TrialConfig.from_flat({}, env)
@@ -177,7 +177,7 @@ def test_a_stalled_window_drops_its_round_instead_of_widening_every_interval() -
 
 def test_regional_with_block_checkpointing_does_not_share_a_process_with_another_compiled_candidate() -> None:
     from autocompile.config.knobs import TrialConfig
-    from autocompile.study.sidebyside import Member, cannot_share
+    from autocompile.study.phases.sidebyside import Member, cannot_share
 
     env = Env.detect("cpu", 1, False)
 
@@ -194,8 +194,8 @@ def test_regional_with_block_checkpointing_does_not_share_a_process_with_another
 def test_a_candidate_left_alone_beside_failed_neighbours_is_told_not_timed() -> None:
     # What the side-by-side worker returned in the FSDP2 verdict phase (regional winner, two neighbours that
     # compiled other programs beside it): the winner was ready, but no round had two candidates to time.
-    from autocompile.study import sidebyside as study_sidebyside
-    from autocompile.study.together import failure
+    from autocompile.study.phases import sidebyside as study_sidebyside
+    from autocompile.study.phases.together import failure
 
     result = {"status": "ok", "candidates": [
         {"label": "winner", "status": "ok", "fingerprint": "7ce5", "step_s": None, "step_s_windows": []},
@@ -220,7 +220,7 @@ def test_candidates_sharing_a_process_each_get_the_recompile_budget_they_would_h
     import torch
     from torch._dynamo.exc import FailOnRecompileLimitHit
 
-    from autocompile.trial.build import start_process
+    from autocompile.trial.program.build import start_process
 
     def step(x: torch.Tensor) -> torch.Tensor:
         return x * 2 + 1

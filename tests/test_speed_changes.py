@@ -16,11 +16,11 @@ import pytest
 from optuna.trial import TrialState
 
 from autocompile.config.settings import ObjectiveSettings
-from autocompile.study.objective import Objective
-from autocompile.study.racing import confirmed
-from autocompile.trial import worker
-from autocompile.trial.sidebyside import rounds_done
-from autocompile.trial.stats import change_point
+from autocompile.study.phases.racing import confirmed
+from autocompile.study.records.objective import Objective
+from autocompile.trial.timing import worker
+from autocompile.trial.timing.sidebyside_worker import rounds_done
+from autocompile.trial.timing.stats import change_point
 from tests.conftest import make_spec
 
 
@@ -88,7 +88,7 @@ def test_the_confirmation_names_a_candidate_that_changed_speed_within_a_process(
 
 
 def test_a_verdict_names_a_neighbour_that_changed_speed_within_a_process() -> None:
-    from autocompile.study.racing import verdicts
+    from autocompile.study.phases.racing import verdicts
 
     rng = random.Random(7)
     study = optuna.create_study(directions=["minimize"])
@@ -154,8 +154,8 @@ def nanogpt_report(settings_for: Any) -> dict[str, Any]:
     """The compare of issue 26 on nanoGPT, its numbers replayed: eager and regional at 12 ms for 6 rounds then
     21 ms (with CPU time), train_step at 9 ms throughout, 2 processes; alone eager 11.96 ms, regional 20.66,
     train_step 6.2 (about half eager's, as side by side: that pair agrees)."""
-    from autocompile.study import sidebyside
     from autocompile.study.compare import summarise
+    from autocompile.study.phases import sidebyside
 
     settings = settings_for("+model=gpt2-tiny", "task=compare", 'compare.candidates=["compile.scope=none",'
                             '"compile.scope=regional","compile.scope=train_step"]')
@@ -174,7 +174,7 @@ def nanogpt_report(settings_for: Any) -> dict[str, Any]:
 
 
 def test_the_compare_names_a_change_of_speed_and_a_ratio_alone_contradicts(settings_for: Any, capsys: Any) -> None:
-    from autocompile.report.comparison import print_comparison
+    from autocompile.report.compare_table import print_comparison
 
     report = nanogpt_report(settings_for)
     assert len(report["speed_changes"]) == 4  # eager and regional, in each of 2 processes
@@ -191,7 +191,7 @@ def test_the_compare_names_a_change_of_speed_and_a_ratio_alone_contradicts(setti
 
 def test_the_alone_check_widens_to_the_spread_its_own_processes_measured() -> None:
     from autocompile.study.compare import ALONE_CV, alone_disagrees, alone_noise, process_spread
-    from autocompile.study.intervals import Paired
+    from autocompile.study.statistics.intervals import Paired
 
     steady = {"a": {p: [0.010] * 12 for p in range(5)}, "b": {p: [0.009] * 12 for p in range(5)}}
     assert process_spread(steady) == (pytest.approx(0.0), 4) and process_spread({"a": {0: [1.0], 1: [2.0]}}) is None
@@ -214,7 +214,7 @@ def test_the_alone_check_raises_few_false_alarms_and_catches_a_slow_process(sd: 
     runs as noisy as the processes, the check should speak in at most about 5 % of compares; with one cold run
     in a process 50 % slower than its level, it should speak often where the machine is steady."""
     from autocompile.study.compare import alone_disagrees, alone_noise
-    from autocompile.study.intervals import paired_windows
+    from autocompile.study.statistics.intervals import paired_windows
 
     rng = random.Random(7)
     names = ("a", "b")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from autocompile.config.knobs import Env, TrialConfig
-from autocompile.trial.programs import verify
-from autocompile.trial.step import apply, lm_loss
+from autocompile.trial.program.graphs import verify
+from autocompile.trial.program.step import apply, lm_loss
 from autocompile.workload import units
 from autocompile.workload.data import SyntheticTokens
 from autocompile.workload.models import flops_per_token, gpt2
@@ -181,7 +181,7 @@ def test_nested_regions_reuse_one_subgraph_for_every_block_and_leave_the_class_a
 
 
 def test_cuda_graph_modes_are_recognised_for_step_marking() -> None:
-    from autocompile.trial.step import uses_cuda_graphs
+    from autocompile.trial.program.step import uses_cuda_graphs
 
     assert uses_cuda_graphs({"backend": "inductor", "mode": "reduce-overhead"})
     assert uses_cuda_graphs({"backend": "inductor", "mode": "max-autotune"})
@@ -193,7 +193,7 @@ def test_cuda_graph_modes_are_recognised_for_step_marking() -> None:
 
 def test_a_step_that_does_not_train_drifts_beyond_the_studys_loss_tolerance() -> None:
     from autocompile.config.settings import ObjectiveSettings
-    from autocompile.study.objective import loss_drift
+    from autocompile.study.records.objective import loss_drift
 
     # The study's numerics check compares each trial's per-step losses with the eager baseline's
     # over a burst (3 warm-up + 5x5 timed steps by default): the data must make that burst learn.
@@ -225,8 +225,8 @@ def test_numerics_compare_the_first_loss_steps_only_so_a_fast_correct_program_st
     agreed with the for-loop reference to 1.6e-7 over 28 steps and drifted past 2% at step 206 of the 233
     it ran in its timed seconds; the slower configurations ran fewer steps and passed."""
     from autocompile.config.settings import ObjectiveSettings
-    from autocompile.study.objective import Objective
-    from autocompile.study.record import Measurement
+    from autocompile.study.records.objective import Objective
+    from autocompile.study.records.record import Measurement
 
     reference = [2.3 * 0.99**i for i in range(240)]
     correct = [x * (1 + 1e-7) for x in reference[:180]] + [x * 1.5 for x in reference[180:233]]
@@ -260,7 +260,7 @@ def test_a_loss_the_model_returns_is_copied_out_of_cuda_graph_memory(cuda_graphs
     output.loss) lives in the CUDA-graph pool, and the next replay overwrites it; the step returns a copy."""
     from contextlib import nullcontext
 
-    from autocompile.trial.step import Micro, eager_step
+    from autocompile.trial.program.step import Micro, eager_step
 
     returned: list[torch.Tensor] = []
     model = torch.nn.Linear(4, 1)

@@ -28,8 +28,8 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from autocompile.config.knobs import KNOBS
-from autocompile.report.mlflow_store import mlflow_server
-from autocompile.study.record import TrialRecord
+from autocompile.report.tracking.mlflow_store import mlflow_server
+from autocompile.study.records.record import TrialRecord
 from autocompile.trial.launcher import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -236,8 +236,8 @@ def test_plots_and_tables_cover_studies_where_nothing_completed_or_everything_di
     from optuna.study import StudyDirection
     from optuna.trial import create_trial
 
-    from autocompile.report.plots import trial_rows, write_plots, write_tables
-    from autocompile.study.effect import Effect
+    from autocompile.report.tracking.plots import trial_rows, write_plots, write_tables
+    from autocompile.study.statistics.effect import Effect
 
     def result(step_s: float, compile_s: float) -> dict[str, Any]:
         return {"status": "ok", "tokens_per_s": 32 / step_s, "step_s": step_s, "step_s_cv": 0.01,
@@ -271,7 +271,7 @@ def test_plots_and_tables_cover_studies_where_nothing_completed_or_everything_di
 SIMULTANEOUS_CHECK = """
 import sys, time
 from pathlib import Path
-from autocompile.report.mlflow_store import check_store
+from autocompile.report.tracking.mlflow_store import check_store
 uri, barrier, me, n = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 (barrier / me).touch()
 while len(list(barrier.iterdir())) < n:  # every process imported: start together
@@ -299,7 +299,7 @@ def test_tuners_checking_a_fresh_sqlite_store_at_once_all_succeed(tmp_path: Path
 HOLDER = """
 import sys, time
 from pathlib import Path
-from autocompile.report.mlflow_store import store_lock
+from autocompile.report.tracking.mlflow_store import store_lock
 uri, marker = sys.argv[1], Path(sys.argv[2])
 with store_lock(uri):
     marker.write_text("held")
@@ -310,7 +310,7 @@ with store_lock(uri):
 
 
 def test_the_store_lock_holds_off_another_process_until_it_lets_go(tmp_path: Path) -> None:
-    from autocompile.report.mlflow_store import store_lock
+    from autocompile.report.tracking.mlflow_store import store_lock
 
     uri, marker = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "marker"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, uri, str(marker)], cwd=ROOT)
@@ -348,7 +348,7 @@ def tracked_settings(tmp_path: Path) -> Any:
 
 
 def parents(client: Any, study_name: str) -> list[Any]:
-    from autocompile.report.tracking import STUDY_TAG
+    from autocompile.report.tracking.runs import STUDY_TAG
 
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               f"tags.`{STUDY_TAG}` = '{study_name}'")
@@ -357,8 +357,8 @@ def parents(client: Any, study_name: str) -> list[Any]:
 
 def test_tuners_starting_a_fresh_study_together_make_one_parent_run(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from autocompile.report.tracking import MlflowTracker
-    from autocompile.study.shared import open_study, storage_for
+    from autocompile.report.tracking.runs import MlflowTracker
+    from autocompile.study.records.optuna_store import open_study, storage_for
 
     settings = tracked_settings(tmp_path)
     run_dir = tmp_path / "study"
@@ -384,8 +384,8 @@ def test_tuners_starting_a_fresh_study_together_make_one_parent_run(tmp_path: Pa
 def test_parents_made_on_several_machines_merge_into_the_one_the_study_recorded(tmp_path: Path) -> None:
     from optuna.trial import create_trial
 
-    from autocompile.report.tracking import PARENT_ATTR, MlflowTracker
-    from autocompile.study.shared import open_study, storage_for
+    from autocompile.report.tracking.runs import PARENT_ATTR, MlflowTracker
+    from autocompile.study.records.optuna_store import open_study, storage_for
 
     settings = tracked_settings(tmp_path)
     study = open_study("merged", storage_for("", tmp_path / "here"), ["minimize"])
@@ -412,8 +412,8 @@ def test_studies_of_one_model_started_together_share_its_experiment(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient
 
-    from autocompile.report.tracking import MlflowTracker, experiment_name
-    from autocompile.study.shared import open_study, storage_for
+    from autocompile.report.tracking.runs import MlflowTracker, experiment_name
+    from autocompile.study.records.optuna_store import open_study, storage_for
 
     settings = tracked_settings(tmp_path)
     looking = MlflowClient.get_experiment_by_name

@@ -23,9 +23,8 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from autocompile.config.settings import ConfigError, ObjectiveSettings
-from autocompile.study.objective import Objective
-from autocompile.study.record import Measurement
-from autocompile.study.shared import (
+from autocompile.study.records.objective import Objective
+from autocompile.study.records.optuna_store import (
     SQLITE_HEADER,
     counted,
     heartbeat,
@@ -38,6 +37,7 @@ from autocompile.study.shared import (
     storage_for,
     wait_finished,
 )
+from autocompile.study.records.record import Measurement
 from tests.conftest import survivors
 from tests.models import tiny_lm
 
@@ -323,7 +323,7 @@ def test_a_trial_waiting_on_a_twin_whose_tuner_died_recovers_it_instead_of_waiti
 
 def test_a_configuration_that_failed_transiently_is_measured_once_more_before_its_failure_stands(
         tmp_path: Path) -> None:
-    from autocompile.study.shared import find_measured
+    from autocompile.study.records.optuna_store import find_measured
 
     study = open_study("transient", storage_for("", tmp_path), ["minimize"])
 

@@ -15,10 +15,10 @@ import torch
 from autocompile.config.gpus import triton_pin, triton_problem
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import Workload
-from autocompile.study.objective import Objective
-from autocompile.study.record import Measurement, set_attrs
+from autocompile.study.records.objective import Objective
+from autocompile.study.records.record import Measurement, set_attrs
 from autocompile.trial.launcher import launch
-from autocompile.trial.warmstart import TRIAL_FILE
+from autocompile.trial.timing.compile_artifacts import TRIAL_FILE
 from tests.conftest import ROOT, assert_ok, make_spec
 
 TINY = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
@@ -26,18 +26,16 @@ TINY = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_siz
 
 CUDA_INITIALISING = re.compile(r"get_device_name\(|get_device_properties\(|get_device_capability\(|mem_get_info\("
                                r"|cuda\.set_device\(|cuda\.current_device\(|cuda\.synchronize\(|cuda\.init\(")
-WORKER_SIDE = {"worker.py", "step.py", "build.py", "apply_parts.py", "programs.py", "sidebyside.py", "stats.py",
-               "flops.py", "warmstart.py", "timeline.py", "clock.py", "readings.py", "recordings.py",
-               "script_agent.py", "script_meter.py", "prepare.py"}
-"""autocompile/trial/ modules that run only in the trial processes (the user's script's too), which own their GPU."""
+WORKER_SIDE = ("trial/program", "trial/timing", "trial/script")
+"""autocompile/ folders whose modules run only in the trial processes (the user's script's too), which own their GPU."""
 
 
 def test_the_tuner_side_paths_on_cuda_never_initialise_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     # Every CUDA initialisation in torch goes through torch.cuda._lazy_init (tensor creation on a CUDA
     # device included: the C++ side calls it), so none may happen while the tuner reads its GPUs.
     from autocompile.config.gpus import device_name
-    from autocompile.report.tracking import local_environment
-    from autocompile.study.sidebyside import _free_memory
+    from autocompile.report.tracking.runs import local_environment
+    from autocompile.study.phases.sidebyside import _free_memory
     from autocompile.workload.parts import knob_facts
 
     def refused(*args: Any, **kwargs: Any) -> None:
@@ -56,7 +54,7 @@ def test_the_tuner_side_paths_on_cuda_never_initialise_cuda(monkeypatch: pytest.
 
 def test_no_cuda_initialising_call_in_tuner_side_code() -> None:
     tuner_side = [p for p in (ROOT / "autocompile").rglob("*.py")
-                  if not (p.parent.name == "trial" and p.name in WORKER_SIDE)]
+                  if p.parent.relative_to(ROOT / "autocompile").as_posix() not in WORKER_SIDE]
     found = [f"{p.relative_to(ROOT)}:{n}" for p in tuner_side for n, line in enumerate(p.read_text().splitlines(), 1)
              if CUDA_INITIALISING.search(line) and "snippet" not in p.name and not line.lstrip().startswith("#")
              and "``" not in line and "_child(" not in line]  # a child process's context ends with it
@@ -132,7 +130,7 @@ def _trial_with_cache(study: optuna.Study, run_dir: Path, state: str) -> optuna.
 
 
 def test_caches_are_pruned_when_the_study_ends_but_the_winners_and_running_trials(tmp_path: Path) -> None:
-    from autocompile.study.warmstart import prune_caches
+    from autocompile.study.search.warmstart import prune_caches
 
     study = optuna.create_study()
     winner, other, failed, running = (_trial_with_cache(study, tmp_path, s)
@@ -150,7 +148,7 @@ def test_two_tuners_pruning_the_same_cache_at_once_both_finish(tmp_path: Path) -
     """Two tuners of one study end together and prune the same trials' caches (CI failed on this race)."""
     import threading
 
-    from autocompile.study.warmstart import drop_cache
+    from autocompile.study.search.warmstart import drop_cache
 
     for attempt in range(10):
         trial_dir = tmp_path / f"{attempt:02d}"
@@ -174,7 +172,7 @@ def test_two_tuners_pruning_the_same_cache_at_once_both_finish(tmp_path: Path) -
 
 
 def test_a_failed_or_infeasible_trials_cache_goes_when_it_is_told(tmp_path: Path, settings_for: Any) -> None:
-    from autocompile.study.measuring import tell_measured
+    from autocompile.study.search.tell import tell_measured
 
     settings = settings_for(*TINY, "objective.memory_limit_gb=1")
     objective = Objective(settings.objective)

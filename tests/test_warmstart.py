@@ -10,10 +10,10 @@ import pytest
 from optuna.trial import TrialState, create_trial
 
 from autocompile.config.knobs import TrialConfig
-from autocompile.study.record import Measurement, user_attrs
-from autocompile.study.warmstart import take_home, warm_start
+from autocompile.study.records.record import Measurement, user_attrs
+from autocompile.study.search.warmstart import take_home, warm_start
 from autocompile.trial.launcher import launch
-from autocompile.trial.warmstart import ARTIFACTS, warm_line
+from autocompile.trial.timing.compile_artifacts import ARTIFACTS, warm_line
 from tests.conftest import assert_ok
 from tests.jobs import FAST_MEASURE, Compose
 

@@ -10,7 +10,7 @@ from autocompile.config.knobs import KNOBS
 
 OBJECTIVES = ("time_to_train", "throughput", "pareto")
 SAMPLERS = ("staged", "tpe", "random", "gp", "every")
-"""``study.sampler`` values (:mod:`autocompile.study.samplers` builds them)."""
+"""``study.sampler`` values (:mod:`autocompile.study.search.samplers` builds them)."""
 
 
 @dataclass

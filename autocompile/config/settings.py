@@ -22,10 +22,10 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from autocompile.config.comparing import CompareSettings, overrides
+from autocompile.config.compare_settings import CompareSettings, overrides
 from autocompile.config.gpus import check_triton, device_name
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
-from autocompile.config.script import ScriptSettings, ScriptSpec, calls_prepare, script_env
+from autocompile.config.script_settings import ScriptSettings, ScriptSpec, calls_prepare, script_env
 from autocompile.config.sections import LaunchSettings, ObjectiveSettings, StudySettings, TrackingSettings
 from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
 from autocompile.workload.models import factory_kwargs, resolve

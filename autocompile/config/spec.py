@@ -186,7 +186,7 @@ class TrialSpec:
     threads: int = 1
     """The resolved threads per process."""
 
-    module = "autocompile.trial.worker"
+    module = "autocompile.trial.timing.worker"
     """The worker module torchrun runs on this spec."""
 
     def write(self, trial_dir: Path) -> Path:
@@ -213,7 +213,7 @@ class TrialSpec:
 @dataclass
 class SideBySideSpec:
     """Several configurations of one workload timed in one process, window by window in rotating order;
-    written as ``sidebyside.json`` (``python -m autocompile.trial.sidebyside DIR``)."""
+    written as ``sidebyside.json`` (``python -m autocompile.trial.timing.sidebyside_worker DIR``)."""
 
     candidates: list[TrialSpec]
     """One spec per candidate: same model, workload and device; the knobs differ."""
@@ -241,7 +241,7 @@ class SideBySideSpec:
     timeout_s: float = 900.0
     """Wall-clock limit of the whole process tree."""
 
-    module = "autocompile.trial.sidebyside"
+    module = "autocompile.trial.timing.sidebyside_worker"
 
     def __post_init__(self) -> None:
         if len(self.candidates) < 2 or len(self.labels) != len(self.candidates):

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.table import Table
 
 from autocompile.report.view import console as make_console
-from autocompile.study.record import Measurement
+from autocompile.study.records.record import Measurement
 
 
 def print_multirun_summary(sweep_dir: Path) -> None:

@@ -19,19 +19,26 @@ from rich.table import Table
 from autocompile.config.commands import measure_command
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
-from autocompile.report.effects import Z95, knob_effects
-from autocompile.report.entry import Entry
-from autocompile.report.frameworks import write_framework_configs
-from autocompile.report.script_snippet import run_commands, run_entries
-from autocompile.report.snippet import snippet
+from autocompile.report.export.frameworks import write_framework_configs
+from autocompile.report.export.script_snippet import run_commands, run_entries
+from autocompile.report.export.snippet import snippet
+from autocompile.report.findings.entry import Entry
+from autocompile.report.findings.search_effects import Z95, knob_effects
 from autocompile.report.view import console as make_console
-from autocompile.study.confirm import recommended as recommended_trial
-from autocompile.study.effect import Effect
-from autocompile.study.objective import Objective
-from autocompile.study.racing import confirmed, phase, phase_trials, study_noise, verdicts
-from autocompile.study.record import TrialRecord
-from autocompile.study.shared import counted, feasible, interrupted, is_search, journal_file, measured_trials
-from autocompile.trial.warmstart import warm_line
+from autocompile.study.phases.confirm import recommended as recommended_trial
+from autocompile.study.phases.racing import confirmed, phase, phase_trials, study_noise, verdicts
+from autocompile.study.records.objective import Objective
+from autocompile.study.records.optuna_store import (
+    counted,
+    feasible,
+    interrupted,
+    is_search,
+    journal_file,
+    measured_trials,
+)
+from autocompile.study.records.record import TrialRecord
+from autocompile.study.statistics.effect import Effect
+from autocompile.trial.timing.compile_artifacts import warm_line
 from autocompile.workload.data import rate_label
 
 

@@ -151,7 +151,7 @@ class StudyView:
         return lines
 
     def refresh(self, trials: list[Any]) -> None:
-        from autocompile.study.shared import counted
+        from autocompile.study.records.optuna_store import counted
 
         self.trials = trials
         self.progress.update(self.task, completed=sum(counted(t) for t in trials))
@@ -162,8 +162,8 @@ class StudyView:
     def render(self) -> Any:
         from rich.console import Group
 
-        from autocompile.study.record import TrialRecord
-        from autocompile.study.shared import counted
+        from autocompile.study.records.optuna_store import counted
+        from autocompile.study.records.record import TrialRecord
 
         table = Table(title="autocompile study", title_justify="left", expand=False)
         records = [TrialRecord.of(t) for t in self.trials]

@@ -1,5 +1,5 @@
 """The study's observer: the live terminal view and MLflow tracking, told by the study loop as it runs
-(:class:`autocompile.study.observers.StudyObserver`), and the report when it ends."""
+(:class:`autocompile.study.records.observers.StudyObserver`), and the report when it ends."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from optuna.trial import FrozenTrial
 
 from autocompile.config.settings import Settings
 from autocompile.report.summary import build_report, print_report, write_artifacts
-from autocompile.report.tracking import NoTracker, tracker_for
+from autocompile.report.tracking.runs import NoTracker, tracker_for
 from autocompile.report.view import StudyView
-from autocompile.study.objective import Objective
-from autocompile.study.observers import Outcome
+from autocompile.study.records.objective import Objective
+from autocompile.study.records.observers import Outcome
 
 log = logging.getLogger(__name__)
 

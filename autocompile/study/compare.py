@@ -11,7 +11,7 @@
    within processes, a random effect per process), of time to train with the cold compiles, when a
    slower-compiling candidate pays back, and a verdict in words. ``compare.json`` in the run directory.
 
-A candidate whose windows changed speed within a process (:func:`autocompile.trial.stats.change_point`) is
+A candidate whose windows changed speed within a process (:func:`autocompile.trial.timing.stats.change_point`) is
 named, one line each, and a side-by-side ratio that disagrees with the candidates' cold runs alone beyond
 their noise is reported as that disagreement, not as the answer.
 
@@ -30,14 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autocompile.config.comparing import label
+from autocompile.config.compare_settings import label
 from autocompile.config.knobs import describe
 from autocompile.config.settings import Settings
 from autocompile.config.spec import write_json_atomic
-from autocompile.study import sidebyside
-from autocompile.study.intervals import Paired, break_even, paired_windows, t_quantile, time_to_train
+from autocompile.study.phases import sidebyside
+from autocompile.study.statistics.intervals import Paired, break_even, paired_windows, t_quantile, time_to_train
 from autocompile.trial.launcher import launch
-from autocompile.trial.stats import change_point, paired_ratio
+from autocompile.trial.timing.stats import change_point, paired_ratio
 
 log = logging.getLogger(__name__)
 SCRIPT_ROUNDS = f"{sidebyside.ONE_CONFIGURATION} (its own loop holds the model): fresh-process rounds"

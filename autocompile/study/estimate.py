@@ -27,9 +27,9 @@ from optuna.trial import TrialState
 from autocompile.config.knobs import KNOBS, TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
-from autocompile.study.objective import Objective
-from autocompile.study.samplers import eager_runs_left
-from autocompile.study.shared import FINISHED, counted, interrupted, measured_trials
+from autocompile.study.records.objective import Objective
+from autocompile.study.records.optuna_store import FINISHED, counted, interrupted, measured_trials
+from autocompile.study.search.samplers import eager_runs_left
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def stand_in(study: optuna.Study, space: SearchSpace, objective: Objective, cost
     """The winner the phases are priced at: the confirmed winner or the search's best so far; before any
     trial, the eager baseline when the compile would not pay back over the horizon at
     :data:`EXPECTED_STEP_GAIN` faster steps, else the default compile."""
-    from autocompile.study.confirm import winner_trial
+    from autocompile.study.phases.confirm import winner_trial
 
     best = winner_trial(study, objective)
     if best is not None:
@@ -176,9 +176,9 @@ def run_costs(study: optuna.Study, settings: Settings, prior: tuple[float, str])
 def phase_costs(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
                 costs: RunCosts, winner: Any) -> tuple[float, float]:
     """Seconds left of the confirmation and the verdict phase: the one place that reads how the phases
-    run (:mod:`autocompile.study.phases`): side by side, or in fresh-process rounds. ``winner``: the trial
+    run (:mod:`autocompile.study.phases.run`): side by side, or in fresh-process rounds. ``winner``: the trial
     (or :func:`stand_in`) whose neighbours the verdicts are priced at."""
-    from autocompile.study.together import method
+    from autocompile.study.phases.together import method
 
     if settings.study.side_by_side and all(
             f"method.{p}" not in study.user_attrs or method(study, p)["method"] == "side_by_side"
@@ -198,8 +198,8 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
                         costs: RunCosts, winner: Any) -> tuple[float, float]:
     """Side by side: ``compare.processes`` processes per phase, minus those done; verdict neighbours
     first run once cold."""
-    from autocompile.study.confirm import confirm_plan, neighbours
-    from autocompile.study.racing import phase_trials
+    from autocompile.study.phases.confirm import confirm_plan, neighbours
+    from autocompile.study.phases.racing import phase_trials
 
     s, processes = settings.study, settings.compare.processes
     trials = study.get_trials(deepcopy=False)
@@ -238,7 +238,7 @@ def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objec
     """Seconds left of the phases in fresh-process rounds. Once the search is over, the repeats of their
     plans not yet run, at the cost the phases log (``cost_estimate``); before, the plans' sizes at
     ``costs``, the verdicts counted at the default compile's neighbours."""
-    from autocompile.study.confirm import (
+    from autocompile.study.phases.confirm import (
         confirm_plan,
         cost_estimate,
         key_of,

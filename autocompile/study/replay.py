@@ -2,29 +2,30 @@
 
 The table (``scripts/program_table.py``, any model) holds every configuration of a space measured once on
 a quiet machine: its step time, cold compile time and the trial's wall time. A replay runs the real
-sampler (:func:`autocompile.study.samplers.make_sampler`) on an in-memory study over the same space,
+sampler (:func:`autocompile.study.search.samplers.make_sampler`) on an in-memory study over the same space,
 queues the same baselines a study queues, and answers each trial from its row as the tuner would:
 
 - **Measurement**: one alone process per trial, its step time and cold compile drawn with the noise the
   records show (:class:`Noise`); a configuration asked again is answered with its first measurement (the
   tuner's ``duplicate_of``), at no cost.
 - **Pruning** (``study.prune``, on by default): the tuner's own stop rule
-  (:meth:`autocompile.study.objective.Objective.stop_rule`, with the tuner's arguments: the best complete
+  (:meth:`autocompile.study.records.objective.Objective.stop_rule`, with the tuner's arguments: the best complete
   trial so far, the prior alone noise since a search measures no configuration twice, ``k`` = the complete
   trials) is called on the events the trial's first timed window would send. A pruned trial is told
   PRUNED, never reaches the confirmation, and costs its row's whole wall time (the first window comes
   after the warm-up, the bulk of a trial's wall time on these tables). The rule's evidence (ratio, margin)
   is kept on the trial as the tuner keeps it.
 - **Provisional prunes** (``study.remeasure_pruned``): after the ``n_trials`` trials, the near misses
-  :func:`autocompile.study.objective.near_misses` picks from the in-memory study are measured once more as
+  :func:`autocompile.study.records.objective.near_misses` picks from the in-memory study are measured once more as
   search trials beyond ``n_trials`` (fresh noise, their wall time counted), pruned again by the same rule
   against the best of the whole search, or complete and reach the confirmation.
 - **Confirmation** (``study.confirm_top``): the search's best ``confirm_top`` distinct programs (by their
   noisy single measurements, distinct by fingerprint) and the eager and default-compile baselines are
   timed again in ``Noise.processes`` processes (each process a shared level, each candidate its own
   per-process noise ``Noise.confirm``), each with the compile time *its search trial measured* (not the
-  true one), and raced by :func:`autocompile.study.racing.versus` and :func:`autocompile.study.decisions.race`:
-  the leader by mean log score, the winner the simplest (:func:`autocompile.study.racing.simplicity`)
+  true one), and raced by :func:`autocompile.study.phases.racing.versus` and
+  :func:`autocompile.study.statistics.decisions.race`:
+  the leader by mean log score, the winner the simplest (:func:`autocompile.study.phases.racing.simplicity`)
   among those tied within ``objective.tie_margin``; undetermined ones are not recommended over the leader.
 
 After each trial it notes the simulated wall clock and the *true* time to train of what the study would
@@ -48,11 +49,11 @@ from optuna.trial import TrialState
 from autocompile.config.knobs import describe
 from autocompile.config.sections import ObjectiveSettings, StudySettings
 from autocompile.config.space import SearchSpace, identity
-from autocompile.study.decisions import PRIOR_ALONE_NOISE, race
-from autocompile.study.intervals import CompileSpread
-from autocompile.study.objective import Objective, near_misses, time_to_train
-from autocompile.study.racing import Candidate, simplicity, versus
-from autocompile.study.record import Measurement, set_attrs
+from autocompile.study.phases.racing import Candidate, simplicity, versus
+from autocompile.study.records.objective import Objective, near_misses, time_to_train
+from autocompile.study.records.record import Measurement, set_attrs
+from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, race
+from autocompile.study.statistics.intervals import CompileSpread
 from autocompile.study.tuner import queue_baselines
 
 WARMUP_STEPS = 3

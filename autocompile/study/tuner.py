@@ -3,7 +3,7 @@
 Reads like the script it is: open (or resume) the study, queue the baselines, then until enough
 trials finished: sample, skip what was already measured, launch with the pruning rule, record,
 tell. Failures are told as failures with their reason; a study that only fails is stopped. Then the
-phases of :mod:`autocompile.study.confirm` (the best programs and the baselines again, in rounds; the
+phases of :mod:`autocompile.study.phases.confirm` (the best programs and the baselines again, in rounds; the
 winner's one-knob neighbours), then the report.
 """
 
@@ -24,17 +24,14 @@ from autocompile.config.knobs import KnobError
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
-from autocompile.study.confirm import alone_on_the_machine, measure_repeat, recommended
 from autocompile.study.estimate import Remaining, announce
-from autocompile.study.measuring import Twin, begin, measure_and_tell
-from autocompile.study.objective import Objective, near_misses
-from autocompile.study.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
-from autocompile.study.phases import run_phases
-from autocompile.study.racing import REPEAT_PHASES, study_noise
-from autocompile.study.record import Measurement, TrialRecord, set_attrs, user_attrs
-from autocompile.study.reference import ensure_reference, reference
-from autocompile.study.samplers import make_sampler
-from autocompile.study.shared import (
+from autocompile.study.phases.confirm import alone_on_the_machine, measure_repeat, recommended
+from autocompile.study.phases.racing import REPEAT_PHASES, study_noise
+from autocompile.study.phases.run import run_phases
+from autocompile.study.phases.together import measure_together, process_dir
+from autocompile.study.records.objective import Objective, near_misses
+from autocompile.study.records.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
+from autocompile.study.records.optuna_store import (
     check_measured_on,
     counted,
     feasible,
@@ -51,8 +48,11 @@ from autocompile.study.shared import (
     tell,
     wait_finished,
 )
-from autocompile.study.together import measure_together, process_dir
-from autocompile.study.warmstart import prune_caches, warm_start
+from autocompile.study.records.record import Measurement, TrialRecord, set_attrs, user_attrs
+from autocompile.study.search.numerics import ensure_reference, reference
+from autocompile.study.search.samplers import make_sampler
+from autocompile.study.search.tell import Twin, begin, measure_and_tell
+from autocompile.study.search.warmstart import prune_caches, warm_start
 from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted
 from autocompile.trial.slots import slots as trial_slots
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from autocompile.config.script import ScriptSpec
+from autocompile.config.script_settings import ScriptSpec
 from autocompile.config.sections import Resources
 from autocompile.config.spec import SideBySideSpec, TrialSpec, write_json_atomic
 

@@ -5,7 +5,7 @@ inputs are a tensor, a tuple of tensors (positional arguments) or a dict (keywor
 Hugging Face models take ``input_ids`` and ``attention_mask``). Each (seed, rank, step) has its own
 generator, so a batch never depends on what ran before: trials that warm up differently still
 train on identical data at the same step. The timing workers call a data part before the warm-up only,
-for a ring of batches kept on the device (:func:`autocompile.trial.build.stage`): nothing is generated
+for a ring of batches kept on the device (:func:`autocompile.trial.program.build.stage`): nothing is generated
 or copied from the host while steps are timed.
 """
 

@@ -1,0 +1,170 @@
+"""``best_config.torchtitan.toml``: the winner as torchtitan's compile, activation-checkpoint, parallelism,
+training and optimizer sections, with what torchtitan cannot express as comments.
+
+Keys and their meaning from torchtitan's ``torchtitan/config/job_config.py`` and
+``torchtitan/models/llama3/infra/parallelize.py`` at commit 238fa9953e4aec2a62582121564273d7cbb1e9f1, the
+last one that reads TOML (``--job.config_file``). There torchtitan applies AC per TransformerBlock, then
+``torch.compile(block, backend=..., fullgraph=True)`` per block (no mode, no dynamic), then ``fully_shard``
+per block and on the root (mixed precision through ``MixedPrecisionPolicy``, no autocast) or
+``replicate`` (DDP, autocast with ``training.mixed_precision_param``, ``optimize_ddp="ddp_optimizer"`` when
+compiled). Since PR #2386 (Feb 2026) a torchtitan run is a Python function returning ``Trainer.Config``;
+the same fields live there.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autocompile.report.export.gaps import Gap, Winner, optimizer_hyper
+
+TORCHTITAN_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
+OPTIMIZERS = {"torch.optim.AdamW": "AdamW", "torch.optim.Adam": "Adam"}
+"""torchtitan's ``build_optimizers``: the optimizer names it builds, by the study's optimizer target."""
+IMPLEMENTATIONS = {"for_loop": "for-loop", "foreach": "foreach", "fused": "fused"}
+
+
+def torchtitan_gaps(w: Winner) -> list[Gap]:
+    """What torchtitan's config cannot say of the winner."""
+    return compile_gaps(w) + training_gaps(w)
+
+
+def compile_gaps(w: Winner) -> list[Gap]:
+    """Where and how torchtitan compiles: each block, default mode, fullgraph, no options."""
+    gaps = []
+    if w.scope in ("module", "train_step"):
+        gaps.append(w.gap("compile.scope", "regional", "torchtitan compiles each TransformerBlock (apply_compile); "
+                          "it has no whole-model or train-step compile."))
+    if w.scope == "regional" and w.knob("compile.granularity") != "block":
+        gaps.append(w.gap("compile.granularity", "block", "apply_compile compiles whole TransformerBlocks."))
+    if w.active("compile.rest") and w.knob("compile.rest") == "compiled":
+        gaps.append(w.gap("compile.rest", "eager", "torchtitan compiles the blocks (and the loss with \"loss\" in "
+                          "compile.components), not the embeddings, final norm or head."))
+    if w.compiled:
+        if w.knob("compile.mode") != "default":
+            gaps.append(w.gap("compile.mode", "default", "apply_compile passes no mode."))
+        if w.active("compile.fullgraph") and not w.knob("compile.fullgraph"):
+            gaps.append(w.gap("compile.fullgraph", True, "apply_compile always compiles with fullgraph=True."))
+        if w.active("compile.dynamic") and w.knob("compile.dynamic") is not None:
+            gaps.append(w.gap("compile.dynamic", None, "apply_compile passes no dynamic (automatic)."))
+    for key, value in w.config.items():
+        if key.startswith("compile.options.") and value is not None:
+            gaps.append(w.gap(key, None, "torchtitan passes no inductor options."))
+    return gaps
+
+
+def training_gaps(w: Winner) -> list[Gap]:
+    """The rest of torchtitan's train step: eager optimizer and clipping, meta-device init, its AMP and DDP."""
+    gaps = []
+    if w.active("compile.optimizer") and w.knob("compile.optimizer"):
+        gaps.append(w.gap("compile.optimizer", False, "torchtitan steps its optimizers eagerly."))
+    if w.active("compile.compiled_autograd") and w.knob("compile.compiled_autograd"):
+        gaps.append(w.gap("compile.compiled_autograd", False, "torchtitan has no compiled-autograd setting."))
+    if w.active("optim.clip") and w.knob("optim.clip") == "compiled":
+        gaps.append(w.gap("optim.clip", "eager", "torchtitan clips in eager code (dist_utils.clip_grad_norm_)."))
+    if w.active("placement.order") and w.knob("placement.order") == "to_then_compile":
+        gaps.append(w.gap("placement.order", "compile_then_to", "torchtitan builds the model on the meta device, "
+                          "compiles and shards it, then materialises it on the device (to_empty)."))
+    if w.active("amp.placement") and w.knob("amp.placement") == "inside":
+        gaps.append(w.gap("amp.placement", "outside", "torchtitan's autocast (maybe_enable_amp) wraps forward and "
+                          "loss in the train step, outside the compiled blocks."))
+    if w.strategy == "fsdp2" and w.knob("amp.dtype") != "none":
+        gaps.append(w.gap("amp.dtype", "none", "under FSDP torchtitan casts through fully_shard's "
+                          "MixedPrecisionPolicy and adds no autocast (maybe_enable_amp)."))
+    if w.strategy != "fsdp2" and w.knob("amp.dtype") == "float16":
+        gaps.append(w.gap("amp.dtype", "bfloat16", "training.mixed_precision_param takes bfloat16 or float32."))
+    if w.strategy == "ddp" and w.active("ddp.optimize") and w.knob("ddp.optimize") != "ddp_optimizer":
+        gaps.append(w.gap("ddp.optimize", "ddp_optimizer", "apply_ddp sets optimize_ddp=\"ddp_optimizer\" when "
+                          "the model is compiled."))
+    if w.active("fsdp.order") and w.knob("fsdp.order") == "shard_then_compile":
+        gaps.append(w.gap("fsdp.order", "compile_then_shard", "parallelize applies AC, compile, then fully_shard."))
+    return gaps
+
+
+def torchtitan_sections(w: Winner) -> dict[str, dict[str, Any]]:
+    """The TOML sections, each key one of ``job_config.py``'s at :data:`TORCHTITAN_COMMIT`."""
+    work = w.workload
+    shard = w.strategy == "fsdp2"
+    if shard:
+        param = "bfloat16" if w.knob("fsdp.mp_policy", "none") == "bf16" else "float32"
+    else:
+        param = "float32" if w.knob("amp.dtype") == "none" else "bfloat16"
+    seq_len = work.get("seq_len") or [2048]
+    training: dict[str, Any] = {"local_batch_size": int(work.get("batch_size", 8)), "seq_len": int(max(seq_len)),
+                                "mixed_precision_param": param, "mixed_precision_reduce": "float32"}
+    if float(work.get("grad_clip_norm", 0.0)) > 0:
+        training["max_norm"] = float(work["grad_clip_norm"])
+    accum = int(work.get("grad_accum_steps", 1))
+    if accum > 1:  # torchtitan accumulates gradients up to the global batch
+        training["global_batch_size"] = training["local_batch_size"] * w.world_size * accum
+    parallelism: dict[str, Any] = {"data_parallel_replicate_degree": w.world_size if w.strategy == "ddp" else 1,
+                                   "data_parallel_shard_degree": w.world_size if shard else 1}
+    if shard:
+        parallelism["fsdp_reshard_after_forward"] = "always" if w.knob("fsdp.reshard_after_forward", True) else "never"
+    sections = {"training": training, "parallelism": parallelism,
+                "activation_checkpoint": {"mode": "full" if w.knob("ac.policy") == "block" else "none"},
+                "compile": {"enable": w.compiled}}
+    if w.compiled:
+        sections["compile"] |= {"components": ["model"], "backend": str(w.knob("compile.backend"))}
+    optimizer = optimizer_section(w)
+    if optimizer:
+        sections["optimizer"] = optimizer
+    return sections
+
+
+def optimizer_section(w: Winner) -> dict[str, Any]:
+    """``[optimizer]``: the study's optimizer and ``optim.impl`` (the device's default where it is ``default``)."""
+    target, hyper = optimizer_hyper(w.workload)
+    impl = w.knob("optim.impl")
+    implementation = IMPLEMENTATIONS.get(impl) or ("foreach" if w.device == "cuda" else "for-loop")
+    if target not in OPTIMIZERS:
+        return {"implementation": implementation}
+    section: dict[str, Any] = {"name": OPTIMIZERS[target]}
+    if "lr" in hyper:
+        section["lr"] = float(hyper["lr"])
+    if "betas" in hyper:
+        section["beta1"], section["beta2"] = (float(b) for b in hyper["betas"])
+    section |= {k: float(hyper[k]) for k in ("eps", "weight_decay") if k in hyper}
+    return section | {"implementation": implementation}
+
+
+def torchtitan_toml(w: Winner) -> str:
+    """``best_config.torchtitan.toml``: header, the gaps as comments, then the sections."""
+    lines = [*w.header("torchtitan"),
+             f"# Keys of torchtitan/config/job_config.py at commit {TORCHTITAN_COMMIT[:7]} (Feb 2026), the last that",
+             "# reads TOML: --job.config_file best_config.torchtitan.toml. Newer torchtitan (PR #2386) configures in",
+             "# Python: set the same fields on Trainer.Config (compile, parallelism, training; activation_checkpoint =",
+             "# FullAC.Config() for mode full, None for none)."]
+    target = str((w.workload.get("optimizer") or {}).get("_target_") or "")
+    if target and target not in OPTIMIZERS:
+        lines.append(f"# The study's optimizer {target} is not one torchtitan builds (Adam, AdamW).")
+    if float(w.workload.get("grad_clip_norm", 0.0)) <= 0:
+        lines.append("# The study did not clip gradients; torchtitan always clips at training.max_norm (default 1.0).")
+    if len(set(w.workload.get("seq_len") or [])) > 1:
+        lines.append("# The study varied the sequence length; torchtitan trains at one training.seq_len (the longest).")
+    precision = str(w.workload.get("float32_matmul_precision", "highest"))  # before the field: torch's default
+    if w.device == "cuda":
+        lines.append(f"# float32 matmuls ran under torch.set_float32_matmul_precision({precision!r}); none of the "
+                     "sections below sets it: call it in your train script.")
+    if w.strategy == "ddp":
+        lines.append("# torchtitan's DDP (replicate) uses bucket_cap_mb=100; the study's DDP, torch's default (25).")
+    gaps = torchtitan_gaps(w)
+    if gaps:
+        lines.append("# not_expressible (the winner's value -> what torchtitan does; the cost from the study's "
+                     "verdicts):")
+        for g in gaps:
+            lines += g.comment()
+    else:
+        lines.append("# Everything the winner sets is expressed below.")
+    for name, section in torchtitan_sections(w).items():
+        lines += ["", f"[{name}]", *(f"{key} = {toml_value(value)}" for key, value in section.items())]
+    return "\n".join(lines) + "\n"
+
+
+def toml_value(value: Any) -> str:
+    """A TOML literal for the values written here: bools, numbers, strings and lists of strings."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value)  # a JSON string or list of strings is a valid TOML basic string / array

@@ -1,0 +1,326 @@
+"""The confirmation and verdict phases: measure again, in fresh processes, interleaved.
+
+A search ranks configurations by one short measurement each, and one fresh process differs from the
+next by more (6-16% on the project's 2-core VM) than most knobs change step time. So after the search:
+
+1. **confirm** (racing, as irace and SMAC3's intensifier do): the best ``study.confirm_top``
+   distinct programs and the baselines eager and default ``torch.compile(model)`` run again,
+   ``study.repeats`` rounds, each round every candidate once, round-robin with a rotating start,
+   so that drift of the machine hits every candidate alike;
+2. **verdict**: the winner's one-knob neighbours, one per question (``study.verdicts``), again in
+   rounds with the winner. A neighbour that compiles the winner's very program is stopped after
+   its warm-up: "identical program", no repeats needed.
+
+Every repeat is an Optuna trial (user attributes ``phase``, ``round``, ``label``), never deduped,
+not counted in ``study.n_trials``. The plan is a function of the study's records, so a killed
+study resumes where it stopped. With ``study.repeat_cache=warm`` a repeat reuses its configuration's
+inductor cache (its search trial's, or a neighbour's first, cold, run): its steps are timed in a
+fresh process after a cheap compile, and the compile time reported stays the cold measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from filelock import Timeout
+from optuna.trial import FrozenTrial, TrialState
+
+from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
+from autocompile.config.sections import Resources
+from autocompile.config.settings import Settings
+from autocompile.config.space import SearchSpace
+from autocompile.study.phases.racing import phase_trials, step_time
+from autocompile.study.phases.together import method
+from autocompile.study.records.objective import Objective
+from autocompile.study.records.optuna_store import feasible, file_lock, measured_here, measured_trials, owner
+from autocompile.study.records.record import TrialRecord, set_attrs, user_attrs
+from autocompile.study.search.tell import Twin, begin, measure_and_tell
+from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted
+
+log = logging.getLogger(__name__)
+
+Measure = Callable[[optuna.Trial], None]
+
+
+@dataclass
+class Slot:
+    """One planned repeat: a configuration in one round of one phase."""
+
+    phase: str
+    round: int
+    label: str
+    params: dict[str, Any]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    """Further user attributes (candidate, cache_from, same_as, knob/value...)."""
+    warm: bool = False
+    """Times its steps with a warm cache (an earlier cold run of the same configuration exists)."""
+
+    def key(self) -> tuple[str, int, str]:
+        return (self.phase, self.round, self.label)
+
+
+def key_of(trial: FrozenTrial) -> tuple[str, int, str] | None:
+    a = TrialRecord.of(trial)
+    return (a.phase, a.round, a.label or "") if a.round is not None else None
+
+
+def rotate(items: list[Any], r: int) -> list[Any]:
+    """Round ``r``'s order: each candidate opens a round in turn (position effects average out)."""
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+# -- plans ---------------------------------------------------------------------------------------------
+
+def confirm_plan(study: optuna.Study, objective: Objective, top: int, repeats: int) -> list[Slot]:
+    """The best ``top`` distinct programs of the search and the eager / default-compile baselines."""
+    ranked = ranked_trials(study, objective)
+    chosen: list[tuple[FrozenTrial, TrialRecord]] = []
+    programs: set[str] = set()
+    for t, rec in ranked:
+        fingerprint = rec.measured.fingerprint or rec.identity
+        if len(chosen) < top and fingerprint not in programs:
+            chosen.append((t, rec))
+            programs.add(fingerprint)
+    for t, rec in ranked:
+        if rec.baseline in ("eager", "compile") and all(t is not c for c, _ in chosen):
+            chosen.append((t, rec))
+    if len(chosen) < 2:
+        return []  # nothing to race
+    return [Slot("confirm", r, f"#{t.number}", t.params, user_attrs(
+        candidate=t.number, baseline=rec.baseline, name=rec.name, compile_s_cold=rec.measured.compile_s,
+        cache_from=rec.trial_dir, cold_trial=t.number,
+    ), warm=True) for r in range(repeats) for t, rec in rotate(chosen, r)]
+
+
+def ranked_trials(study: optuna.Study, objective: Objective) -> list[tuple[FrozenTrial, TrialRecord]]:
+    """The search's feasible complete trials, best first under the objective's score."""
+    found = [(t, TrialRecord.of(t)) for t in measured_trials(study) if t.state == TrialState.COMPLETE and feasible(t)]
+    return sorted(found, key=lambda pair: objective.score(pair[1].measured))
+
+
+def winner_trial(study: optuna.Study, objective: Objective) -> FrozenTrial | None:
+    """The confirmed winner's search trial, or (no confirmation) the search's best."""
+    from autocompile.study.phases.racing import confirmed
+
+    outcome = confirmed(study, objective)
+    if outcome and outcome.get("winner"):
+        return study.trials[outcome["winner"]["trial"]]
+    ranked = ranked_trials(study, objective)
+    return ranked[0][0] if ranked else None
+
+
+def recommended(study: optuna.Study, objective: Objective) -> tuple[FrozenTrial | None, str]:
+    """What the study recommends and why it changed, if it did: the confirmed winner (or the search's best),
+    unless a verdict neighbour measured beside it is measurably faster to train (time to train, after
+    Holm's correction over the neighbours): then the fastest such neighbour, whose own cold run holds its
+    configuration and measurement. A study never recommends what something it measured beats."""
+    from autocompile.study.phases.racing import verdicts
+
+    winner = winner_trial(study, objective)
+    beaters = [e for e in verdicts(study, objective) if e.beats_winner and e.trial is not None
+               and step_time(study.trials[e.trial]) is not None]
+    if winner is None or not beaters:
+        return winner, ""
+    best = min(beaters, key=lambda e: e.score_change if e.score_change is not None else 0.0)
+    return study.trials[best.trial], (  # type: ignore[index]
+        f"changed from trial {winner.number} ({TrialRecord.of(winner).name}): its verdict neighbour "
+        f"{best.knob}={best.value} trains measurably faster ({best.score_change:+.1%} time to train "
+        f"[95% CI {(best.score_low or 0) * 100:+.1f}, {(best.score_high or 0) * 100:+.1f}], Holm over "
+        f"{best.family} verdicts)")
+
+
+def neighbours(winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
+               left_out: list[str] | None = None) -> list[tuple[str, Any, TrialConfig]]:
+    """(knob, value, configuration) for every searched knob with a question, changed at the winner.
+
+    A change that makes another knob invalid (train_step with fused AdamW) is asked with the nearest valid
+    configuration (:func:`nearest_valid`: only the knobs it invalidates change, each to its default or its
+    first allowed value); one that cannot be made valid is left out, and why is appended to ``left_out``
+    (the estimate asks for the neighbours at every trial: only the verdict phase says it)."""
+    env = space.env
+    full = TrialConfig.from_flat(TrialRecord.of(winner).config, env, strict=False).flat()
+    found = []
+    values: dict[str, Any] = {}
+    for key, (spec, _) in KNOBS.items():
+        options = space.options(key, values)
+        values[key] = full[key]
+        if not spec.question or len(options) < 2 or (wanted is not None and key not in wanted):
+            continue
+        for value in options:
+            if value == full[key]:
+                continue
+            try:
+                found.append((key, value, TrialConfig.from_flat({**full, key: value}, env, strict=False)))
+            except KnobError as exc:
+                config = nearest_valid(full, key, value, space)
+                if config is not None:
+                    found.append((key, value, config))
+                elif left_out is not None:
+                    left_out.append(f"{key}={value}: {exc}")
+    return found
+
+
+def nearest_valid(full: dict[str, Any], key: str, value: Any, space: SearchSpace) -> TrialConfig | None:
+    """``full`` with ``key`` = ``value`` made valid by changing the fewest other knobs: walking the knob table
+    in order, each knob whose value the ones before it no longer allow takes its default (or its first
+    allowed value); None when that is no valid configuration either."""
+    flat = {**full, key: value}
+    values: dict[str, Any] = {}
+    for k, (_, default) in KNOBS.items():
+        options = space.options(k, values)
+        if k != key and flat[k] not in options:
+            flat[k] = default if default in options else options[0]
+        values[k] = flat[k]
+    try:
+        return TrialConfig.from_flat(flat, space.env, strict=False)
+    except KnobError:
+        return None
+
+
+def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
+                 repeats: int) -> list[Slot]:
+    """Rounds of the winner and its neighbours; after round 0, neighbours found identical or failed drop out."""
+    env = space.env
+    first = {rec.label: t for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).round == 0}
+    won = TrialRecord.of(winner)
+    members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
+        candidate=winner.number, name=won.name, compile_s_cold=won.measured.compile_s, cache_from=won.trial_dir),
+        warm=True)]
+    for key, value, config in neighbours(winner, space, wanted):
+        members.append(Slot("verdict", 0, f"{key}={value}", space.params(config.flat()), user_attrs(
+            knob=key, value=value, reference=won.config.get(key, KNOBS[key][1]), name=describe(config, env),
+            same_as=won.measured.fingerprint, same_as_trial=winner.number)))
+    plan = []
+    for r in range(repeats):
+        for m in rotate(members, r):
+            if r > 0 and m.label != "winner":
+                done = first.get(m.label)
+                if done is not None and step_time(done) is None:
+                    continue  # identical program, or failed: nothing to repeat
+                m = Slot("verdict", r, m.label, m.params, {**m.attrs, "same_as": None, "cache_from": TrialRecord.of(
+                         done).trial_dir if done is not None else None}, warm=True)
+            else:
+                m = Slot("verdict", r, m.label, m.params, dict(m.attrs), warm=m.warm)
+            plan.append(m)
+    return plan
+
+
+def cost_estimate(study: optuna.Study, plan: list[Slot], settings: Settings | None = None) -> float:
+    """Seconds the plan will take, from the search's wall times: a cold run as a search trial took; a
+    warm one without most of its compile time. Side by side (``settings`` given): per round, each
+    candidate's warm start and the round's timing budget."""
+    walls = [(r.wall_s, r.compile_s) for t in measured_trials(study)
+             if (r := TrialRecord.of(t).measured).ok and r.wall_s is not None]
+    if not walls:
+        return float("nan")
+    cold = statistics.median(w for w, _ in walls)
+    warm = statistics.median(max(w - c, 1.0) for w, c in walls)
+    if settings is not None:
+        rounds = len({slot.round for slot in plan})
+        return sum(warm for _ in plan) + rounds * settings.compare.max_timed_s
+    return sum(warm if slot.warm else cold for slot in plan)
+
+
+def describe_plan(name: str, plan: list[Slot], seconds: float, side_by_side: bool = False) -> str:
+    labels = list(dict.fromkeys(slot.label for slot in plan))
+    rounds = len({slot.round for slot in plan})
+    how = (f"side by side in {rounds} fresh processes (windows in rotating order)" if side_by_side else
+           f"x up to {rounds} rounds = {len(plan)} runs in fresh processes, interleaved")
+    return (f"{name} phase: {len(labels)} configurations {how}; expected about {seconds / 60:.1f} min: "
+            f"{', '.join(labels)}")
+
+
+# -- running a plan ------------------------------------------------------------------------------------
+
+def run_plan(study: optuna.Study, plan: list[Slot], measure: Measure) -> None:
+    """Measure every slot of ``plan`` not measured yet (a resumed study skips what it has)."""
+    for slot in plan:
+        while not slot_done(study, slot.key()):
+            waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if not any(key_of(t) == slot.key() for t in waiting):
+                study.enqueue_trial(slot.params, user_attrs=user_attrs(
+                    phase=slot.phase, round=slot.round, label=slot.label,
+                    **{**slot.attrs, "method": method(study, slot.phase)["method"]}))
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
+                trial = study.ask()  # the oldest waiting trial: ours, or one an interruption queued again
+            set_attrs(trial, owner=owner())
+            measure(trial)
+
+
+def slot_done(study: optuna.Study, key: tuple[str, int, str]) -> bool:
+    return any(key_of(t) == key for t in phase_trials(study, key[0]))
+
+
+def measure_repeat(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, objective: Objective,
+                   settings: Settings, run_dir: Path, resources: Resources, agents: Agents) -> None:
+    """One repeat: measured in a fresh process whatever was measured before (never deduped), unpruned.
+
+    A verdict neighbour's first run is stopped once compiled if it compiled the winner's program."""
+    config, beat = begin(study, trial, space)
+    attrs = TrialRecord.of(trial)
+    cache = settings.cache_dir
+    warm_from = Path(attrs.cache_from) / "inductor_cache" if attrs.cache_from else None
+    if cache is None and settings.study.repeat_cache == "warm" and warm_from is not None and warm_from.is_dir():
+        cache = warm_from
+    compile_cache = "none (eager)" if config.compile.scope == "none" else "shared warm" if settings.cache_dir \
+        else "warm" if cache else "cold"
+    set_attrs(trial, compile_cache=compile_cache)
+
+    def twin_of(fingerprint: str) -> Twin | None:
+        return Twin(attrs.same_as_trial, f"the winner's program (trial {attrs.same_as_trial})") \
+            if fingerprint == attrs.same_as else None
+
+    log.info("%s round %d: %s (trial %d, %s compile cache)", attrs.phase, attrs.round, attrs.label, trial.number,
+             compile_cache)
+    # Optuna's value uses the cold compile time: a warm repeat's compile is not what a new job pays.
+    measure_and_tell(study, trial, config, beat, objective, settings, run_dir, resources, agents,
+                     twin_of=twin_of if attrs.same_as else None, cache_dir=cache,
+                     cold_compile_s=attrs.compile_s_cold if cache is not None else None)
+
+
+PHASE_LOCK = ".phases.lock"
+"""In the run directory: one tuner of a shared study runs the phases, the others wait and report."""
+
+
+@contextlib.contextmanager
+def alone_on_the_machine(study: optuna.Study, run_dir: Path, interrupt: threading.Event = INTERRUPT,
+                         poll_s: float = 1.0) -> Iterator[None]:
+    """Hold the phases until no other tuner of this study measures anything here: repeats compared
+    with each other must not share the cores with another repeat or a search trial. Tuners started
+    together: the first to finish its search waits for the others' last trials, runs the phases,
+    and the rest wait for it and then find every repeat done."""
+    lock = file_lock(run_dir / PHASE_LOCK)
+    said = False
+    while True:
+        try:
+            lock.acquire(timeout=0 if not said else poll_s)
+            break
+        except Timeout:
+            if not said:
+                log.info("another tuner of this study is running its phases: waiting for it")
+                said = True
+            if interrupt.is_set():
+                raise Interrupted("the tuner is stopping") from None
+    try:
+        said = False
+        while running := [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                          if measured_here(t)]:
+            if not said:
+                log.info("phases wait for trial(s) %s of another tuner to finish", running)
+                said = True
+            if interrupt.wait(poll_s):
+                raise Interrupted("the tuner is stopping")
+        yield
+    finally:
+        lock.release()

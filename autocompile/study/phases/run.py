@@ -1,0 +1,196 @@
+"""The phases after the search: confirmation, then verdicts, side by side where the candidates can
+share a process (:mod:`autocompile.study.phases.together`), else in fresh-process rounds
+(:mod:`autocompile.study.phases.confirm`). Which ran, and why, is kept in the study and reported."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autocompile.config.knobs import KNOBS, TrialConfig, describe
+from autocompile.config.settings import Settings
+from autocompile.config.space import SearchSpace
+from autocompile.study.phases import sidebyside
+from autocompile.study.phases.confirm import (
+    Measure,
+    Slot,
+    confirm_plan,
+    cost_estimate,
+    describe_plan,
+    key_of,
+    neighbours,
+    run_plan,
+    slot_done,
+    verdict_plan,
+    winner_trial,
+)
+from autocompile.study.phases.racing import phase_trials, step_time
+from autocompile.study.phases.together import MeasureTogether, cold_of, method, set_method
+from autocompile.study.records.objective import Objective
+from autocompile.study.records.optuna_store import interrupted, owner
+from autocompile.study.records.record import TrialRecord, set_attrs, user_attrs
+
+log = logging.getLogger(__name__)
+
+
+def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
+               measure: Measure, together: MeasureTogether | None = None) -> None:
+    """Confirmation, then verdicts; each plan is logged (configurations, rounds, expected cost) first.
+    ``together`` measures one round side by side (None: fresh-process rounds only)."""
+    s = settings.study
+    if s.confirm_top:
+        plan = confirm_plan(study, objective, s.confirm_top, s.repeats)
+        if plan:
+            side = phase_method(study, "confirm", plan, settings, together) == "side_by_side"
+            if side:  # side by side, a round is a process: compare.processes of them
+                plan = confirm_plan(study, objective, s.confirm_top, settings.compare.processes)
+            log.info(describe_plan("confirmation", plan, cost_estimate(study, plan, settings if side else None), side))
+            together_or_fresh(study, "confirm", plan, settings, measure, together)
+        else:
+            log.info("confirmation phase skipped: fewer than two feasible distinct programs completed in the search "
+                     "(infeasible: loss drift or memory over its limit, see the trial table)")
+    wanted = s.verdict_knobs()
+    winner = winner_trial(study, objective) if wanted != [] else None
+    if winner is None:
+        return
+    plan = verdict_plan(study, winner, space, wanted, s.repeats)
+    if len(plan) <= s.repeats:
+        log.info("verdict phase skipped: no searched knob with a question can change at the winner")
+        return
+    undecided = "method.verdict" not in study.user_attrs
+    if together is not None and s.side_by_side and (undecided or method(study, "verdict")["method"] == "side_by_side") \
+            and verdicts_together(study, winner, space, wanted, settings, measure, together):
+        return
+    log.info(describe_plan(f"verdict (at trial {winner.number}, {TrialRecord.of(winner).name})", plan,
+                           cost_estimate(study, plan)))
+    for r in range(s.repeats):  # round by round: a neighbour found identical in round 0 needs no more
+        run_plan(study, [slot for slot in verdict_plan(study, winner, space, wanted, s.repeats) if slot.round == r],
+                 measure)
+
+
+def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
+                      settings: Settings, measure: Measure, together: MeasureTogether) -> bool:
+    """The verdict phase side by side: each neighbour once alone and cold (compile time, memory, program;
+    "identical program" stops it there), then the winner and the rest in side-by-side rounds. False when
+    they cannot share a process (the caller runs fresh-process rounds)."""
+    if "method.verdict" not in study.user_attrs:
+        set_method(study, "verdict", "side_by_side")
+    won = TrialRecord.of(winner)
+    left_out: list[str] = []
+    found = neighbours(winner, space, wanted, left_out)
+    for why in left_out:
+        log.info("verdict %s left out", why)
+    cold = [Slot("verdict", -1, f"{key}={value}", space.params(config.flat()), user_attrs(
+        knob=key, value=value, reference=won.config.get(key, KNOBS[key][1]), name=describe(config, space.env),
+        same_as=won.measured.fingerprint, same_as_trial=winner.number, cold_run=True))
+        for key, value, config in found]
+    log.info("verdict phase (at trial %d, %s): %d neighbours once alone (cold), then side by side with the winner "
+             "in %d fresh processes", winner.number, won.name, len(cold),
+             settings.compare.processes)
+    run_plan(study, cold, measure)
+    firsts = {rec.label: t for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).round == -1}
+    members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
+        candidate=winner.number, name=won.name, compile_s_cold=won.measured.compile_s, cold_trial=winner.number))]
+    members += [Slot("verdict", 0, slot.label, slot.params, {k: slot.attrs[k] for k in ("knob", "value", "reference",
+                                                                                         "name")}
+                     | {"cold_trial": firsts[slot.label].number}) for slot in cold
+                if slot.label in firsts and step_time(firsts[slot.label]) is not None]
+    if len(members) < 2:
+        return True  # every neighbour is the winner's program or failed: the verdicts say so
+    plan = [Slot("verdict", r, m.label, m.params, dict(m.attrs))
+            for r in range(settings.compare.processes) for m in members]
+    why = why_apart(study, members, settings) or run_together(study, plan, measure, together, drop_failed=True)
+    if why:
+        set_method(study, "verdict", "fresh_processes", why)
+        return False
+    return True
+
+
+def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, together: MeasureTogether,
+                 drop_failed: bool = False) -> str | None:
+    """Each round of ``plan`` in one side-by-side process (a resumed study skips the rounds it has).
+    Returns why the candidates could not share a process, or None.
+
+    ``drop_failed`` (verdicts): a candidate that failed beside the others leaves the later rounds and its verdict
+    says why, while the winner and the rest stay side by side (a compiled winner's twelve neighbours otherwise
+    all fell back to fresh processes, ±30-100 % instead of ±2 %, for one that could not share). Without it, or
+    when the winner failed or fewer than two are left, the first failure returns its reason."""
+    for r in sorted({slot.round for slot in plan}):
+        dropped = failed_beside(study, plan[0].phase) if drop_failed else set()
+        slots = [slot for slot in plan if slot.round == r and not slot_done(study, slot.key())
+                 and slot.label not in dropped]
+        if len({slot.label for slot in plan if slot.label not in dropped}) < 2:
+            return f"{', '.join(sorted(dropped))} failed beside the others"
+        if not slots:
+            continue
+        keys = {slot.key() for slot in slots}
+        waiting = {key_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+        for slot in slots:
+            if slot.key() not in waiting:
+                study.enqueue_trial(slot.params, user_attrs=user_attrs(
+                    phase=slot.phase, round=slot.round, label=slot.label,
+                    **{**slot.attrs, "method": "side_by_side"}))
+        trials: dict[tuple[str, int, str], optuna.Trial] = {}
+        while len(trials) < len(keys):
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
+                trial = study.ask()
+            set_attrs(trial, owner=owner())
+            rec = TrialRecord.of(trial)
+            key = (rec.phase, rec.round, rec.label)
+            if key in keys and rec.method == "side_by_side":
+                trials[key] = trial
+            else:
+                measure(trial)  # another queued trial (one an interruption queued again): measured alone
+        why = together([trials[slot.key()] for slot in slots])
+        if why:
+            failed = failed_beside(study, plan[0].phase) & {slot.label for slot in slots}
+            if not drop_failed or "winner" in failed or len(slots) - len(failed) < 2:
+                return why
+            log.warning("%s round %d: %s; its verdict says so, the rest stay side by side", plan[0].phase, r, why)
+    return None
+
+
+def failed_beside(study: optuna.Study, phase: str) -> set[str]:
+    """Labels of ``phase``'s side-by-side repeats that ran and measured nothing (failed beside the others)."""
+    return {rec.label for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
+                                                                        TrialState.PRUNED))
+            if (rec := TrialRecord.of(t)).phase == phase and rec.method == "side_by_side" and rec.round >= 0
+            and not rec.measured.ok and not interrupted(t)}
+
+
+def together_or_fresh(study: optuna.Study, phase: str, plan: list[Slot], settings: Settings, measure: Measure,
+                      together: MeasureTogether | None) -> None:
+    """``plan`` side by side when its candidates can share a process, else in fresh-process rounds."""
+    if phase_method(study, phase, plan, settings, together) == "side_by_side":
+        side = [Slot(s.phase, s.round, s.label, s.params, {**s.attrs, "method": "side_by_side"}) for s in plan]
+        why = run_together(study, side, measure, together)  # type: ignore[arg-type]
+        if why is None:
+            return
+        set_method(study, phase, "fresh_processes", why)
+    run_plan(study, plan, measure)
+
+
+def phase_method(study: optuna.Study, phase: str, plan: list[Slot], settings: Settings,
+                 together: MeasureTogether | None) -> str:
+    """Decided once per phase and kept in the study, so a resumed phase goes on the same way."""
+    if f"method.{phase}" not in study.user_attrs:
+        if together is None or not settings.study.side_by_side:
+            set_method(study, phase, "fresh_processes", sidebyside.ONE_CONFIGURATION
+                       if settings.script.given else "study.side_by_side=false")
+        else:
+            why = why_apart(study, list({s.label: s for s in plan}.values()), settings)
+            set_method(study, phase, "fresh_processes" if why else "side_by_side", why or "")
+    return method(study, phase)["method"]
+
+
+def why_apart(study: optuna.Study, slots: list[Slot], settings: Settings) -> str | None:
+    """Why the candidates of ``slots`` cannot share a process (:func:`sidebyside.cannot_share`), each
+    described by its cold run."""
+    env = settings.env  # detected once: it reads the model's structure
+    return sidebyside.cannot_share([sidebyside.Member(s.label, TrialConfig.from_flat(
+        TrialRecord.of(study.trials[s.attrs["cold_trial"]]).config, env, strict=False),
+        cold_of(study.trials[s.attrs["cold_trial"]])) for s in slots], settings)

@@ -1,0 +1,118 @@
+"""The phases side by side: each round is one fresh process timing every candidate in rotating windows.
+
+One Optuna trial per candidate and round (user attributes ``phase``, ``round``, ``label``, and
+``method`` = ``side_by_side``), told with the candidate's step time in that process (the geometric
+mean of its windows) and its windows in ``result.step_s_windows``: :mod:`autocompile.study.phases.racing`
+pairs them window by window. The value told to Optuna uses the candidate's cold compile time.
+
+Verdict neighbours first run once alone and cold (round -1, ``cold_run``): their compile time, peak
+memory and program (one that compiles the winner's very program stops there: "identical program"),
+then the winner and the remaining neighbours share the rounds.
+
+Which method a phase used is a study attribute (``method.<phase>``): side by side unless it was
+turned off (``study.side_by_side=false``), the candidates cannot share a process
+(:func:`sidebyside.cannot_share`), or a candidate failed beside the others in the first round; then
+the phase runs in fresh-process rounds and the report says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autocompile.config.settings import Settings
+from autocompile.config.space import SearchSpace
+from autocompile.study.phases import sidebyside
+from autocompile.study.records.objective import Objective
+from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
+from autocompile.study.search.tell import begin, tell_measured
+from autocompile.trial.timing.compile_artifacts import TRIAL_FILE
+
+log = logging.getLogger(__name__)
+
+MeasureTogether = Callable[[list[optuna.Trial]], None]
+
+
+def method(study: optuna.Study, phase: str) -> dict[str, str]:
+    """How ``phase`` timed its candidates: ``{"method": "side_by_side" | "fresh_processes", "why": ...}``."""
+    return study.user_attrs.get(f"method.{phase}") or {"method": "fresh_processes", "why": "recorded before side "
+                                                                                          "by side existed"}
+
+
+def set_method(study: optuna.Study, phase: str, name: str, why: str = "") -> None:
+    study.set_user_attr(f"method.{phase}", {"method": name, "why": why})
+    if name != "side_by_side":
+        log.warning("%s phase: fresh-process rounds instead of side by side: %s", phase, why)
+
+
+def cold_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """What a member needs of its cold single-candidate run: program, artifacts, peak memory, compile time."""
+    record = TrialRecord.of(trial)
+    result = record.measured.to_dict()
+    result["trial_dir"] = record.trial_dir
+    artifacts = Path(record.trial_dir or "") / TRIAL_FILE
+    if artifacts.is_file():
+        result["compile_artifacts"] = {"path": str(artifacts)}
+    return result
+
+
+def failure(candidate: dict[str, Any], result: dict[str, Any], shared: str | None) -> dict[str, Any] | None:
+    """Why a candidate of a side-by-side process has no step time (``failure``, ``reason``), or None: it failed,
+    the process failed, or it was ready but every other candidate failed beside it, so no round had two
+    candidates to time (its ``step_s`` is None)."""
+    if candidate.get("status") == "ok" and result.get("status") == "ok":
+        if candidate.get("step_s") is not None:
+            return None
+        return {"failure": "not_timed", "reason": f"not timed: no other candidate was left beside it ({shared})"}
+    return {"failure": candidate.get("failure") or result.get("failure"),
+            "reason": candidate.get("reason") or result.get("reason", "")}
+
+
+def process_dir(run_dir: Path, phase: str, r: int) -> Path:
+    """Where round ``r`` of a side-by-side phase runs (its spec, logs, progress and result)."""
+    return run_dir / "phases" / f"{phase}-round{r}"
+
+
+def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: SearchSpace, objective: Objective,
+                     settings: Settings, run_dir: Path, resources: Any, agents: Any) -> str | None:
+    """One side-by-side process timing ``trials`` (the candidates of one round); each told alone. Returns
+    why they could not share the process (a candidate failed beside the others), or None."""
+    first = TrialRecord.of(trials[0])
+    r, phase = first.round, first.phase
+    out = process_dir(run_dir, phase, r)
+    members, beats = [], []
+    for trial in trials:
+        config, beat = begin(study, trial, space)
+        beats.append(beat)
+        set_attrs(trial, trial_dir=str(out), method="side_by_side",
+                  compile_cache="side by side: warm from its cold run's artifacts")
+        record = TrialRecord.of(trial)
+        members.append(sidebyside.Member(record.label, config, cold_of(study.trials[record.cold_trial])))
+    log.info("%s round %d side by side: %s", phase, r, ", ".join(m.label for m in members))
+
+    def beat_all() -> None:  # every candidate's trial is RUNNING while the one process times them all
+        for beat in beats:
+            beat()
+
+    result = sidebyside.run_process(out, members, settings, shift=r, resources=resources, agents=agents,
+                                    beat=beat_all)
+    shared = sidebyside.not_shared([result])
+    for trial, member, c in zip(trials, members, result.get("candidates") or [{}] * len(trials), strict=True):
+        failed = failure(c, result, shared)
+        if failed is not None:
+            tell_measured(study, trial, objective, Measurement(status="failed", **failed))
+            continue
+        cold = Measurement.from_dict(member.cold)
+        items_per_step = cold.tokens_per_s * cold.step_s  # a step's tokens (or samples), as measured alone
+        tell_measured(study, trial, objective, Measurement(
+            status="ok", step_s=c["step_s"], step_s_windows=c["step_s_windows"],
+            step_cpu_s_windows=c.get("step_cpu_s_windows"),
+            tokens_per_s=items_per_step / c["step_s"], losses=c["losses"], fingerprint=c["fingerprint"],
+            compiled=c["compiled"], compiled_coverage=c.get("coverage"), throughput_unit=result.get("throughput_unit"),
+            compile_s=cold.compile_s, peak_memory_bytes=cold.peak_memory_bytes, wall_s=result.get("wall_s"),
+            side_by_side={"round": r, "rounds": result["rounds"], "window_steps": result["window_steps"]}))
+    return shared

@@ -1,0 +1,1 @@
+"""What a study keeps: the shared Optuna study, the typed trial record, the objective, observers."""

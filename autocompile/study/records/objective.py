@@ -1,0 +1,165 @@
+"""What "best" means: time to train a horizon, throughput, or the throughput/compile-time Pareto front.
+
+Also the two pruning rules, as stop rules the launcher polls while a trial runs: a trial whose
+warm-up (compile) alone already exceeds the best time-to-train, and a trial whose first timed
+window is clearly slower than the best. "Clearly" allows for the noise of both sides and for the best
+being the minimum of ``k`` noisy measurements (:func:`decisions.prune_margin`): a configuration no worse
+than the best is pruned with a chance of at most ``decisions.PRUNE_ALPHA`` (5%, one-sided). The noise
+is the study's run-to-run noise of alone processes (``racing.study_noise``); until the study has
+measured it, the prior ``decisions.PRIOR_ALONE_NOISE`` (or the best's window spread, if larger).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autocompile.config.settings import ObjectiveSettings
+from autocompile.study.records.record import Measurement, TrialRecord
+from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, prune_margin
+from autocompile.trial.launcher import StopRule
+
+DIRECTIONS = {
+    "time_to_train": ["minimize"],
+    "throughput": ["maximize"],
+    "pareto": ["maximize", "minimize"],
+}
+
+
+def time_to_train(compile_s: float, step_s: float, horizon_steps: int) -> float:
+    """Seconds to finish ``horizon_steps`` steps: compile once, then steady-state steps (the one formula)."""
+    return compile_s + horizon_steps * step_s
+
+
+class Objective:
+    def __init__(self, settings: ObjectiveSettings) -> None:
+        self.settings = settings
+        self.kind = settings.kind
+
+    @property
+    def directions(self) -> list[str]:
+        return DIRECTIONS[self.kind]
+
+    @property
+    def names(self) -> list[str]:
+        return {"time_to_train": ["time_to_train_s"], "throughput": ["tokens_per_s"],
+                "pareto": ["tokens_per_s", "compile_s"]}[self.kind]
+
+    def time_to_train(self, result: Measurement) -> float:
+        """Seconds to finish ``horizon_steps`` steps with this measurement's compile and step times."""
+        return time_to_train(result.compile_s, result.step_s, self.settings.horizon_steps)
+
+    def values(self, result: Measurement) -> list[float]:
+        if self.kind == "time_to_train":
+            return [self.time_to_train(result)]
+        if self.kind == "throughput":
+            return [result.tokens_per_s]
+        return [result.tokens_per_s, result.compile_s]
+
+    def score(self, result: Measurement) -> float:
+        """One number where lower is better, to rank trials and prune against (Pareto: time to train)."""
+        return -result.tokens_per_s if self.kind == "throughput" else self.time_to_train(result)
+
+    def constraints(self, result: Measurement, reference_losses: list[float] | None) -> dict[str, float]:
+        """Optuna constraints (feasible when <= 0): peak memory over the limit, loss drift over tolerance.
+
+        Without reference losses the numerics are unchecked, which is never feasible: a trial that
+        could not be compared with eager cannot win."""
+        limit = self.settings.memory_limit_gb
+        memory = (result.peak_memory_bytes or 0) / 2**30 - limit if limit > 0 else -1.0
+        drift = loss_drift(result.losses or [], reference_losses, self.settings.loss_steps)
+        numerics = drift - self.settings.loss_rtol if drift is not None else 1.0
+        return {"memory_gb_over_limit": memory, "loss_drift_over_rtol": numerics}
+
+    def stop_rule(self, best: tuple[int, Measurement] | None, noise: float | None = None,
+                  k: int = 1) -> StopRule | None:
+        """Prune against the best complete trial so far (its number and measurement); Pareto studies keep
+        every trial.
+
+        ``noise``: the study's run-to-run relative sd of step time in alone processes (None: not measured
+        yet, the prior stands in); ``k``: how many complete trials the best is the best of."""
+        if best is None or self.kind == "pareto":
+            return None
+        number, measured = best
+        sd = max(noise if noise is not None else PRIOR_ALONE_NOISE, measured.step_s_cv or 0.0)
+        margin = math.exp(prune_margin(sd, measured.step_s_cv or 0.0, k))
+        best_score = self.score(measured)
+        horizon = self.settings.horizon_steps
+        evidence: dict[str, float] = {}
+
+        def stop(ratio: float, reason: str) -> str:
+            evidence.update(ratio=ratio, margin=margin)  # the tuner keeps both: a near miss is measured again
+            return reason
+
+        def rule(events: list[dict[str, Any]], elapsed: float) -> str | None:
+            started = next((e for e in events if e["event"] == "warmup_start"), None)
+            if started is None:
+                return None
+            warm = [e["seconds"] for e in events if e["event"] == "warmup_step"]
+            window = next((e for e in events if e["event"] == "window"), None)
+            if self.kind == "time_to_train" and window is None:
+                # time to train = sum(warm-up) + (horizon - warm-up steps) x step >= time spent warming up
+                spent = time.time() - started["time"]
+                if spent > best_score * margin:
+                    # Not provisional: the bound only grows while the warm-up goes on.
+                    return (f"warm-up (compile) alone took {spent:.1f} s > best time to train "
+                            f"{best_score:.1f} s (trial {number}, the best of {k}) by more than the noise allows "
+                            f"(margin {margin - 1:.0%})")
+                return None
+            if window is None:
+                return None
+            step = window["step_s"]
+            if self.kind == "time_to_train":
+                bound = sum(warm) + (horizon - len(warm)) * step
+                if bound > best_score * margin:
+                    return stop(bound / best_score,
+                                f"after the first timed window: time to train ~{bound:.1f} s vs best "
+                                f"{best_score:.1f} s (trial {number}, the best of {k}; margin {margin - 1:.0%} "
+                                f"for noise {sd:.1%})")
+            elif step > measured.step_s * margin:
+                return stop(step / measured.step_s,
+                            f"first timed window {step * 1e3:.2f} ms/step vs best {measured.step_s * 1e3:.2f} ms "
+                            f"(trial {number}, the best of {k}; margin {margin - 1:.0%} for noise {sd:.1%})")
+            return None
+
+        rule.evidence = evidence  # type: ignore[attr-defined]
+        return rule
+
+
+def loss_drift(losses: list[float], reference: list[float] | None, steps: int | None = None) -> float | None:
+    """Largest relative distance between per-step losses over the first ``steps`` steps both ran."""
+    if not reference or not losses:
+        return None
+    pairs = list(zip(losses[:steps], reference[:steps], strict=False))
+    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs)
+
+
+NEAR_MISS = 2.0
+"""A pruned trial whose ratio to the best was within this many margins (in logs) is a near miss."""
+
+
+def near_misses(trials: Sequence[FrozenTrial], limit: int) -> list[FrozenTrial]:
+    """The pruned search trials to measure once more, closest to the bound first, at most ``limit``.
+
+    A prune is one first window against the best so far, wrong for a configuration no worse than the best
+    with a chance of up to ``decisions.PRUNE_ALPHA``; over a study's many prunes some are wrong, and a pruned
+    trial never reaches the confirmation. So a prune is provisional: one whose evidence was near the margin
+    (``prune_ratio`` within ``NEAR_MISS`` margins, in logs) is measured once more, under the same rule
+    against the best of the whole search; a second prune is final (both wrong: about ``PRUNE_ALPHA``
+    squared). A configuration already measured again, or a re-measurement itself, is not picked."""
+    again = {TrialRecord.of(t).remeasure_of for t in trials} - {None}
+    found = []
+    for t in trials:
+        record = TrialRecord.of(t)
+        if (t.state != TrialState.PRUNED or not record.is_search or record.remeasure_of is not None
+                or t.number in again or not record.prune_ratio or not record.prune_margin
+                or record.prune_margin <= 1.0):
+            continue
+        excess = math.log(record.prune_ratio) / math.log(record.prune_margin)
+        if excess <= NEAR_MISS:
+            found.append((excess, t.number, t))
+    return [t for _, _, t in sorted(found)[:max(limit, 0)]]

@@ -1,0 +1,96 @@
+"""What the study loop tells the outside while it runs, and what it hands over when it ends.
+
+The loop (:mod:`autocompile.study.tuner`) never calls report code: it notifies a
+:class:`StudyObserver` (the live view and MLflow tracking are one, ``report.watch.Watch``, wired by
+the app) and returns an :class:`Outcome` that the report turns into the summary. So the flow reads in
+one direction: config -> workload -> trial -> study -> report.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autocompile.config.space import SearchSpace
+from autocompile.study.records.objective import Objective
+
+
+class LiveView(Protocol):
+    """A live display of one stage: what runs, and the trials so far."""
+
+    def running(self, key: int | str, text: str, trial_dir: Path | None = None) -> None:
+        """Trial ``key`` (or a named wait such as ``reference``) runs; its directory holds its progress events."""
+
+    def finished(self, key: int | str) -> None:
+        """It is over."""
+
+    def refresh(self, trials: list[FrozenTrial]) -> None:
+        """The study's trials changed (and with them the time left)."""
+
+
+class StudyObserver(Protocol):
+    """Told by the study loop as it runs."""
+
+    def opened(self, study: optuna.Study, objective: Objective, remaining: Any) -> None:
+        """The study is open (MLflow opens its parent run here: an unusable store fails before any trial);
+        ``remaining``: the study's ``estimate.Remaining``."""
+
+    def live(self, table: bool = True, estimate: bool = True) -> AbstractContextManager[LiveView]:
+        """A live display for one stage (the reference, the search, the phases): ``table`` shows the trials
+        table, ``estimate`` the time left."""
+
+    def recorded(self, trial: FrozenTrial) -> None:
+        """A trial finished and its record is complete (MLflow logs its child run); called from any slot."""
+
+
+class Quiet:
+    """An observer that shows and records nothing (a study run from code or a test)."""
+
+    def opened(self, study: optuna.Study, objective: Objective, remaining: Any) -> None:
+        pass
+
+    def live(self, table: bool = True, estimate: bool = True) -> AbstractContextManager[LiveView]:
+        return nullcontext(NO_VIEW)
+
+    def recorded(self, trial: FrozenTrial) -> None:
+        pass
+
+
+class _NoView:
+    def running(self, key: int | str, text: str, trial_dir: Path | None = None) -> None:
+        pass
+
+    def finished(self, key: int | str) -> None:
+        pass
+
+    def refresh(self, trials: list[FrozenTrial]) -> None:
+        pass
+
+
+NO_VIEW: LiveView = _NoView()
+"""A view that shows nothing: the phases' repeats are shown by their own stage's view, not per trial."""
+
+
+@dataclass
+class Outcome:
+    """How a study run ended: what the report reads (with the study itself)."""
+
+    study: optuna.Study
+    """The study, every trial of every run of it included."""
+    space: SearchSpace
+    """The space it searched."""
+    objective: Objective
+    """What "best" means."""
+    stop_reason: str
+    """Why the search stopped (``20 trials finished``, ``interrupted``, ``failure guard``, a timeout)."""
+    wall_s: float
+    """Seconds since this run of the study started."""
+    interrupted: bool
+    """Ctrl-C or SIGTERM stopped it: running trials were queued again."""
+    released: int
+    """Trials stopped and queued again because of the interruption."""

@@ -1,0 +1,131 @@
+"""One trial measured and told: the path every search trial and every repeat of the phases takes.
+
+:func:`begin` samples the configuration and records it (and starts the heartbeat), :func:`measure_and_tell`
+launches it in a fresh process under its stop rules and tells Optuna, and :func:`tell_measured`, its
+tail, is also how each candidate of a side-by-side process is told (:mod:`autocompile.study.phases.together`).
+What differs between a search trial and a repeat is passed in: the pruning rule, the inductor cache,
+the program it must not compile again, and the compile time Optuna's value uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autocompile.config.knobs import TrialConfig, describe
+from autocompile.config.sections import Resources
+from autocompile.config.settings import Settings
+from autocompile.config.space import SearchSpace, identity
+from autocompile.study.records.objective import Objective
+from autocompile.study.records.optuna_store import heartbeat, tell
+from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
+from autocompile.study.search.numerics import numerics, reference
+from autocompile.study.search.warmstart import drop_cache
+from autocompile.trial.launcher import Agents, StopRule, launch
+from autocompile.trial.slots import slot_threads
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Twin:
+    """A program already measured: a trial that compiles it is stopped once compiled."""
+
+    number: int
+    """The trial that measured it."""
+    what: str
+    """It in words: ``the same program as trial 3 (...)``."""
+    stands_for: FrozenTrial | None = None
+    """The trial whose measurement stands for the stopped one (search: a copy, told as its twin was);
+    None: the stopped trial is pruned with what it measured (a verdict neighbour)."""
+
+
+FindTwin = Callable[[str], Twin | None]
+"""A compiled program's fingerprint -> the trial that measured it, or None."""
+
+
+def begin(study: optuna.Study, trial: optuna.Trial, space: SearchSpace) -> tuple[TrialConfig, Callable[[], None]]:
+    """Sample ``trial``'s configuration and record it (config, identity, name); its heartbeat, beaten once:
+    a trial without any heartbeat is never found stale, so it beats before anything can hang."""
+    config = space.sample(trial)
+    set_attrs(trial, config=config.active(space.env), identity=identity(config, space.env),
+              name=describe(config, space.env))
+    beat = heartbeat(study, trial)
+    beat()
+    return config, beat
+
+
+def measure_and_tell(study: optuna.Study, trial: optuna.Trial, config: TrialConfig, beat: Callable[[], None],
+                     objective: Objective, settings: Settings, run_dir: Path, resources: Resources, agents: Agents,
+                     *, twin_of: FindTwin | None = None, prune: StopRule | None = None, cache_dir: Path | None = None,
+                     cold_compile_s: float | None = None, view: Any = None) -> None:
+    """Launch ``trial`` in a fresh process (``run_dir/trials/NNNN``), stop it once compiled when ``twin_of``
+    knows its program, or when ``prune`` says so; then tell Optuna what it measured.
+
+    ``cache_dir``: the inductor cache it starts from (None: a cold one of its own, or ``settings.cache_dir``);
+    ``cold_compile_s``: the compile time of Optuna's value when the run's own is warm; ``view``: the live
+    view that shows it running."""
+    trial_dir = run_dir / "trials" / f"{trial.number:04d}"
+    set_attrs(trial, trial_dir=str(trial_dir))
+    if view is not None:
+        view.running(trial.number, TrialRecord.of(trial).name, trial_dir)
+
+    def rule(events: list[dict[str, Any]], elapsed: float) -> str | tuple[str, str] | None:
+        beat()
+        compiled = next((e for e in events if e["event"] == "compiled"), None) if twin_of else None
+        if compiled and (twin := twin_of(compiled["fingerprint"])) is not None:  # type: ignore[misc]
+            # Compiled, and it is a program already measured: its steps would time the same code.
+            return ("same_program", f"compiled {twin.what}, fingerprint {compiled['fingerprint']}")
+        return prune(events, elapsed) if prune else None
+
+    result = launch(trial_dir, settings.trial_spec(config, slot_threads(settings, resources)),
+                    cache_dir=cache_dir if cache_dir is not None else settings.cache_dir, should_stop=rule,
+                    resources=resources, agents=agents)
+    measured = Measurement.from_dict(result)
+    evidence = getattr(prune, "evidence", None)
+    if measured.status == "pruned" and evidence:  # kept before the tell: a near miss is measured again
+        set_attrs(trial, prune_ratio=evidence["ratio"], prune_margin=evidence["margin"])
+    twin = twin_of(measured.fingerprint) if twin_of and measured.status == "same_program" else None
+    if twin is not None and twin.stands_for is not None:
+        # The configuration is measured by its twin's steps; its own compile ran, and is noted.
+        stands = TrialRecord.of(twin.stands_for)
+        set_attrs(trial, same_program_as=twin.number, duplicate_of=twin.number, reason=measured.reason,
+                  result=stands.result)
+        tell(study, trial, twin.stands_for.state, twin.stands_for.values, stands.constraints)
+        log.info("trial %d: %s", trial.number, measured.reason)
+    elif twin is not None:
+        set_attrs(trial, result=measured, same_program_as=twin.number, reason=measured.reason)
+        tell(study, trial, TrialState.PRUNED, None, None)
+    else:
+        tell_measured(study, trial, objective, measured, cold_compile_s)
+
+
+def tell_measured(study: optuna.Study, trial: optuna.Trial, objective: Objective, measured: Measurement,
+                  cold_compile_s: float | None = None) -> None:
+    """Record ``measured`` on ``trial`` and tell Optuna: complete, with its constraints (memory, and the
+    losses against the eager reference), or failed / pruned with its reason. ``cold_compile_s``: the
+    compile time Optuna's value uses instead of the run's own (a repeat with a warm cache: a warm
+    compile is not what a new job pays)."""
+    set_attrs(trial, result=measured)
+    if not measured.ok:
+        drop_cache(trial.user_attrs.get("trial_dir"))  # no repeat or side-by-side process reads it
+        set_attrs(trial, reason=measured.reason or "")
+        tell(study, trial, TrialState.PRUNED if measured.status == "pruned" else TrialState.FAIL, None, None)
+        log.info("trial %d %s: %s", trial.number, measured.status, measured.reason)
+        return
+    ref = reference(study)
+    constraints = objective.constraints(measured, ref["losses"] if ref else None)
+    for k, v in constraints.items():
+        trial.set_constraint(k, v)
+    set_attrs(trial, numerics=numerics(ref), constraints=constraints)
+    if any(v > 0 for v in constraints.values()):
+        drop_cache(trial.user_attrs.get("trial_dir"))  # infeasible: never a candidate of the phases
+    told = measured if cold_compile_s is None else dataclasses.replace(measured, compile_s=cold_compile_s)
+    tell(study, trial, TrialState.COMPLETE, objective.values(told), constraints)

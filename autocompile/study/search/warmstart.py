@@ -1,0 +1,110 @@
+"""The winner's warm start: its compile artifacts copied next to ``best_config.py`` and a fresh process
+measured with them loaded, once per winner (see :mod:`autocompile.trial.timing.compile_artifacts` for the worker side);
+and the pruning of the trials' inductor caches (a cold cache per trial: up to GBs each on a GPU).
+
+What reads a trial's cache later: a confirm or verdict repeat starts warm from a feasible complete trial's
+(``study.repeat_cache=warm``), and a side-by-side process merges its candidates' cold caches. Neither
+reads a failed, pruned or infeasible trial's, so that one goes once the trial is told (:func:`drop_cache`);
+the rest go when the study ends, all but the winner's (:func:`prune_caches`). Each trial's
+``compile_artifacts.bin`` stays: the warm start and a side-by-side candidate without a cache load it, and a
+repeat of a resumed study whose cache is gone compiles cold and says so (``compile_cache``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autocompile.config.knobs import TrialConfig
+from autocompile.config.settings import Settings
+from autocompile.study.records.record import TrialRecord
+from autocompile.trial.launcher import launch
+from autocompile.trial.timing.compile_artifacts import ARTIFACTS, TRIAL_FILE
+
+log = logging.getLogger(__name__)
+
+
+def take_home(settings: Settings, best: dict[str, Any] | None, run_dir: Path, launch: Any) -> dict[str, Any] | None:
+    """Copy the winner's artifacts next to ``best_config.py`` and measure a warm start of it.
+
+    ``launch(trial_dir, spec)`` runs a trial (``launcher.launch``); ``settings`` are the study's.
+    Returns cold and warm compile seconds and the saving, or None when the winner has no artifacts."""
+    artifacts = ((best or {}).get("result") or {}).get("compile_artifacts")
+    if not artifacts or not Path(artifacts["path"]).is_file():
+        return None
+    target = run_dir / ARTIFACTS
+    shutil.copyfile(artifacts["path"], target)
+    config = TrialConfig.from_flat(best["config"], settings.env, strict=False)
+    spec = settings.trial_spec(config)
+    spec = dataclasses.replace(spec, measure=dataclasses.replace(spec.measure, artifacts=str(target.resolve())))
+    log.info("measuring a warm start of trial %s with %s", best["number"], target)
+    result = launch(run_dir / "warm_start", spec)
+    cold = best["result"]["compile_s"]
+    if result.get("status") != "ok":
+        return {"artifacts": str(target), "trial": best["number"], "cold_compile_s": cold, "status": "failed",
+                "reason": result.get("reason")}
+    warm = result["compile_s"]
+    return {"artifacts": str(target), "trial": best["number"], "status": "ok", "cold_compile_s": cold,
+            "warm_compile_s": warm, "saved_s": cold - warm, "loaded": result.get("artifacts_loaded"),
+            "trial_dir": result.get("trial_dir")}
+
+
+def warm_start(study: optuna.Study, settings: Settings, winner: FrozenTrial | None,
+               run_dir: Path) -> dict[str, Any] | None:
+    """The winner's warm start, measured once per winner (a resumed study keeps the measurement); kept as the
+    study's ``warm_start`` attribute, which the report reads."""
+    done = study.user_attrs.get("warm_start")
+    if winner is None or (done and done.get("trial") == winner.number):
+        return done if winner is not None else None
+    record = TrialRecord.of(winner)
+    best = {"number": winner.number, "config": record.config, "result": record.measured.to_dict()}
+    # The trial keeps its numbers, not its files: the artifacts lie in its directory (worker: save_artifacts).
+    saved = Path(record.trial_dir or "/nonexistent") / TRIAL_FILE
+    if saved.is_file():
+        best["result"]["compile_artifacts"] = {"path": str(saved)}
+    found = take_home(settings, best, run_dir, launch)
+    if found is not None:
+        study.set_user_attr("warm_start", found)
+    return found
+
+
+CACHE = "inductor_cache"
+"""A trial's own cold cache, in its directory (``launcher.trial_environment``); a cache it was handed
+(a warm repeat's, ``measure.cache=warm``'s shared one) lies elsewhere and is never removed here."""
+
+
+def drop_cache(trial_dir: str | Path | None) -> int:
+    """Remove the inductor cache in ``trial_dir``; the bytes it held."""
+    cache = Path(trial_dir) / CACHE if trial_dir else None
+    if cache is None or not cache.is_dir() or cache.is_symlink():
+        return 0
+    # Another tuner of the same study may be removing the same cache: what vanishes mid-walk is not counted.
+    size = 0
+    for root, _, files in os.walk(cache):
+        for name in files:
+            with contextlib.suppress(OSError):
+                size += os.lstat(os.path.join(root, name)).st_size
+    shutil.rmtree(cache, ignore_errors=True)
+    return size
+
+
+def prune_caches(study: optuna.Study, winner: FrozenTrial | None, run_dir: Path) -> int:
+    """At the end of a study: the caches of its finished trials (and of the reference and the warm start)
+    removed, the winner's kept; the bytes freed. A running trial's (another tuner's) is left alone."""
+    keep = TrialRecord.of(winner).trial_dir if winner is not None else None
+    dirs = {d for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+            and (d := TrialRecord.of(t).trial_dir) and d != keep}
+    dirs |= {str(d) for d in run_dir.glob("reference*")} | {str(run_dir / "warm_start")}
+    freed = sum(drop_cache(d) for d in sorted(dirs))
+    if freed:
+        log.info("removed the trials' inductor caches (%.2f GiB); kept: the winner's%s and every trial's %s",
+                 freed / 2**30, f" ({keep})" if keep else "", TRIAL_FILE)
+    return freed

@@ -1,0 +1,1 @@
+"""The study's statistics, pure functions of numbers: decision rules, intervals, effects."""

@@ -1,0 +1,174 @@
+"""The study's decision rules under noise, as pure functions of intervals (DESIGN.md section 10).
+
+- **Ties** are equivalence, not "the interval contains zero": a candidate ties with the leader when its
+  95% interval lies within +-``study.tie_margin`` (two one-sided tests at 2.5% each); one whose interval
+  straddles the margin is *undetermined*, with the number of further processes that would decide it.
+- **Pruning** allows for the noise of both sides and for the best being the minimum of ``k`` noisy
+  values (it is lucky by about ``E[max of k N(0,1)]`` standard deviations).
+- **Verdicts** are a family: Holm's step-down keeps the chance of one or more false "measurably" at
+  5% whatever the number of neighbours and however their comparisons with one winner correlate.
+
+Every rule works on the log scale, where the intervals of :mod:`autocompile.study.statistics.intervals` and
+:mod:`autocompile.trial.timing.stats` are symmetric.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from scipy import special
+
+from autocompile.trial.timing.stats import Ratio
+
+ALPHA = 0.05
+"""Two-sided level of every interval, family-wise level of the verdicts."""
+PRUNE_ALPHA = 0.05
+"""One-sided chance of pruning a configuration no worse than the best, allowed per pruning decision."""
+PRIOR_ALONE_NOISE = 0.086
+"""Relative sd of one program's step time across alone fresh processes, until the study measures it: the
+largest the studies of issue 26 recorded (6.7-8.6 % on the 2-core VM)."""
+POWER = 0.8
+"""The chance of deciding that :func:`processes_to_decide` plans for."""
+MAX_MORE = 1000
+"""Beyond this many further processes an undetermined comparison is called undecidable in practice."""
+
+
+@dataclass(frozen=True)
+class LogInterval:
+    """A ratio's estimate on the log scale: centre, 95% half-width, degrees of freedom."""
+
+    mu: float
+    half: float
+    df: float
+
+    @property
+    def se(self) -> float:
+        return self.half / float(special.stdtrit(self.df, 1 - ALPHA / 2)) if self.df >= 1 else math.inf
+
+
+def log_interval(ratio: Ratio | None) -> LogInterval | None:
+    """The log-scale form of a ratio's 95% interval; None without one (no shared round, one round).
+
+    Degrees of freedom: a side-by-side or time-to-train interval carries its own (``df``), paired
+    fresh-process rounds have ``rounds - 1``."""
+    if ratio is None or ratio.low is None or ratio.high is None:
+        return None
+    lo, hi = math.log1p(ratio.low), math.log1p(ratio.high)
+    df = float(getattr(ratio, "df", 0.0) or ratio.rounds - 1)
+    return LogInterval((lo + hi) / 2, (hi - lo) / 2, df) if df >= 1 else None
+
+
+def p_value(ratio: Ratio | None) -> float | None:
+    """Two-sided p-value of "no difference" from a ratio's interval (None without an interval)."""
+    li = log_interval(ratio)
+    if li is None:
+        return None
+    if li.half == 0:
+        return 0.0 if li.mu != 0 else 1.0
+    return float(2 * special.stdtr(li.df, -abs(li.mu) / li.se))
+
+
+def classify(ratio: Ratio | None, margin: float) -> str:
+    """A candidate against the leader (``ratio`` = candidate / leader): ``tied`` (the interval lies within
+    +-``margin``), ``slower`` or ``faster`` (measurably, the interval beyond zero and not within the
+    margin), or ``undetermined`` (the interval straddles the margin, or there is none: one round, no
+    shared round)."""
+    li = log_interval(ratio)
+    if li is None:
+        return "undetermined"
+    m = math.log1p(margin)
+    if -m < li.mu - li.half and li.mu + li.half < m:
+        return "tied"
+    if li.mu - li.half > 0:
+        return "slower"
+    if li.mu + li.half < 0:
+        return "faster"
+    return "undetermined"
+
+
+def processes_to_decide(ratio: Ratio | None, margin: float, processes: int) -> int | None:
+    """About how many further processes (rounds) would decide an undetermined comparison with 80% power if
+    the difference is what it measured so far: the standard error shrinks as 1 / sqrt(n) with ``n``
+    processes, and the comparison is decided once (t(df) + z(0.8)) standard errors fit in the distance of
+    the estimate to the easier decision (tied: inside the margin; apart: beyond zero). A planning figure:
+    the estimate itself is uncertain. None: no interval to scale, or more than :data:`MAX_MORE`."""
+    li = log_interval(ratio)
+    if li is None or processes < 1:
+        return None
+    m = math.log1p(margin)
+    target = max(abs(li.mu), m - abs(li.mu))  # measurably apart, or tied
+    if li.half <= target:
+        return 0
+    spread = li.se * math.sqrt(processes)
+    per_process = li.df / processes  # side by side, pooled windows add many df per process
+    power = float(special.ndtri(POWER))
+    for more in range(1, MAX_MORE + 1):
+        n = processes + more
+        t = float(special.stdtrit(li.df + per_process * more, 1 - ALPHA / 2))
+        if (t + power) * spread / math.sqrt(n) < target:
+            return more
+    return None
+
+
+def holm(p_values: Sequence[float | None], alpha: float = ALPHA) -> list[bool]:
+    """Holm's step-down: which hypotheses are rejected at family-wise level ``alpha`` (None: not tested,
+    never rejected, not counted in the family)."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    rejected = [False] * len(p_values)
+    for rank, (p, i) in enumerate(tested):
+        if p > alpha / (len(tested) - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def expected_max_normal(k: int) -> float:
+    """E[max of ``k`` standard normals] (Blom's approximation; 0 for k = 1): how many standard deviations
+    the best of ``k`` equally good noisy measurements is lucky by."""
+    if k <= 1:
+        return 0.0
+    return float(special.ndtri((k - 0.375) / (k + 0.25)))
+
+
+def prune_margin(noise: float, window_cv: float, k: int, alpha: float = PRUNE_ALPHA) -> float:
+    """Log margin by which a challenger's first-window time to train must exceed the best's before it is
+    pruned: the one-sided ``1 - alpha`` quantile of the difference of two alone processes (the challenger's
+    process and its one window's spread, ``window_cv``; the best's process) plus the best's luck as the
+    minimum of ``k`` noisy values (``noise``: relative sd across alone processes)."""
+    z = float(special.ndtri(1 - alpha))
+    return z * math.sqrt(2 * noise**2 + window_cv**2) + expected_max_normal(k) * noise
+
+
+@dataclass(frozen=True)
+class Race:
+    """The confirmation's decision among candidates (indices into the caller's lists)."""
+
+    leader: int
+    """The best mean score."""
+    winner: int
+    """The simplest of the leader and the candidates tied with it."""
+    status: list[str]
+    """Per candidate against the leader: ``leader``, ``tied``, ``slower``, ``faster``, ``undetermined``."""
+
+    @property
+    def decided(self) -> bool:
+        """Every candidate is tied with the leader or measurably slower than it."""
+        return all(s in ("leader", "tied", "slower") for s in self.status)
+
+    def labelled(self, label: str) -> list[int]:
+        return [i for i, s in enumerate(self.status) if s == label]
+
+
+def race(means: Sequence[float], simplicity: Sequence[tuple[int, ...]],
+         versus_leader: Callable[[int, int], Ratio | None], margin: float) -> Race:
+    """The leader (lowest mean log score), each candidate's status against it (``versus_leader(i, leader)``
+    is candidate ``i`` / leader), and the winner: the simplest of the leader and those tied with it within
+    +-``margin``. An undetermined candidate is not recommended over the leader (it is worse on average
+    and not known to be within the margin): the report says how many processes would decide it."""
+    leader = min(range(len(means)), key=lambda i: means[i])
+    status = ["leader" if i == leader else classify(versus_leader(i, leader), margin) for i in range(len(means))]
+    pool = [i for i, s in enumerate(status) if s in ("leader", "tied")]
+    winner = min(pool, key=lambda i: (simplicity[i], means[i]))
+    return Race(leader, winner, status)

@@ -1,0 +1,1 @@
+"""The program a trial runs: the training step, the apply parts, the build, its graphs and FLOPs."""

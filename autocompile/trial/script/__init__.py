@@ -1,0 +1,1 @@
+"""The user's own script: the agent inside its processes, the meter, and ``prepare()``."""

@@ -1,0 +1,327 @@
+"""The agent inside each process of the user's own script: it takes over the script's ``torch.compile``.
+
+Started by the ``sitecustomize.py`` a script trial puts first on ``PYTHONPATH``
+(:mod:`autocompile.config.script_settings`),
+before the script's first line and only in the processes that run the script (not torchrun's agent, not
+inductor's compile workers). :func:`boot` patches ``torch.compile`` and ``nn.Module.compile`` (torch is imported
+here, so ``from torch import compile`` in the script gets the patched one) to apply the trial's compile knobs
+to what the script hands them:
+
+- ``compile.scope=none``: the module comes back unchanged (the eager baseline);
+- ``module``: the module's forward compiled in place with the trial's mode, options, dynamic and fullgraph (a
+  ``DistributedDataParallel`` is compiled as a wrapper, the order the script chose);
+- ``regional``: each repeated block compiled in place (``autocompile.workload.units``), and the rest as
+  ``compile.rest`` says.
+
+A plain function compiled by the script cannot be given a module scope: the call fails the trial with that
+reason. Calls from libraries and from torch itself on functions pass through untouched. The
+:class:`~autocompile.trial.script.meter.Meter` counts and times the optimizer steps and ends the processes.
+
+Torch only: this runs inside the user's processes, where only PyTorch may be installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import runpy
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+BOOT = time.time()
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from autocompile.config.knobs import TrialConfig  # noqa: E402
+from autocompile.config.script_settings import TRIAL_VAR, ScriptSpec, calls_prepare, script_env  # noqa: E402
+from autocompile.trial.program.apply_parts import (  # noqa: E402
+    Compilers,
+    apply_ac,
+    apply_optimize_ddp,
+    compile_targets,
+    compile_units,
+    compiles_ddp,
+)
+from autocompile.trial.program.graphs import CompileLog  # noqa: E402
+from autocompile.trial.program.step import compile_kwargs  # noqa: E402
+from autocompile.trial.script.meter import CannotTakeOver, Meter  # noqa: E402
+from autocompile.workload.optim import set_impl  # noqa: E402
+
+_REAL_COMPILE = torch.compile
+_REAL_MODULE_COMPILE = nn.Module.compile
+_AGENT: Agent | None = None
+_PASS_THROUGH = tuple(str(Path(p).resolve()) for p in (
+    os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib"))))
+"""Code that calls ``torch.compile`` for its own ends (torch, autocompile, the standard library, installed
+packages): its calls on functions reach the real ``torch.compile``."""
+
+
+def boot() -> None:
+    """Start the agent in this process when it runs the trial's script (``sitecustomize`` calls this)."""
+    global _AGENT
+    trial_dir = Path(os.environ[TRIAL_VAR])
+    spec = ScriptSpec.read(trial_dir)
+    if not sys.argv or Path(sys.argv[0]).resolve() != Path(spec.script.path).resolve():
+        return  # torchrun's own process, a compile worker, a subprocess of the script: not the script
+    _AGENT = Agent(spec, trial_dir)
+    _AGENT.install()
+
+
+class Agent:
+    """The trial's configuration, applied to what the script compiles; the meter that times its steps."""
+
+    def __init__(self, spec: ScriptSpec, trial_dir: Path) -> None:
+        self.spec = spec
+        self.setup(spec.knobs, spec.device, calls_prepare(spec.script.path))
+        self.meter: Meter | Watched = Meter(spec, trial_dir, self, BOOT)
+
+    def setup(self, knobs: dict[str, Any], device: str, prepares: bool, strict: bool = True) -> None:
+        self.rank = int(os.environ.get("RANK", 0))
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.config = TrialConfig.from_flat(knobs, script_env(device, self.world_size, prepares), strict=strict)
+        self.log = CompileLog()
+        self.compile_model = Compilers(self.log, compile_kwargs(self.config.compile))("model")
+        self.units: list[tuple[str, nn.Module]] = []
+        self.compiled: list[str] = []
+        self.calls: list[dict[str, Any]] = []
+        """Every ``torch.compile`` call of the script: what it compiled, from where, with which arguments."""
+        self.prepared: dict[str, Any] = {}
+        """What ``autocompile.prepare`` applied, read back from the script's objects (empty: never called)."""
+        self.awaiting_ddp: nn.Module | None = None
+        """``ddp.wrap_order=compile_of_ddp``: the prepared model, compiled once the script wraps it in DDP."""
+
+    @property
+    def scope(self) -> str:
+        return self.config.compile.scope
+
+    def install(self) -> None:
+        torch._dynamo.config.fail_on_recompile_limit_hit = True  # a hit limit would run the rest eager, silently
+        apply_optimize_ddp(self.config.ddp, self.world_size > 1)  # before the script builds DDP: read in __init__
+        # Skipped CUDA graphs are read from inductor's counter, not triton.cudagraph_or_error: it is part of the
+        # FX-graph cache key, and the winner's artifacts would miss in the user's own process.
+        torch.compile = _compile  # type: ignore[assignment]
+        nn.Module.compile = _module_compile  # type: ignore[method-assign]
+        self.meter.install()
+
+    def take_over(self, target: Any, kwargs: dict[str, Any], where: str, in_place: bool) -> Any:
+        """What ``torch.compile(target, **kwargs)`` (``in_place``: ``target.compile(**kwargs)``) becomes."""
+        name = getattr(target, "__qualname__", type(target).__qualname__)
+        self.calls.append({"target": name, "module": isinstance(target, nn.Module), "where": where,
+                           "kwargs": {k: repr(v) for k, v in kwargs.items()}})
+        if not isinstance(target, nn.Module):
+            if self.scope == "none":
+                return target  # the eager baseline runs the function as it is
+            raise CannotTakeOver(
+                f"the script compiles the function {name} ({where}): compile.scope={self.scope} compiles a model, "
+                "not a function; hand torch.compile the model (model = torch.compile(model)), or use "
+                "autocompile.apply for the whole train step")
+        if kwargs.get("disable"):
+            return target
+        if self.taken(target):  # prepare() took it over already, then the script's own torch.compile
+            return target
+        runner = target
+        if self.scope != "none":
+            runner = self._compile(target, in_place)
+        self.meter.watch(runner, target)
+        return target if in_place else runner
+
+    def prepare(self, model: nn.Module, optimizer: Any, where: str) -> None:
+        """``autocompile.prepare(model, optimizer)`` in a trial: checkpointing per block, the optimizer's
+        implementation (on the script's own optimizer object: its scheduler holds it), then the compile scope
+        in place, as the tuner's own trials order them. Under ``compile_of_ddp`` the model is compiled when the
+        script wraps it in DDP (``DistributedDataParallel`` then compiles itself in place)."""
+        config = self.config
+        if config.optim.impl != "default":
+            if optimizer is None:
+                raise CannotTakeOver(f"optim.impl={config.optim.impl}: pass the optimizer too, "
+                                     f"autocompile.prepare(model, optimizer) ({where})")
+            try:
+                set_impl(optimizer, config.optim.impl)
+            except (ValueError, RuntimeError, TypeError) as exc:
+                raise CannotTakeOver(f"optim.impl={config.optim.impl} on {type(optimizer).__name__}: {exc}") from exc
+        inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        try:
+            checkpointed = apply_ac(inner, config.ac)
+        except ValueError as exc:  # no repeated blocks: nothing to checkpoint, the trial would time ac=none
+            raise CannotTakeOver(f"ac.policy={config.ac.policy}: {exc}") from exc
+        groups = optimizer.param_groups if optimizer is not None else []
+        self.prepared = {"where": where, "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+                         "foreach": [g.get("foreach") for g in groups], "fused": [g.get("fused") for g in groups],
+                         "checkpointed": checkpointed}
+        if not compiles_ddp(config.ddp, self.scope, self.world_size > 1):
+            self.take_over(inner, {}, where, in_place=True)  # DDP built before or after runs the compiled model
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            self.compile_ddp(model, where)
+        else:
+            self.awaiting_ddp = inner
+            _compile_when_wrapped(self)
+
+    def compile_ddp(self, ddp: nn.parallel.DistributedDataParallel, where: str) -> None:
+        """``torch.compile(DDP(model))`` on the script's own DDP object: its call compiled in place (what
+        ``Module.compile`` does), so dynamo's DDPOptimizer splits the graph at the buckets."""
+        self.awaiting_ddp = None
+        self.calls.append({"target": "DistributedDataParallel", "module": True, "where": where, "kwargs": {}})
+        self.units.append(("DistributedDataParallel(model)", ddp.module))
+        self.compiled.append("DistributedDataParallel(model)")
+        ddp._compiled_call_impl = self.compile_model(ddp._call_impl)  # type: ignore[assignment]
+        self.meter.watch(ddp, ddp.module)
+
+    def prepared_knobs(self) -> dict[str, Any]:
+        """The knobs ``prepare`` applied that change the program (part of its fingerprint)."""
+        c = self.config
+        knobs = {"ac.policy": c.ac.policy, "optim.impl": c.optim.impl}
+        if self.world_size > 1:
+            knobs["ddp.wrap_order"] = c.ddp.wrap_order
+        return knobs if self.prepared else {}
+
+    def unmet(self) -> str | None:
+        """Why the trial's program did not run as its configuration names (checked after warm-up), or None."""
+        c = self.config
+        opened = {k: v for k, v in (("ac.policy", c.ac.policy), ("optim.impl", c.optim.impl)) if v != "none"
+                  and v != "default"}
+        if compiles_ddp(c.ddp, self.scope, self.world_size > 1):
+            opened["ddp.wrap_order"] = c.ddp.wrap_order
+        if opened and not self.prepared:
+            return (f"{', '.join(f'{k}={v}' for k, v in opened.items())} needs autocompile.prepare(model, "
+                    "optimizer) before training, and the script never called it")
+        if self.awaiting_ddp is not None:
+            return ("ddp.wrap_order=compile_of_ddp: the prepared model was never wrapped in "
+                    "DistributedDataParallel; prepare it before the script wraps it")
+        return None
+
+    def taken(self, module: nn.Module) -> bool:
+        inner = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+        return any(inner is m for m in self.meter.models)
+
+    def _compile(self, module: nn.Module, in_place: bool) -> nn.Module:
+        prefix = f"{len(self.meter.models)}:" if self.meter.models else ""
+        if self.scope == "module" and isinstance(module, nn.parallel.DistributedDataParallel) and not in_place:
+            # torch.compile(DDP(model)): the script's wrap order, compiled as a wrapper (dynamo's DDPOptimizer).
+            self.units.append((f"{prefix}DistributedDataParallel(model)", module.module))
+            self.compiled.append(f"{prefix}DistributedDataParallel(model)")
+            return self.compile_model(module)
+        try:
+            targets = compile_targets(module, self.config.compile)
+        except ValueError as exc:  # regional on a model without repeated blocks
+            raise CannotTakeOver(f"compile.scope=regional on {type(module).__name__}: {exc}") from exc
+        targets = [(f"{prefix}{name}", unit) for name, unit in targets]
+        self.compiled += compile_units(targets, self.compile_model, self.log)
+        self.units += targets
+        return module
+
+
+class Watched:
+    """What a run of the winner keeps of the meter: the models the script handed over (nothing is timed)."""
+
+    def __init__(self) -> None:
+        self.models: list[nn.Module] = []
+
+    def watch(self, runner: nn.Module, model: nn.Module) -> None:
+        self.models.append(model)
+
+    def install(self) -> None:
+        pass
+
+
+class WinnerAgent(Agent):
+    """The winner's knobs applied to the script's ``torch.compile`` calls (and its ``prepare``) exactly as its
+    trial applied them, in the user's own run: no timing, no early end, no recompile-limit failure."""
+
+    def __init__(self, knobs: dict[str, Any], prepares: bool, device: str | None = None, strict: bool = True) -> None:
+        self.spec = None  # type: ignore[assignment]
+        self.setup(knobs, device or ("cuda" if torch.cuda.is_available() else "cpu"), prepares, strict)
+        self.meter = Watched()
+
+    def install(self) -> None:
+        apply_optimize_ddp(self.config.ddp, self.world_size > 1)
+        torch.compile = _compile  # type: ignore[assignment]
+        nn.Module.compile = _module_compile  # type: ignore[method-assign]
+
+
+def run_winner(script: str, argv: list[str], knobs: dict[str, Any]) -> None:
+    """Run ``script`` with ``argv`` as ``python script ...`` would, its compile taken over by ``knobs`` (a
+    study's winner): what ``best_config.py`` of a script study calls, in each process torchrun starts."""
+    global _AGENT
+    _AGENT = WinnerAgent(knobs, calls_prepare(script))
+    _AGENT.install()
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as python puts the script's folder first
+    runpy.run_path(script, run_name="__main__")
+
+
+def _caller(depth: int = 2) -> tuple[str, str]:
+    frame = sys._getframe(depth)
+    return frame.f_code.co_filename, f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def caller_of_prepare() -> str:
+    """``train.py:120``: where the script called ``autocompile.prepare`` (called by prepare itself)."""
+    return _caller(3)[1]
+
+
+def _ours(filename: str) -> bool:
+    path = str(Path(filename).resolve()) if not filename.startswith("<") else filename
+    return path.startswith(_PASS_THROUGH)
+
+
+@functools.wraps(_REAL_COMPILE)
+def _compile(model: Any = None, **kwargs: Any) -> Any:
+    filename, where = _caller()
+    agent = _AGENT
+    if agent is None or (_ours(filename) and not isinstance(model, nn.Module)):
+        return _REAL_COMPILE(model, **kwargs) if model is not None else _REAL_COMPILE(**kwargs)
+    if model is None:  # @torch.compile(mode=...): the decorator takes over the function it gets
+        return lambda fn: agent.take_over(fn, kwargs, where, in_place=False)
+    return agent.take_over(model, kwargs, where, in_place=False)
+
+
+@functools.wraps(_REAL_MODULE_COMPILE)
+def _module_compile(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+    _, where = _caller()
+    if _AGENT is None:
+        return _REAL_MODULE_COMPILE(self, *args, **kwargs)
+    _AGENT.take_over(self, kwargs, where, in_place=True)
+    return None
+
+
+_DDP_WAITING: list[Agent] = []
+"""Agents whose prepared model is compiled once the script wraps it in DDP (``ddp.wrap_order=compile_of_ddp``)."""
+
+
+def _compile_when_wrapped(waiting: Agent) -> None:
+    """Compile ``waiting``'s prepared model's DDP wrapper as the script builds it (DDP's ``__init__`` patched once)."""
+    _DDP_WAITING.append(waiting)
+    ddp_class = nn.parallel.DistributedDataParallel
+    if getattr(ddp_class.__init__, "_autocompile", False):
+        return
+    real_init = ddp_class.__init__
+
+    @functools.wraps(real_init)
+    def init(self: nn.parallel.DistributedDataParallel, module: nn.Module, *args: Any, **kwargs: Any) -> None:
+        real_init(self, module, *args, **kwargs)
+        for agent in [a for a in _DDP_WAITING if a.awaiting_ddp is module]:
+            _DDP_WAITING.remove(agent)
+            agent.compile_ddp(self, _caller()[1])
+
+    init._autocompile = True  # type: ignore[attr-defined]
+    ddp_class.__init__ = init  # type: ignore[method-assign]
+
+
+def agent() -> Agent | None:
+    """The agent of this process, when it runs a script trial."""
+    return _AGENT
+
+
+def prepare_winner(model: nn.Module, optimizer: Any, knobs: dict[str, Any], device: str, where: str) -> list[str]:
+    """``autocompile.prepare`` with a winner in the user's own run (no trial, no agent installed): the knobs
+    applied as a trial of a script that calls ``prepare`` applies them; knobs of another kind of study that do
+    not apply to a script are dropped. Returns the names compiled."""
+    winner = WinnerAgent(knobs, prepares=True, device=device, strict=False)
+    apply_optimize_ddp(winner.config.ddp, winner.world_size > 1)
+    winner.prepare(model, optimizer, where)
+    return winner.compiled

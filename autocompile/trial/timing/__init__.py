@@ -1,0 +1,1 @@
+"""Timing inside a trial's process: the worker, the side-by-side worker, clocks, readings, statistics."""
