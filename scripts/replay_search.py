@@ -88,6 +88,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--trials", type=int, default=60, help="trials per replayed study")
     parser.add_argument("--tolerance", type=float, default=0.02)
+    parser.add_argument("--budgets", type=int, nargs="*", default=[4, 8, 20],
+                        help="study.n_trials values: in how many seeds the recommendation after that many trials is "
+                             "within --tolerance of the table's best")
     parser.add_argument("--horizon-steps", type=int, help="objective.horizon_steps (default: the table's)")
     parser.add_argument("--confirm-top", type=int, default=StudySettings.confirm_top,
                         help="as study.confirm_top: 0 recommends the search's best single measurement")
@@ -152,13 +155,14 @@ def main() -> None:
               f"the best in {within}/{len(curves[name])} seeds ({before} before the re-measures); per seed (mean) "
               f"{pruned:.1f} configurations pruned, {again:.1f} re-measured ({completed:.1f} completed), "
               f"the re-measures' wall median {extra:.1f} min")
-        for t in sorted({5, 10, 20, 40, args.trials}):
+        for t in sorted({5, 10, 20, 40, args.trials, *args.budgets}):
             if t <= args.trials:
                 at = [r.recommended_s[t - 1] / best_s * 100 - 100 for r in curves[name]]
                 wall = statistics.median(r.wall_s[t - 1] for r in curves[name]) / 60
                 q = quartiles(at)
+                hit = sum(a <= args.tolerance * 100 for a in at)
                 print(f"         after {t:>3} trials ({wall:5.1f} min): regret median {q[1]:6.1f} % "
-                      f"(quartiles {q[0]:.1f}-{q[2]:.1f})")
+                      f"(quartiles {q[0]:.1f}-{q[2]:.1f}); within {args.tolerance:.0%} in {hit}/{len(at)} seeds")
     if args.plot:
         horizon_min = max(statistics.median(r.wall_s[-1] for r in runs) for runs in curves.values()) / 60
         plot(curves, best_s, horizon_min, f"{args.table.name}, time to train {horizon:,} steps", args.plot)

@@ -97,6 +97,18 @@ def free_memory(gpu: str | None = None) -> float | None:
     return None
 
 
+def native_bf16(gpu: str | None = None) -> bool:
+    """Whether ``gpu`` (default: the first visible one) runs bfloat16 matrix math natively: compute capability
+    8.0 or newer (A100, H100, H200, L4, RTX 30xx and later). False when nothing could read it."""
+    gpus = visible_gpus()
+    gpu = gpu if gpu is not None else (gpus[0] if gpus else "0")
+    found = _smi(gpu, "compute_cap") or _child(gpu, "'.'.join(map(str, torch.cuda.get_device_capability(0)))")
+    try:
+        return float(found or 0) >= 8.0
+    except ValueError:
+        return False
+
+
 def triton_pin(requirements: list[str]) -> tuple[str, str] | None:
     """(distribution, version) of the Triton that torch's metadata pins (``triton==3.6.0; platform_system ==
     "Linux"``), or None: a build that pins none (CPU wheels, source builds) or whose pin's marker excludes

@@ -10,6 +10,7 @@ from autocompile.config.knobs import KNOBS
 
 OBJECTIVES = ("time_to_train", "throughput", "pareto")
 SAMPLERS = ("staged", "tpe", "random", "gp", "every")
+START_PRECISIONS = ("auto", "none", "bfloat16", "float16")
 """``study.sampler`` values (:mod:`autocompile.study.search.samplers` builds them)."""
 
 
@@ -32,10 +33,17 @@ class StudySettings:
     seed: int = 0
     """Sampler seed."""
     sampler: str = "staged"
-    """Search strategy: ``staged`` (eager runs settle mixed precision, checkpointing and the optimizer
-    implementation; then the compiled knobs one at a time from the default compile; then TPE), ``tpe``,
-    ``random``, ``gp`` (Optuna's GPSampler), or ``every`` (each configuration once: the tabular benchmark).
-    ``docs/benchmarks.md``, "Search strategy": how they compare."""
+    """Search strategy: ``staged`` (where a practitioner starts: eager, module, regional and the compiled train
+    step in ``study.start_precision``; then mixed precision, checkpointing and the optimizer implementation one
+    at a time on the leading program, compiled and eager; then the compiled knobs one at a time; then TPE),
+    ``tpe``, ``random``, ``gp`` (Optuna's GPSampler), or ``every`` (each configuration once: the tabular
+    benchmark). ``docs/study.md``, "The plan", says why; ``docs/benchmarks.md``, "Search strategy", how they
+    compare."""
+    start_precision: str = "auto"
+    """The mixed precision (``amp.dtype``) of the first trials (the baselines and the first compiled train step):
+    ``auto`` = ``bfloat16`` on a GPU that runs it natively (compute capability 8.0+, where practitioners train in
+    bf16 autocast), none (fp32) elsewhere; or ``none``, ``bfloat16``, ``float16``. A fixed ``amp.dtype`` wins.
+    The other precisions are measured later, as one-knob changes of the leading programs."""
     extended: bool = False
     """Also search the extended knobs (inductor options)."""
     baselines: bool = True
@@ -85,6 +93,9 @@ class StudySettings:
             raise ValueError(f"study.confirm_top={self.confirm_top} must be >= 0 (0 = no confirmation phase)")
         if self.repeats < 1:
             raise ValueError(f"study.repeats={self.repeats} must be >= 1 (2 or more give intervals)")
+        if self.start_precision not in START_PRECISIONS:
+            raise ValueError(f"study.start_precision={self.start_precision!r}: choose one of "
+                             f"{', '.join(START_PRECISIONS)}")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"study.sampler={self.sampler!r}: choose one of {', '.join(SAMPLERS)}")
         if self.repeat_cache not in ("warm", "cold"):

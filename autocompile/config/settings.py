@@ -23,7 +23,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from autocompile.config.compare_settings import CompareSettings, overrides
-from autocompile.config.gpus import check_triton, device_name
+from autocompile.config.gpus import check_triton, device_name, native_bf16
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
 from autocompile.config.script_settings import ScriptSettings, ScriptSpec, calls_prepare, script_env
 from autocompile.config.sections import LaunchSettings, ObjectiveSettings, StudySettings, TrackingSettings
@@ -199,6 +199,17 @@ class Settings:
             return script_env(self.device, self.workload.world_size, calls_prepare(self.script.path))
         return Env.detect(self.device, self.workload.world_size, self.workload.shapes_vary,
                           model_structure(self.model), knob_facts(self.workload, self.device))
+
+    @cached_property
+    def lead_knobs(self) -> dict[str, Any]:
+        """Where the search starts (``study.start_precision``): the knob values its first trials take beside the
+        defaults, unless the user fixed them. Read once per Settings: ``auto`` asks nvidia-smi on a GPU."""
+        precision = self.study.start_precision
+        if precision == "auto":
+            precision = "bfloat16" if self.device == "cuda" and native_bf16() else "none"
+        if "amp.dtype" in self.fixed_knobs or precision == "none":
+            return {}
+        return {"amp.dtype": precision}
 
     def measured_on(self) -> dict[str, Any]:
         """What every measurement of a study shares: a resumed study (or a second tuner on a shared

@@ -25,11 +25,21 @@ class SearchSpace:
     """Knobs in declaration order: fixed ones are taken as given, inactive ones skipped, a knob with
     one possible value is not asked for, the rest are suggested under their dotted key."""
 
-    def __init__(self, env: Env, fixed: dict[str, Any], extended: bool = False) -> None:
+    def __init__(self, env: Env, fixed: dict[str, Any], extended: bool = False,
+                 lead: dict[str, Any] | None = None) -> None:
         self.env = env
         self.fixed = fixed
         self.extended = extended
         TrialConfig.from_flat(fixed, env, strict=False)  # fixed values are valid on their own
+        self.lead = {k: v for k, v in (lead or {}).items()
+                     if k not in fixed and v in self.options(k, {**DEFAULTS, **fixed})}
+        """Where a practitioner starts (``Settings.lead_knobs``: bf16 autocast on a GPU that runs it natively):
+        the values the baselines and the plan's first trials take beside the defaults; those the space does
+        not offer are dropped."""
+
+    def start(self, **knobs: Any) -> dict[str, Any]:
+        """A configuration where the search starts: the defaults, the lead values, the fixed knobs, ``knobs``."""
+        return self.normalised({**DEFAULTS, **self.lead, **self.fixed, **knobs})
 
     def options(self, key: str, values: dict[str, Any]) -> tuple[Any, ...]:
         """What knob ``key`` may be, given the knobs before it."""
@@ -81,7 +91,8 @@ class SearchSpace:
 
     def baseline_params(self, name: str) -> dict[str, Any]:
         """The Optuna params that make ``sample`` return the baseline (defaults elsewhere)."""
-        return self.params(TrialConfig.from_flat({**self.fixed, **BASELINES[name]}, self.env, strict=False).flat())
+        TrialConfig.from_flat({**self.fixed, **BASELINES[name]}, self.env, strict=False)  # KnobError: not here
+        return self.params(self.start(**BASELINES[name]))
 
     def params(self, flat: dict[str, Any]) -> dict[str, Any]:
         """The Optuna params that make ``sample`` return the configuration ``flat`` (every knob's value)."""

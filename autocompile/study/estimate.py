@@ -130,7 +130,7 @@ def compiles(trial: Any) -> bool:
 
 def baseline(space: SearchSpace, name: str) -> SimpleNamespace:
     """A queued baseline's configuration, shaped like a trial (the fixed knobs win over it)."""
-    config = TrialConfig.from_flat({**BASELINES[name], **space.fixed}, space.env, strict=False)
+    config = TrialConfig.from_flat(space.start(**BASELINES[name]), space.env, strict=False)
     return SimpleNamespace(user_attrs={"config": config.active(space.env)}, number=None)
 
 

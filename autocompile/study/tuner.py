@@ -74,7 +74,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
     """Open (or resume) the study, measure the reference, search, run the phases and the winner's warm start;
     ``observer`` is told as it goes (the live view, MLflow). The report is the caller's."""
     observer = observer or Quiet()
-    space = SearchSpace(settings.env, settings.fixed_knobs, settings.study.extended)
+    space = SearchSpace(settings.env, settings.fixed_knobs, settings.study.extended, settings.lead_knobs)
     objective = Objective(settings.objective)
     study = open_for(settings, run_dir, objective, space)
     remaining = Remaining(study, space, objective, settings)

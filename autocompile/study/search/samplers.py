@@ -1,13 +1,15 @@
 """Search strategies (``study.sampler``): which configuration a study measures next.
 
-- ``staged``: cheap first. Eager programs cost no compile, so the knobs eager shares with compiled
-  programs (``SHARED``: mixed precision, checkpointing, optimizer implementation) are settled one at a
-  time on eager runs; then the compiled knobs one at a time from the default compile with those
-  values (where compile goes, how, which reducer...), each step keeping a change only when it measured
-  better than the incumbent by more than the noise of one alone process (``margin``); then TPE, which
-  by then learns from every run before it. The seed orders the knobs within each stage, so seeds explore
-  different paths (the eager stage always comes first). Most knobs act nearly independently, so one
-  pass of one-knob changes finds most of what the space holds, at one compile per alternative.
+- ``staged``: start where a practitioner on this hardware starts, then one knob at a time. First eager,
+  ``torch.compile(model)``, regional compile and the compiled train step, in the lead precision
+  (``study.start_precision``: bf16 autocast on a GPU that runs it natively); then the knobs eager shares
+  with compiled programs (``SHARED``: mixed precision, checkpointing, optimizer implementation) one at a
+  time on the best eager and on the best compiled lead (eager first only while it is within reach of the
+  leader: :func:`shared_order`): precision and scope are not independent (bf16 is slow eager on a CPU and
+  fast compiled), so each is settled on the program it would run with; then the compiled knobs one at a time from the best compiled
+  program (mode, granularity, reducer...). Each step keeps a change only when it measured better than
+  the incumbent by more than the noise of one alone process (``margin``); then TPE, which by then learns
+  from every run before it. The seed orders the knobs within each stage, so seeds explore different paths.
 - ``tpe``: Optuna's TPE over the conditional space (multivariate, grouped), 8 random trials first.
 - ``random``: uniform over the knobs' values.
 - ``gp``: Optuna's GPSampler (categorical kernels) over the knobs every trial has; the others at random.
@@ -32,7 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.sections import SAMPLERS
-from autocompile.config.space import BASELINES, DEFAULTS, SearchSpace, identity
+from autocompile.config.space import DEFAULTS, SearchSpace, identity
 from autocompile.study.records.optuna_store import feasible
 from autocompile.study.records.record import TrialRecord
 from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE
@@ -168,8 +170,14 @@ def every(space: SearchSpace, seed: int) -> Plan:
     return plan
 
 
+LEAD_SCOPES = ("none", "module", "regional", "train_step")
+"""What a practitioner tries first, in this order: no compile, ``torch.compile(model)``, regional compile
+(the first three are the queued baselines) and the compiled train step."""
+
+
 def staged(space: SearchSpace, seed: int = 0, margin: float = PRIOR_ALONE_NOISE) -> Plan:
-    """Settle the shared knobs on eager runs, then each compiled knob from the default compile, one at a time.
+    """The lead scopes in the lead precision; the shared knobs on the best eager and the best compiled lead
+    (:func:`shared_order`); then each compiled knob from the best compiled program, one at a time.
 
     ``seed`` orders the knobs within each stage (a knob's alternatives are measured from the incumbent as
     it stands when its turn comes, so the order decides the path): seeds explore different paths rather
@@ -177,29 +185,78 @@ def staged(space: SearchSpace, seed: int = 0, margin: float = PRIOR_ALONE_NOISE)
     rng = random.Random(seed)
     shared = list(SHARED)
     rng.shuffle(shared)
-    compiled = [key for key in DEFAULTS if key not in SHARED]
+    compiled = [key for key in DEFAULTS if key not in SHARED and key != "compile.scope"]
     rng.shuffle(compiled)
+    leads = lead_programs(space)
 
     def plan(seen: Seen) -> Flat | None:
-        eager = space.normalised({**DEFAULTS, **space.fixed, **BASELINES["eager"]})
-        following, best_eager = descend(seen, eager, shared, margin)
-        if following is not None or best_eager is None:
-            return following
-        start = {**DEFAULTS, **space.fixed, **BASELINES["compile"], **{k: best_eager[k] for k in SHARED}}
-        following, _ = descend(seen, space.normalised(start), compiled, margin)
+        for lead in leads:
+            if seen.key(lead) not in seen.tried:
+                return lead
+        finished = [lead for lead in leads if seen.key(lead) in seen.scores]
+        if not finished:
+            return None  # every lead program still runs elsewhere: the fallback sampler's turn
+        # While one still runs (another slot), the plan goes on from the best finished so far.
+        order = shared_order(finished, lambda c: seen.scores[seen.key(c)])
+        settled: list[Flat] = []
+        for start in order:
+            following, best = descend(seen, start, shared, margin)
+            if following is not None or best is None:
+                return following
+            settled.append(best)
+        start = next((c for c in settled if not eager(c)), None)
+        if start is None:
+            return None
+        following, _ = descend(seen, start, compiled, margin)
         return following
 
     return plan
 
 
+def eager(flat: Flat) -> bool:
+    return flat["compile.scope"] == "none"
+
+
+SHARED_REACH = 0.30
+"""How much the shared knobs have moved a program's time to train in the records: the suite's eager winners
+stepped 5-24 % faster than plain eager (fused AdamW; ``benchmarks/results/cpu-2core/suite/suite.md``), and
+bf16 autocast took eager GPT-2 from 104k to 141k tokens/s on an H200 (-26 % a step; docs/benchmarks.md).
+An eager lead further behind the leader than this is not worth its shared descent before the compiled one."""
+
+
+def shared_order(finished: list[Flat], score: Callable[[Flat], float]) -> list[Flat]:
+    """Where the shared knobs are settled, in order: the best eager lead and the best compiled lead. Eager
+    first when it leads or is within :data:`SHARED_REACH` of the leader (its runs cost no compile: on a CPU,
+    where fused AdamW on eager often wins, they find it soonest); the compiled one first when eager is out of
+    reach (on a GPU, compiled bf16 steps 2-3x faster than eager: its precision and optimizer come first)."""
+    best_eager = min((c for c in finished if eager(c)), key=score, default=None)
+    best_compiled = min((c for c in finished if not eager(c)), key=score, default=None)
+    if best_eager is None or best_compiled is None:
+        return [c for c in (best_eager, best_compiled) if c is not None]
+    leader = min(score(best_eager), score(best_compiled))
+    if score(best_eager) <= leader + SHARED_REACH * abs(leader):
+        return [best_eager, best_compiled]
+    return [best_compiled, best_eager]
+
+
+def lead_programs(space: SearchSpace) -> list[Flat]:
+    """The :data:`LEAD_SCOPES` the space offers, each at the search's start (defaults, lead values, fixed knobs)."""
+    leads = []
+    for scope in LEAD_SCOPES:
+        flat = space.start(**{"compile.scope": scope})
+        if flat["compile.scope"] == scope and flat not in leads:
+            leads.append(flat)
+    return leads or [space.start()]
+
+
 def eager_runs_left(space: SearchSpace, trials: Sequence[FrozenTrial]) -> int:
-    """How many eager runs ``staged`` has still to make: its eager base and each other value of each
-    shared knob, less those tried or queued (the estimate prices them at the eager cost)."""
+    """How many eager runs ``staged`` has still to make: its eager lead and each other value of each
+    shared knob on it, less those tried or queued (the estimate prices them at the eager cost)."""
     seen = Seen(space, trials)
-    eager = space.normalised({**DEFAULTS, **space.fixed, **BASELINES["eager"]})
-    if eager["compile.scope"] != "none":
+    start = space.start(**{"compile.scope": "none"})
+    if not eager(start):
         return 0
-    planned = 1 + sum(len(space.options(key, eager)) - 1 for key in SHARED)
+    planned = 1 + sum(len(space.options(key, start)) - 1 for key in SHARED)
     done = sum(1 for key in seen.tried if "compile.scope='none'" in key)
     return max(planned - done, 0)
 
