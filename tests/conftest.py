@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import statistics
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,9 +51,34 @@ def survivors(marker: str, within_s: float = 15.0) -> list[psutil.Process]:
     return alive
 
 
+def assert_rates(result: dict[str, Any], items_per_step: float) -> None:
+    """Every timed window's throughput is exactly ``items_per_step`` (every rank's tokens or samples in one of
+    the result's steps) over that window's step time, to rounding, and the headline figure is their median: a
+    lost accumulation factor or a dropped rank is a factor of 2, not noise."""
+    rates, steps = result["tokens_per_s_windows"], result["step_s_windows"]
+    assert len(rates) == len(steps) == result["windows"] >= 1
+    assert rates == pytest.approx([items_per_step / s for s in steps], rel=1e-9), (rates, items_per_step, steps)
+    assert result["tokens_per_s"] == pytest.approx(statistics.median(rates), rel=1e-12)
+
+
+def items_per_step(trial_dir: str | Path, unit: str) -> float:
+    """What one step of the model worker processes, from the trial's own spec (not from the worker): each
+    rank's batch of ``batch_size`` sequences (the mean length over the shapes, which a window runs equally
+    often) or images, on every rank. A step is one micro-batch: accumulation makes windows whole optimizer
+    steps, never more items per step."""
+    spec = json.loads((Path(trial_dir) / "trial.json").read_text())
+    workload = spec["workload"]
+    ranks = workload["nproc_per_node"] * workload.get("nnodes", 1)
+    per_rank = workload["batch_size"] * (statistics.fmean(workload["seq_len"]) if unit == "tokens" else 1)
+    return per_rank * ranks
+
+
 def assert_ok(result: dict[str, Any]) -> None:
     assert result["status"] == "ok", (result.get("failure"), result.get("reason"), result["trial_dir"])
     assert result["tokens_per_s"] > 0 and result["step_s"] > 0
+    assert_rates(result, items_per_step(result["trial_dir"], result["throughput_unit"]))
+    spec = json.loads((Path(result["trial_dir"]) / "trial.json").read_text())
+    assert result["window_steps"] % spec["workload"]["grad_accum_steps"] == 0  # whole optimizer steps per window
     assert result["compile_s"] >= 0
     assert len(result["step_s_windows"]) >= 1
     assert all(loss == loss for loss in result["losses"])  # finite, recorded per step

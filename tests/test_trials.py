@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from autocompile.config.knobs import Env, KnobError, TrialConfig
 from autocompile.trial.launcher import launch
 from autocompile.trial.timeline import wall_split
-from tests.conftest import assert_ok, make_spec, run_trials, survivors, tiny_lm
+from tests.conftest import assert_ok, assert_rates, make_spec, run_trials, survivors, tiny_lm
 
 FAST = {"compile.backend": "eager"}
 
@@ -91,6 +92,21 @@ def test_one_single_process_and_one_ddp_trial_from_the_matrices_run_ok(tmp_path:
     checksums = ddp_result["param_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1]
     assert "DistributedDataParallel(model)" in ddp_result["compiled"]
+
+
+def test_a_trials_throughput_counts_every_rank_every_shape_and_whole_accumulated_steps(tmp_path: Path) -> None:
+    """The worker's items against the workload, literally: 2 ranks x batch 2 x sequences of 8 and 16 tokens
+    (a mean of 12), accumulating 2 micro-batches per optimizer step. Each window runs whole periods (both
+    shapes, whole optimizer steps), so every window's rate is exactly 48 tokens per (micro-)step over its step
+    time: a dropped rank or a shape counted twice is a factor, not noise."""
+    spec = make_spec({"compile.scope": "none"}, model=tiny_lm(), nproc=2, seq_len=[8, 16])
+    spec = dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, grad_accum_steps=2))
+    result = launch(tmp_path / "trial", spec)
+    assert result["status"] == "ok", result.get("reason")
+    assert result["environment"]["world_size"] == 2 and result["throughput_unit"] == "tokens"
+    assert result["window_steps"] == 2 and result["windows"] == 2  # lcm(2 shapes, 2 micro-batches)
+    assert_rates(result, 2 * 2 * (8 + 16) / 2)
+    assert_ok(result)  # the same, from the trial's spec
 
 
 @pytest.mark.integration
