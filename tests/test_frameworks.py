@@ -276,3 +276,34 @@ def test_run_dir_gets_the_three_files(tmp_path: Path) -> None:
     assert names <= {p.name for p in tmp_path.iterdir()}
     assert yaml.safe_load((tmp_path / "best_config.accelerate.yaml").read_text())["distributed_type"] == "MULTI_CPU"
     write_framework_configs(SimpleNamespace(study_name="s", effects=[], recommended=None), tmp_path / "none")
+
+
+def assert_study_exports_load(run_dir: Path, compiled: bool, batch_size: int, world_size: int = 1) -> None:
+    """The three exports a real study wrote next to its best_config.py, each read by its framework's own reader
+    (Accelerate's config loader and launcher, ``TrainingArguments(**json)``, ``tomllib`` against torchtitan's
+    documented keys), naming the study's winner: compiled or not, its batch size, its processes. Called by the
+    studies of tests/test_tuner.py, so that a report that stops writing them fails a study test."""
+    pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+    from transformers import TrainingArguments
+
+    names = ("best_config.accelerate.yaml", "best_config.trainer.json", "best_config.torchtitan.toml")
+    missing = [n for n in names if not (run_dir / n).is_file()]
+    assert not missing, f"the study wrote no {missing} in {run_dir}"
+    saved = dict(os.environ)
+    try:
+        loaded, env = accelerate_launch_env(run_dir / "best_config.accelerate.yaml")
+        assert loaded.num_processes == world_size
+        assert env.get("ACCELERATE_DYNAMO_BACKEND", "NO") == ("INDUCTOR" if compiled else "NO"), env
+        doc = json.loads((run_dir / "best_config.trainer.json").read_text())
+        os.environ.update(doc["environment"])
+        args = TrainingArguments(**doc["training_arguments"] | {"output_dir": str(run_dir / "trainer")})
+        assert args.torch_compile == compiled and args.per_device_train_batch_size == batch_size
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        AcceleratorState._reset_state(reset_partial_state=True)
+    parsed = tomllib.loads((run_dir / "best_config.torchtitan.toml").read_text())
+    for section, values in parsed.items():
+        assert set(values) <= set(TORCHTITAN_KEYS[section]), section
+    assert parsed["compile"]["enable"] == compiled and parsed["training"]["local_batch_size"] == batch_size

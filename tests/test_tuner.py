@@ -40,6 +40,7 @@ from autocompile.study.records.optuna_store import (
 from autocompile.study.records.record import Measurement
 from tests.conftest import survivors
 from tests.models import tiny_lm
+from tests.test_frameworks import assert_study_exports_load
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
@@ -87,6 +88,10 @@ def test_duplicates_are_not_measured_again_and_slow_trials_are_pruned_after_one_
     assert slow[0].state == TrialState.PRUNED
     assert "first timed window" in slow[0].user_attrs["reason"]
     assert "duplicates not measured again" in run.stdout
+    # The report's exports of the winner (eager here: amp.dtype none), found where a real study writes them.
+    best = json.loads(next(tmp_path.glob("*/summary.json")).read_text())["best"]
+    assert best["config"]["compile.scope"] == "none"
+    assert_study_exports_load(next(tmp_path.glob("*/summary.json")).parent, compiled=False, batch_size=2)
 
 
 @pytest.mark.integration
@@ -168,6 +173,29 @@ def test_snippet_applies_the_winner(tmp_path: Path) -> None:
     written = yaml.safe_load((run_dir / "best_config.yaml").read_text())
     assert written["trial"] == best["number"] and written["knobs"] == best["config"]
     assert written["knobs"]["compile.scope"] == "regional"
+
+
+@pytest.mark.integration
+def test_a_compiled_winners_best_config_py_compiles_warm_and_its_exports_load(tmp_path: Path) -> None:
+    """A real study whose one trial compiles with inductor: its run directory holds best_config.py with the
+    winner's artifacts beside it, and the three framework exports. best_config.py run as its user runs it (in a
+    fresh process with an empty inductor cache) loads the artifacts, so every graph is a cache hit, and calls
+    its step; each export loads in its framework's reader."""
+    from tests.test_warmstart import assert_compiled_warm, fresh_process
+
+    run = tune_cli(tmp_path, "compile.scope=module", "compile.mode=default", "amp.dtype=none", "ac.policy=none",
+                   "study.n_trials=1", "study.baselines=false")
+    assert run.returncode == 0, run.stderr[-3000:]
+    run_dir = next(tmp_path.glob("*/summary.json")).parent
+    best = json.loads((run_dir / "summary.json").read_text())["best"]
+    assert best["config"]["compile.scope"] == "module" and (run_dir / "best_config.artifacts.bin").is_file()
+    # With the threads the study's trials ran with (workload.threads=1): inductor's CPU code depends on the
+    # thread count, so best_config.py run with the machine's default (2 here) misses every graph (issue 38).
+    counters, out = fresh_process("import runpy\nrunpy.run_path('best_config.py', run_name='__main__')\n", [],
+                                  tmp_path, cwd=run_dir, threads=1)
+    assert_compiled_warm(counters)
+    assert "compiled: ['model'] loss:" in out  # its __main__ built the step and called it (10 steps)
+    assert_study_exports_load(run_dir, compiled=True, batch_size=2)
 
 
 @pytest.mark.integration
