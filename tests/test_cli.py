@@ -97,12 +97,14 @@ def test_gpu_slots_take_any_device_ids_and_split_the_cores(monkeypatch: pytest.M
         cfg = compose("config", overrides=["+model=gpt2-tiny", "workload.device=cpu"])
     cpu = settings_from(cfg, available_models())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5e1d,MIG-7f00,3")  # UUIDs and MIG ids are not integers
-    cores = sorted(os.sched_getaffinity(0))
+    # A fixed machine, not this one: 7 cores in the affinity mask, out of order and with a gap.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {9, 2, 3, 4, 5, 6, 7})
     gpu = dataclasses.replace(cpu, device="cuda")
     slots = trial_slots(gpu)
     assert [s.gpus for s in slots] == [("GPU-5e1d",), ("MIG-7f00",), ("3",)]
-    per = len(cores) // 3
-    assert [s.cpus for s in slots] == [tuple(cores[i * per:(i + 1) * per]) for i in range(3)]
+    assert [s.cpus for s in slots] == [(2, 3), (4, 5), (6, 7)]  # two cores each, in order; core 9 left over
+    cpu2 = trial_slots(dataclasses.replace(cpu, launch=dataclasses.replace(cpu.launch, slots=2)))
+    assert [s.cpus for s in cpu2] == [(2, 3, 4), (5, 6, 7)] and all(not s.gpus for s in cpu2)
     one = trial_slots(dataclasses.replace(gpu, launch=dataclasses.replace(gpu.launch, slots=1)))
     assert one[0].gpus == ("GPU-5e1d",) and one[0].cpus == ()  # a lone slot keeps the whole machine
 
