@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,30 @@ from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workl
 from autocompile.trial.launcher import launch
 
 ROOT = Path(__file__).resolve().parent.parent
+MISSING_SERVICE = "missing service: "
+"""How a test that needs a service of the machine (PostgreSQL, runuser) says it is absent: see
+:func:`skip_missing_service`."""
+
+
+def on_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def skip_missing_service(reason: str) -> None:
+    """Skip a test whose service the machine lacks; on CI (``CI`` set, as ``.ci/run`` sets it) the same skip is
+    made a failure by :func:`pytest_runtest_makereport`: providing the service is the setup's job."""
+    pytest.skip(MISSING_SERVICE + reason)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """On CI a skip for a missing service fails the test instead of passing silently."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and on_ci() and isinstance(report.longrepr, tuple) and MISSING_SERVICE in report.longrepr[2]:
+        report.outcome = "failed"
+        report.longrepr = (f"{report.longrepr[2]}\nOn CI (CI={os.environ['CI']}) a test skipped for a missing "
+                           "service fails: scripts/setup.sh installs it (bash scripts/setup.sh as root).")
 
 TINY_GPT2 = ModelSpec(name="gpt2-tiny", target="autocompile.workload.models.gpt2", vocab_size=128,
                       kwargs={"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 64})

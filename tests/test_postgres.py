@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 
 from autocompile.study.records.optuna_store import counted, measured_trials
 from autocompile.trial.launcher import free_port
+from tests.conftest import skip_missing_service
 from tests.test_tuner import ROOT, TINY
 
 BINDIR = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
@@ -28,7 +29,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def postgres() -> Iterator[str]:
     if not BINDIR or shutil.which("runuser") is None:
-        pytest.skip("PostgreSQL is not installed (scripts/setup.sh installs it as root)")
+        skip_missing_service("PostgreSQL (initdb) or runuser is not installed (scripts/setup.sh installs them "
+                             "as root)")
     bindir = BINDIR[-1]
     data = Path(tempfile.mkdtemp(prefix="autocompile-pg-"))
     user = [] if os.getuid() != 0 else ["runuser", "-u", "postgres", "--"]
