@@ -193,3 +193,42 @@ def test_a_fixed_knob_narrows_the_earlier_knobs_it_depends_on(fixed: dict, ruled
     for values in configurations:
         config = TrialConfig.from_flat(values, cuda)  # a KnobError before the narrowing
         assert {k: config.flat()[k] for k in fixed} == fixed and not ruled_out(values)
+
+
+def annotations_of(cls: type, prefix: str = "") -> dict[str, str]:
+    """Each knob's annotation as written in its group's dataclass (``compile.scope`` -> ``"Scope"``)."""
+    import dataclasses
+
+    found = {}
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if key in KNOBS:
+            found[key] = str(f.type)
+        elif f.default_factory is not dataclasses.MISSING:
+            found |= annotations_of(f.default_factory, f"{key}.")  # type: ignore[arg-type]
+    return found
+
+
+def test_every_closed_choice_is_a_literal_that_holds_the_knobs_values() -> None:
+    """Issue 34: a knob with a closed set of string values is annotated with its ``Literal`` (config/choices.py),
+    and every value the knob table may offer, on any device, is one of the Literal's: a misspelt value or a
+    value added in one place only fails here."""
+    from typing import get_args
+
+    from autocompile.config import choices
+
+    annotations = annotations_of(TrialConfig)
+    envs = [Env.detect("cuda", 2, True), Env.detect("cpu", 1, False), Env(device="cuda", world_size=2, modes=(
+        "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))]
+    string_knobs = [key for key, (spec, default) in KNOBS.items() if isinstance(default, str)]
+    assert len(string_knobs) >= 15
+    for key in string_knobs:
+        literal = getattr(choices, annotations[key], None)
+        assert literal is not None and get_args(literal), f"{key} is annotated {annotations[key]}, not a Literal"
+        spec, default = KNOBS[key]
+        offered = {default}
+        for env in envs:
+            for compiled_autograd in (False, True):
+                flat = {k: d for k, (_, d) in KNOBS.items()} | {"compile.compiled_autograd": compiled_autograd}
+                offered |= set(spec.values(flat, env) if callable(spec.values) else spec.values)
+        assert offered <= set(get_args(literal)), (key, offered - set(get_args(literal)))

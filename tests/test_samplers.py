@@ -112,17 +112,17 @@ def test_the_lead_precision_is_where_the_baselines_and_the_train_step_start(sett
 
 def test_start_precision_auto_is_bf16_only_on_a_gpu_that_runs_it(settings_for: Any,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from autocompile.config import settings as settings_module
+    from autocompile.config import space as space_module
 
     assert settings_for(*GPT2_TINY).lead_knobs == {}  # a CPU: fp32 first
     assert settings_for(*GPT2_TINY, "study.start_precision=bfloat16").lead_knobs == {"amp.dtype": "bfloat16"}
     assert settings_for(*GPT2_TINY, "study.start_precision=bfloat16", "amp.dtype=none").lead_knobs == {}
     settings = settings_for(*GPT2_TINY)
-    monkeypatch.setattr(settings_module, "native_bf16", lambda: True)
+    monkeypatch.setattr(space_module, "native_bf16", lambda: True)
     object.__setattr__(settings, "device", "cuda")
     settings.__dict__.pop("lead_knobs", None)
     assert settings.lead_knobs == {"amp.dtype": "bfloat16"}
-    monkeypatch.setattr(settings_module, "native_bf16", lambda: False)  # a V100, a T4: fp32 first
+    monkeypatch.setattr(space_module, "native_bf16", lambda: False)  # a V100, a T4: fp32 first
     settings.__dict__.pop("lead_knobs", None)
     assert settings.lead_knobs == {}
     with pytest.raises(Exception, match=r"study.start_precision='fp8': choose one of auto, none, bfloat16"):

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from autocompile.config.choices import UNIT_SCOPES, compiles
+
 Flat = Mapping[str, Any]
 
 
@@ -134,9 +136,9 @@ def knob(default: Any, *, values: Values, doc: str, when: Rule | None = None,
     return field(default=default, metadata={"knob": spec})
 
 
-COMPILED = Rule("compile.scope is not none", lambda c, e: c["compile.scope"] != "none")
+COMPILED = Rule("compile.scope is not none", lambda c, e: compiles(c["compile.scope"]))
 MODEL_COMPILED = Rule(
-    "compile.scope is module or regional", lambda c, e: c["compile.scope"] in ("module", "regional")
+    "compile.scope is module or regional", lambda c, e: c["compile.scope"] in UNIT_SCOPES
 )
 REGIONAL = Rule("compile.scope is regional", lambda c, e: c["compile.scope"] == "regional")
 MODULE_SCOPE = Rule("compile.scope is module", lambda c, e: c["compile.scope"] == "module")

@@ -20,6 +20,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from autocompile.config.choices import (
+    SCOPES,
+    AcPolicy,
+    AmpDtype,
+    AmpPlacement,
+    Backend,
+    ClipPlacement,
+    Granularity,
+    Mode,
+    OptimImpl,
+    PlacementOrder,
+    Rest,
+    Scope,
+    values,
+)
 from autocompile.config.knob_spec import (
     BOOL,
     COMPILED,
@@ -87,7 +102,7 @@ def _modes(config: Flat, env: Env) -> tuple[str, ...]:
 
 
 def _scopes(config: Flat, env: Env) -> tuple[str, ...]:
-    scopes = ("none", "module", "regional", "train_step") if env.has_blocks else ("none", "module", "train_step")
+    scopes = SCOPES if env.has_blocks else tuple(s for s in SCOPES if s != "regional")
     return scopes[:-1] if env.script_mode else scopes  # a script's train step is its own code
 
 
@@ -146,28 +161,28 @@ class InductorOptions:
 class CompileKnobs:
     """Where and how ``torch.compile`` is applied."""
 
-    scope: str = knob(
+    scope: Scope = knob(
         "module", values=_scopes,
         api="torch.compile(model) / model.compile() / torch.compile(train_step)",
         doc="What is compiled: nothing (eager), the model, each repeated block (regional), or the train step "
             "function (forward, loss and optimizer in one torch.compile; the backward runs outside its graphs).",
         question="Compile the module, its blocks, or the whole train step?")
-    granularity: str = knob(
+    granularity: Granularity = knob(
         "block", values=_granularities, when=REGIONAL,
         api="torch.compile per block or sublayer; torch.compiler.nested_compile_region",
         doc="Regional unit: each block, each sublayer in a block, or blocks as nested regions of one compile.",
         question="Regional compile: per block, per sublayer, or nested regions?")
-    rest: str = knob(
-        "compiled", values=("compiled", "eager"), when=REGIONAL & HAS_REST,
+    rest: Rest = knob(
+        "compiled", values=values(Rest), when=REGIONAL & HAS_REST,
         api="torch.compile of each remaining unit (Accelerate's compile_regions)",
         doc="Regional: the rest of the model (embeddings, final norm, head) compiled unit by unit as "
             "Accelerate's compile_regions does, or left eager.",
         question="Regional compile: compile the rest of the model too, or leave it eager?")
-    backend: str = knob(
-        "inductor", values=("inductor", "aot_eager", "eager"), search=("inductor",), when=COMPILED,
+    backend: Backend = knob(
+        "inductor", values=values(Backend), search=("inductor",), when=COMPILED,
         api="torch.compile(backend=...)",
         doc="torch.compile backend; aot_eager/eager are for tests and debugging.")
-    mode: str = knob(
+    mode: Mode = knob(
         "default", values=_modes, when=COMPILED & INDUCTOR,
         api="torch.compile(mode=...); torch._inductor.list_mode_options()",
         doc="Inductor mode (its options come from torch._inductor.list_mode_options). CUDA-graph modes "
@@ -200,13 +215,13 @@ class CompileKnobs:
 class AmpKnobs:
     """Automatic mixed precision."""
 
-    dtype: str = knob(
+    dtype: AmpDtype = knob(
         "none", values=_amp_dtypes,
         api="torch.autocast(dtype=...); torch.amp.GradScaler for float16",
         doc="Autocast dtype; float16 adds a GradScaler.",
         question="Mixed precision, and which dtype?")
-    placement: str = knob(
-        "outside", values=("outside", "inside"), when=AMP_ON & COMPILED,
+    placement: AmpPlacement = knob(
+        "outside", values=values(AmpPlacement), when=AMP_ON & COMPILED,
         api="torch.autocast around or inside the compiled function",
         doc="Autocast around the call of the compiled code, or inside the compiled region.",
         question="Autocast inside or outside the compiled region?")
@@ -216,8 +231,8 @@ class AmpKnobs:
 class PlacementKnobs:
     """Order of moving the model to its device and compiling it."""
 
-    order: str = knob(
-        "to_then_compile", values=("to_then_compile", "compile_then_to"),
+    order: PlacementOrder = knob(
+        "to_then_compile", values=values(PlacementOrder),
         when=MODEL_COMPILED & NOT_COMPILE_OF_DDP & NOT_FSDP2,
         api="model.to(device) before or after torch.compile",
         doc="model.to(device) before or after torch.compile.", question=".to(device) before or after compile?")
@@ -227,8 +242,8 @@ class PlacementKnobs:
 class AcKnobs:
     """Activation checkpointing."""
 
-    policy: str = knob(
-        "none", values=("none", "block"), when=NOT_NESTED & HAS_BLOCKS,
+    policy: AcPolicy = knob(
+        "none", values=values(AcPolicy), when=NOT_NESTED & HAS_BLOCKS,
         api="torch.utils.checkpoint.checkpoint per block",
         doc="Recompute each repeated block's activations in backward (torch.utils.checkpoint).",
         question="Activation checkpointing per block?")
@@ -238,7 +253,7 @@ class AcKnobs:
 class OptimKnobs:
     """How the optimizer step runs, and how the workload's schedule and clipping meet compiled code."""
 
-    impl: str = knob(
+    impl: OptimImpl = knob(
         "default", values=_optimizer_impls, when=IMPLS,
         api="torch.optim.<Optimizer>(foreach=..., fused=...)",
         doc="Optimizer implementation: torch's default for the device (foreach on CUDA, for-loop on CPU), "
@@ -251,8 +266,8 @@ class OptimKnobs:
         doc="The compiled-optimizer-with-scheduler recipe: the learning rate as a tensor, so a scheduler's "
             "change is data, not a recompile (False = a Python float: dynamo guards on it and recompiles the "
             "optimizer step every step where it specialises it, e.g. foreach). Not searched: False is for showing it.")
-    clip: str = knob(
-        "eager", values=("eager", "compiled"), when=CLIPS & MODEL_COMPILED,
+    clip: ClipPlacement = knob(
+        "eager", values=values(ClipPlacement), when=CLIPS & MODEL_COMPILED,
         api="torch.nn.utils.clip_grad_norm_ (eager or compiled)",
         doc="Gradient clipping (clip_grad_norm_) in eager code between backward and step, or compiled: inside "
             "the compiled optimizer step when compile.optimizer, else a compiled function of its own.",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autocompile.config.choices import DdpOptimize, FsdpOrder, MpPolicy, Strategy, WrapOrder, values
 from autocompile.config.knob_spec import (
     BOOL,
     COMPILED,
@@ -43,8 +44,8 @@ def _ddp_modes(config: Flat, env: Env) -> tuple[str, ...]:
 class ParallelKnobs:
     """How the processes share the model, only when more than one process trains."""
 
-    strategy: str = knob(
-        "ddp", values=("ddp", "fsdp2"), when=DISTRIBUTED,
+    strategy: Strategy = knob(
+        "ddp", values=values(Strategy), when=DISTRIBUTED,
         api="torch.nn.parallel.DistributedDataParallel / torch.distributed.fsdp.fully_shard",
         doc="DDP (a replica of the model per rank, gradients all-reduced) or FSDP2 (torch.distributed.fsdp."
             "fully_shard on each repeated block and on the root, as torchtitan does: parameters sharded across "
@@ -56,11 +57,11 @@ class ParallelKnobs:
 class DdpKnobs:
     """DistributedDataParallel, only when ``parallel.strategy=ddp``."""
 
-    wrap_order: str = knob(
-        "ddp_of_compiled", values=("ddp_of_compiled", "compile_of_ddp"), when=USES_DDP & MODULE_SCOPE,
+    wrap_order: WrapOrder = knob(
+        "ddp_of_compiled", values=values(WrapOrder), when=USES_DDP & MODULE_SCOPE,
         api="DistributedDataParallel(torch.compile(m)) or torch.compile(DistributedDataParallel(m))",
         doc="DDP(compiled model) or torch.compile(DDP(model)).", question="Wrap DDP before or after compile?")
-    optimize: str = knob(
+    optimize: DdpOptimize = knob(
         "ddp_optimizer", values=_ddp_modes, when=USES_DDP & COMPILED,
         api="torch._dynamo.config.optimize_ddp",
         doc="torch._dynamo.config.optimize_ddp: split graphs at buckets, plain, or the Python reducer.",
@@ -71,8 +72,8 @@ class DdpKnobs:
 class FsdpKnobs:
     """FSDP2 (``fully_shard``), only when ``parallel.strategy=fsdp2``."""
 
-    order: str = knob(
-        "compile_then_shard", values=("shard_then_compile", "compile_then_shard"), when=USES_FSDP2 & MODEL_COMPILED,
+    order: FsdpOrder = knob(
+        "compile_then_shard", values=values(FsdpOrder), when=USES_FSDP2 & MODEL_COMPILED,
         api="torch.compile then fully_shard, or fully_shard then torch.compile",
         doc="torch.compile of the units before fully_shard (torchtitan's order) or after it. Units are compiled "
             "through their forward, so FSDP2's hooks (in the module's __call__, wrapped in dynamo.disable) run "
@@ -84,8 +85,8 @@ class FsdpKnobs:
         doc="Free each block's all-gathered parameters after its forward (all-gather them again for the backward) "
             "or keep them until the backward (more memory, one all-gather fewer per block).",
         question="FSDP2: reshard parameters after forward?")
-    mp_policy: str = knob(
-        "none", values=("none", "bf16"), when=USES_FSDP2 & NOT_FP16,
+    mp_policy: MpPolicy = knob(
+        "none", values=values(MpPolicy), when=USES_FSDP2 & NOT_FP16,
         api="torch.distributed.fsdp.MixedPrecisionPolicy",
         doc="FSDP2's mixed precision: bf16 = MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), "
             "parameters all-gathered and computed in bf16, gradients reduced in fp32; none = the parameters' own "

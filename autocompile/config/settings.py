@@ -22,11 +22,13 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from autocompile.config.choices import compiles
 from autocompile.config.compare_settings import CompareSettings, overrides
-from autocompile.config.gpus import check_triton, device_name, native_bf16
+from autocompile.config.gpus import check_triton, device_name
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
 from autocompile.config.script_settings import ScriptSettings, ScriptSpec, calls_prepare, script_env
 from autocompile.config.sections import LaunchSettings, ObjectiveSettings, StudySettings, TrackingSettings
+from autocompile.config.space import lead_knobs
 from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
 from autocompile.workload.models import factory_kwargs, resolve
 from autocompile.workload.parts import data_problem, knob_facts
@@ -145,7 +147,7 @@ compile. Such trials get this many times ``measure.timeout_s`` rather than timin
 def autotunes(config: TrialConfig) -> bool:
     """Whether a configuration compiles with autotuning: a ``max-autotune`` mode or coordinate-descent tuning."""
     c = config.compile
-    return c.scope != "none" and (c.mode.startswith("max-autotune") or bool(c.options.coordinate_descent_tuning))
+    return compiles(c.scope) and (c.mode.startswith("max-autotune") or bool(c.options.coordinate_descent_tuning))
 
 
 class ConfigError(ValueError):
@@ -202,14 +204,8 @@ class Settings:
 
     @cached_property
     def lead_knobs(self) -> dict[str, Any]:
-        """Where the search starts (``study.start_precision``): the knob values its first trials take beside the
-        defaults, unless the user fixed them. Read once per Settings: ``auto`` asks nvidia-smi on a GPU."""
-        precision = self.study.start_precision
-        if precision == "auto":
-            precision = "bfloat16" if self.device == "cuda" and native_bf16() else "none"
-        if "amp.dtype" in self.fixed_knobs or precision == "none":
-            return {}
-        return {"amp.dtype": precision}
+        """Where the search starts: :func:`autocompile.config.space.lead_knobs` (nvidia-smi read once)."""
+        return lead_knobs(self.study.start_precision, self.device, self.fixed_knobs)
 
     def measured_on(self) -> dict[str, Any]:
         """What every measurement of a study shares: a resumed study (or a second tuner on a shared

@@ -6,6 +6,7 @@ from typing import Any
 
 import optuna
 
+from autocompile.config.gpus import native_bf16
 from autocompile.config.knobs import KNOBS, Env, TrialConfig
 
 BASELINES = {
@@ -19,6 +20,17 @@ BASELINES = {
 
 DEFAULTS = {key: default for key, (_, default) in KNOBS.items()}
 """Every knob at its default: where a knob's full set of values is read."""
+
+
+def lead_knobs(start_precision: str, device: str, fixed: dict[str, Any]) -> dict[str, Any]:
+    """Where the search starts (``study.start_precision``): the knob values its first trials take beside the
+    defaults, unless the user fixed them; ``auto`` is bf16 on a GPU that runs it natively (nvidia-smi)."""
+    precision = start_precision
+    if precision == "auto":
+        precision = "bfloat16" if device == "cuda" and native_bf16() else "none"
+    if "amp.dtype" in fixed or precision == "none":
+        return {}
+    return {"amp.dtype": precision}
 
 
 class SearchSpace:

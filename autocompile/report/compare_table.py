@@ -7,13 +7,14 @@ from typing import Any
 
 from rich.table import Table
 
+from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
 from autocompile.report.view import console, fmt_bytes
 
 
 def print_comparison(report: dict[str, Any]) -> None:
     out = console()
-    how = {"side_by_side": f"side by side in {report['processes']} fresh processes (windows in rotating order)",
-           "fresh_processes": f"in fresh-process rounds ({report['processes']}), not side by side: {report['why']}",
+    how = {SIDE_BY_SIDE: f"side by side in {report['processes']} fresh processes (windows in rotating order)",
+           FRESH_PROCESSES: f"in fresh-process rounds ({report['processes']}), not side by side: {report['why']}",
            "none": f"not compared: {report['why']}"}[report["method"]]
     table = Table(title=f"autocompile compare: timed {how}", title_justify="left")
     for col in ("candidate", "configuration", "ms/step", "alone ms/step", "cold compile s", "peak memory"):

@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from rich.console import Console
 from rich.table import Table
 
+from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
 from autocompile.config.commands import measure_command
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
@@ -330,8 +331,8 @@ def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
         console.print(f"[red]Not confirmed: {outcome.get('reason')}")
         return
     w = outcome["winner"]
-    how = outcome.get("method") or {"method": "fresh_processes"}
-    side = how["method"] == "side_by_side"
+    how = outcome.get("method") or {"method": FRESH_PROCESSES}
+    side = how["method"] == SIDE_BY_SIDE
     over = (f"side by side in {outcome['rounds']} fresh processes ({outcome.get('windows', 0)} paired windows each)"
             if side else f"over {outcome['rounds']} interleaved rounds"
             + (f" (fresh processes, not side by side: {how['why']})" if how.get("why") else ""))

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
 from autocompile.config.compare_settings import label
 from autocompile.config.knobs import describe
 from autocompile.config.settings import Settings
@@ -89,7 +90,7 @@ def timed(members: list[sidebyside.Member], settings: Settings, out: Path
             if (reason := sidebyside.not_shared(results)) is not None:
                 break  # the rest would fail alike
         if reason is None:
-            return ("side_by_side", "", sidebyside.windows(results),
+            return (SIDE_BY_SIDE, "", sidebyside.windows(results),
                     sidebyside.windows(results, "step_cpu_s_windows"))
     log.warning("fresh-process rounds instead of side by side: %s", reason)
     rounds: dict[str, dict[int, list[float]]] = {}
@@ -101,7 +102,7 @@ def timed(members: list[sidebyside.Member], settings: Settings, out: Path
                             cache_dir=cache if cache.is_dir() else None)
             if result.get("status") == "ok":
                 rounds.setdefault(m.label, {})[r] = [result["step_s"]]
-    return "fresh_processes", reason, rounds, {}
+    return FRESH_PROCESSES, reason, rounds, {}
 
 
 def pair(base: dict[int, list[float]], other: dict[int, list[float]], method: str,
@@ -109,7 +110,7 @@ def pair(base: dict[int, list[float]], other: dict[int, list[float]], method: st
          ) -> Paired | None:
     """``other / base`` of step time: paired windows side by side (with their CPU seconds, which tell a
     descheduled window from the program's own slow one), else paired fresh-process rounds."""
-    if method == "side_by_side":
+    if method == SIDE_BY_SIDE:
         return paired_windows(base, other, cpu_base, cpu_other)
     ratio = paired_ratio({r: v[0] for r, v in other.items()}, {r: v[0] for r, v in base.items()})
     if ratio is None:
@@ -186,14 +187,14 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
                             shared_cold=base["cold_trial"] is not None and base["cold_trial"] == row["cold_trial"])
         pays = break_even(step, a, bb, (base["label"], row["label"]))
         shared = base["cold_trial"] is not None and base["cold_trial"] == row["cold_trial"]  # A/A: alone is 1
-        apart = None if shared or method != "side_by_side" else alone_disagrees(
+        apart = None if shared or method != SIDE_BY_SIDE else alone_disagrees(
             step, (base["step_s_alone"], row["step_s_alone"]), (base["label"], row["label"]), alone_cv, alone_df)
         pairs.append({"a": 0, "b": b, "change": step.change, "low": step.low, "high": step.high,
                       "measurable": step.measurable, "step": step.as_dict(), "time_to_train": ttt.as_dict(),
                       "horizon_steps": horizon, "break_even": pays, "alone_agrees": apart is None,
                       "verdict": apart or verdict(step, row["label"], base["label"], pays)})
     changes = [c.text(label, f"process {p}") for label, p, c in sidebyside.speed_changes(per, cpu)] \
-        if method == "side_by_side" else []
+        if method == SIDE_BY_SIDE else []
     seen = set()
     for m in members:  # a cold run that changed speed: its alone step time blends two speeds
         cold = m.cold.get("step_s_windows") or []
@@ -204,7 +205,7 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
             changes.append(c.text(m.label, "its cold run alone"))
     return {"method": method, "why": why, "processes": settings.compare.processes,
             "model": ("log window step time = candidate + process effect + window noise; windows paired within "
-                      "rounds, a random effect per process (see docs/measuring.md)") if method == "side_by_side" else
+                      "rounds, a random effect per process (see docs/measuring.md)") if method == SIDE_BY_SIDE else
             "one fresh process per candidate and round, paired by round",
             "candidates": rows, "pairs": pairs, "alone_cv": alone_cv, "wall_s": walls, "speed_changes": changes,
             "failed": [{"label": m.label, "reason": m.cold.get("reason")} for m in failed]}

@@ -24,6 +24,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autocompile.config.choices import SIDE_BY_SIDE, compiles
 from autocompile.config.knobs import KNOBS, TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
@@ -123,9 +124,9 @@ def compile_prior_s(settings: Settings) -> tuple[float, str]:
             f"compile estimated from the model's {modules} modules")
 
 
-def compiles(trial: Any) -> bool:
+def trial_compiles(trial: Any) -> bool:
     """Whether a trial (or a stand-in with its ``config`` attribute) compiles anything."""
-    return (trial.user_attrs.get("config") or {}).get("compile.scope", "none") != "none"
+    return compiles((trial.user_attrs.get("config") or {}).get("compile.scope"))
 
 
 def baseline(space: SearchSpace, name: str) -> SimpleNamespace:
@@ -154,9 +155,9 @@ def run_costs(study: optuna.Study, settings: Settings, prior: tuple[float, str])
     """Per-run costs from the study's own trials where it has them, else the reference and ``prior``."""
     measured = [t for t in measured_trials(study) if "wall_s" in t.user_attrs["result"]]
     ref = study.user_attrs.get("reference") or {}
-    eager = [t.user_attrs["result"]["wall_s"] for t in measured if not compiles(t)]
+    eager = [t.user_attrs["result"]["wall_s"] for t in measured if not trial_compiles(t)]
     eager_s = statistics.median(eager) if eager else ref.get("wall_s")
-    cold = [t.user_attrs["result"] for t in measured if compiles(t)]
+    cold = [t.user_attrs["result"] for t in measured if trial_compiles(t)]
     if cold:
         # Pruned and failed trials included: the next trials will be stopped about as often.
         cold_s = statistics.median(r["wall_s"] for r in cold)
@@ -181,7 +182,7 @@ def phase_costs(study: optuna.Study, space: SearchSpace, objective: Objective, s
     from autocompile.study.phases.together import method
 
     if settings.study.side_by_side and all(
-            f"method.{p}" not in study.user_attrs or method(study, p)["method"] == "side_by_side"
+            f"method.{p}" not in study.user_attrs or method(study, p)["method"] == SIDE_BY_SIDE
             for p in ("confirm", "verdict")):
         return _side_by_side_costs(study, space, objective, settings, costs, winner)
     return _fresh_phase_costs(study, space, objective, settings, costs, winner)
@@ -212,8 +213,7 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
     else:
         plan = confirm_plan(study, objective, s.confirm_top, processes) if s.confirm_top else []
         labels = {slot.label: slot for slot in plan}
-        compiled = sum(1 for slot in labels.values() if (study.trials[slot.attrs["cold_trial"]].user_attrs.get(
-            "config") or {}).get("compile.scope", "none") != "none")
+        compiled = sum(1 for slot in labels.values() if trial_compiles(study.trials[slot.attrs["cold_trial"]]))
         done = {t.user_attrs["round"] for t in phase_trials(study, "confirm")}
         confirm_s = (processes - len(done)) * process_s(costs, compiled, settings) if labels else 0.0
         winner = winner if wanted != [] else None
@@ -225,10 +225,10 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
     finished = phase_trials(study, "verdict") if not searching else []
     ran_cold = {(t.user_attrs.get("knob"), t.user_attrs.get("value")) for t in finished if t.user_attrs.get("cold_run")}
     scopes = [config.flat()["compile.scope"] for _, _, config in found]
-    cold_s = sum(costs.cold_s if scope != "none" else costs.eager_s
+    cold_s = sum(costs.cold_s if compiles(scope) else costs.eager_s
                  for (key, value, _), scope in zip(found, scopes, strict=True) if (key, value) not in ran_cold)
     rounds_done = {t.user_attrs["round"] for t in finished if not t.user_attrs.get("cold_run")}
-    compiled = sum(scope != "none" for scope in scopes) + compiles(winner)
+    compiled = sum(compiles(scope) for scope in scopes) + trial_compiles(winner)
     verdict_s = cold_s + (processes - len(rounds_done)) * process_s(costs, compiled, settings)
     return confirm_s, verdict_s
 
@@ -276,7 +276,7 @@ def search_left_s(study: optuna.Study, space: SearchSpace, settings: Settings,
     trials = study.get_trials(deepcopy=False)
     left = max(settings.study.n_trials - sum(counted(t) for t in trials), 0)
     queued = [t.user_attrs.get("baseline") for t in trials if t.state == TrialState.WAITING][:left]
-    queued_s = sum(costs.cold_s if compiles(baseline(space, name)) else costs.eager_s
+    queued_s = sum(costs.cold_s if trial_compiles(baseline(space, name)) else costs.eager_s
                    for name in queued if name in BASELINES)
     queued_s += sum(costs.cold_s for name in queued if name not in BASELINES)
     sampled = left - len(queued)
@@ -298,7 +298,7 @@ def estimate(study: optuna.Study, space: SearchSpace, objective: Objective, sett
     search_s, left = search_left_s(study, space, settings, costs)
     winner = stand_in(study, space, objective, costs)  # the confirmation's analysis runs once per estimate
     confirm_s, verdict_s = phase_costs(study, space, objective, settings, costs, winner)
-    warm_start_s = costs.warm_s if settings.study.warm_start and compiles(
+    warm_start_s = costs.warm_s if settings.study.warm_start and trial_compiles(
         winner) else 0.0
     return StudyEstimate(search_s=search_s, confirm_s=confirm_s, verdict_s=verdict_s, warm_start_s=warm_start_s,
                          trials_left=left, costs=costs)

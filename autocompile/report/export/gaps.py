@@ -15,8 +15,9 @@ import logging
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from autocompile.config.choices import Scope, compiles
 from autocompile.config.knobs import KNOBS
 from autocompile.study.statistics.effect import Effect
 
@@ -90,12 +91,12 @@ class Winner:
         return "single" if self.world_size <= 1 else str(self.knob("parallel.strategy", "ddp"))
 
     @property
-    def scope(self) -> str:
-        return str(self.knob("compile.scope"))
+    def scope(self) -> Scope:
+        return cast(Scope, self.knob("compile.scope"))
 
     @property
     def compiled(self) -> bool:
-        return self.scope != "none"
+        return compiles(self.scope)
 
     def header(self, framework: str) -> list[str]:
         """Comment lines every exported file opens with: what it is and where it was measured."""

@@ -34,6 +34,7 @@ import optuna
 from filelock import Timeout
 from optuna.trial import FrozenTrial, TrialState
 
+from autocompile.config.choices import compiles
 from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
@@ -273,7 +274,7 @@ def measure_repeat(study: optuna.Study, trial: optuna.Trial, space: SearchSpace,
     warm_from = Path(attrs.cache_from) / "inductor_cache" if attrs.cache_from else None
     if cache is None and settings.study.repeat_cache == "warm" and warm_from is not None and warm_from.is_dir():
         cache = warm_from
-    compile_cache = "none (eager)" if config.compile.scope == "none" else "shared warm" if settings.cache_dir \
+    compile_cache = "none (eager)" if not compiles(config.compile.scope) else "shared warm" if settings.cache_dir \
         else "warm" if cache else "cold"
     set_attrs(trial, compile_cache=compile_cache)
 

@@ -19,6 +19,7 @@ from typing import Any
 from optuna import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from autocompile.config.choices import SIDE_BY_SIDE, compiles
 from autocompile.config.knobs import KNOBS, Env
 from autocompile.config.sections import ObjectiveSettings
 from autocompile.study.phases.sidebyside import speed_changes
@@ -67,7 +68,7 @@ def step_time(trial: FrozenTrial) -> float | None:
 def simplicity(config: dict[str, Any]) -> tuple[int, int]:
     """Eager first (nothing to apply), then the fewest knobs changed from torch.compile's defaults."""
     changed = sum(1 for k, v in config.items() if k in KNOBS and v != KNOBS[k][1])
-    return (0 if config.get("compile.scope") == "none" else 1, changed)
+    return (1 if compiles(config.get("compile.scope")) else 0, changed)
 
 
 def study_noise(study: Study, env: Env, kind: str = "alone") -> Noise | None:
@@ -81,11 +82,11 @@ def study_noise(study: Study, env: Env, kind: str = "alone") -> Noise | None:
     for t in [*measured_trials(study), *phase_trials(study, "confirm"), *phase_trials(study, "verdict")]:
         step = step_time(t)
         rec = TrialRecord.of(t)
-        how = "side_by_side" if rec.method == "side_by_side" and not rec.is_search else "alone"
+        how = SIDE_BY_SIDE if rec.method == SIDE_BY_SIDE and not rec.is_search else "alone"
         if step is not None and rec.same_program_as is None and not rec.cold_run and how == kind:
             groups.setdefault(rec.identity or "", []).append(step)
     repeated = {k: v for k, v in groups.items() if len(v) > 1}
-    words = "side by side" if kind == "side_by_side" else "alone"
+    words = "side by side" if kind == SIDE_BY_SIDE else "alone"
     return pooled_noise(list(repeated.values()),
                         f"{len(repeated)} configuration(s) measured {words} in several fresh processes, "
                         f"{sum(map(len, repeated.values()))} measurements; the numerics reference is not pooled")
@@ -103,7 +104,7 @@ def compile_spread(study: Study, settings: ObjectiveSettings, shared_cache: bool
             m = rec.measured
             cold = rec.is_search or rec.cold_run or rec.compile_cache == "cold"
             if (cold and m.ok and m.compile_s and m.fingerprint and rec.duplicate_of is None
-                    and rec.config.get("compile.scope", "none") != "none" and not interrupted(t)):
+                    and compiles(rec.config.get("compile.scope")) and not interrupted(t)):
                 groups.setdefault(m.fingerprint, []).append(m.compile_s)
     measured = pooled_noise(list(groups.values()), "")
     if measured is not None:
@@ -188,7 +189,7 @@ def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
                                                      a.compile_s_cold))
         if (step := step_time(t)) is not None:
             c.steps[a.round] = step
-            if a.method == "side_by_side":
+            if a.method == SIDE_BY_SIDE:
                 c.windows[a.round] = a.measured.step_s_windows
                 if a.measured.step_cpu_s_windows:
                     c.cpu[a.round] = a.measured.step_cpu_s_windows
@@ -279,7 +280,7 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
     trials = [(t, TrialRecord.of(t)) for t in phase_trials(study, "verdict")]
     winner = {a.round: s for t, a in trials if a.label == "winner" and (s := step_time(t)) is not None}
     winner_windows = {a.round: a.measured.step_s_windows for t, a in trials
-                      if a.label == "winner" and a.method == "side_by_side" and step_time(t) is not None}
+                      if a.label == "winner" and a.method == SIDE_BY_SIDE and step_time(t) is not None}
     winner_cpu = {a.round: a.measured.step_cpu_s_windows for _, a in trials
                   if a.label == "winner" and a.round in winner_windows and a.measured.step_cpu_s_windows}
     winner_changes = speed_changes({"the winner": winner_windows}, {"the winner": winner_cpu})
@@ -314,7 +315,7 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
                                           f"{(bad.reason or '')[:160]}); task=compare can time the two alone"))
             continue
         windows = {a.round: a.measured.step_s_windows for t, a in rounds
-                   if a.method == "side_by_side" and step_time(t) is not None}
+                   if a.method == SIDE_BY_SIDE and step_time(t) is not None}
         cpu = {a.round: a.measured.step_cpu_s_windows for _, a in rounds
                if a.round in windows and a.measured.step_cpu_s_windows}
         ratio: Ratio | None = paired_windows(winner_windows, windows, winner_cpu, cpu) if windows else \

@@ -10,6 +10,7 @@ import warnings
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
 from autocompile.config.knobs import KNOBS, TrialConfig, describe
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
@@ -44,7 +45,7 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
     if s.confirm_top:
         plan = confirm_plan(study, objective, s.confirm_top, s.repeats)
         if plan:
-            side = phase_method(study, "confirm", plan, settings, together) == "side_by_side"
+            side = phase_method(study, "confirm", plan, settings, together) == SIDE_BY_SIDE
             if side:  # side by side, a round is a process: compare.processes of them
                 plan = confirm_plan(study, objective, s.confirm_top, settings.compare.processes)
             log.info(describe_plan("confirmation", plan, cost_estimate(study, plan, settings if side else None), side))
@@ -61,7 +62,7 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
         log.info("verdict phase skipped: no searched knob with a question can change at the winner")
         return
     undecided = "method.verdict" not in study.user_attrs
-    if together is not None and s.side_by_side and (undecided or method(study, "verdict")["method"] == "side_by_side") \
+    if together is not None and s.side_by_side and (undecided or method(study, "verdict")["method"] == SIDE_BY_SIDE) \
             and verdicts_together(study, winner, space, wanted, settings, measure, together):
         return
     log.info(describe_plan(f"verdict (at trial {winner.number}, {TrialRecord.of(winner).name})", plan,
@@ -77,7 +78,7 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
     "identical program" stops it there), then the winner and the rest in side-by-side rounds. False when
     they cannot share a process (the caller runs fresh-process rounds)."""
     if "method.verdict" not in study.user_attrs:
-        set_method(study, "verdict", "side_by_side")
+        set_method(study, "verdict", SIDE_BY_SIDE)
     won = TrialRecord.of(winner)
     left_out: list[str] = []
     found = neighbours(winner, space, wanted, left_out)
@@ -104,7 +105,7 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
             for r in range(settings.compare.processes) for m in members]
     why = why_apart(study, members, settings) or run_together(study, plan, measure, together, drop_failed=True)
     if why:
-        set_method(study, "verdict", "fresh_processes", why)
+        set_method(study, "verdict", FRESH_PROCESSES, why)
         return False
     return True
 
@@ -132,7 +133,7 @@ def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, togeth
             if slot.key() not in waiting:
                 study.enqueue_trial(slot.params, user_attrs=user_attrs(
                     phase=slot.phase, round=slot.round, label=slot.label,
-                    **{**slot.attrs, "method": "side_by_side"}))
+                    **{**slot.attrs, "method": SIDE_BY_SIDE}))
         trials: dict[tuple[str, int, str], optuna.Trial] = {}
         while len(trials) < len(keys):
             with warnings.catch_warnings():
@@ -141,7 +142,7 @@ def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, togeth
             set_attrs(trial, owner=owner())
             rec = TrialRecord.of(trial)
             key = (rec.phase, rec.round, rec.label)
-            if key in keys and rec.method == "side_by_side":
+            if key in keys and rec.method == SIDE_BY_SIDE:
                 trials[key] = trial
             else:
                 measure(trial)  # another queued trial (one an interruption queued again): measured alone
@@ -158,19 +159,19 @@ def failed_beside(study: optuna.Study, phase: str) -> set[str]:
     """Labels of ``phase``'s side-by-side repeats that ran and measured nothing (failed beside the others)."""
     return {rec.label for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
                                                                         TrialState.PRUNED))
-            if (rec := TrialRecord.of(t)).phase == phase and rec.method == "side_by_side" and rec.round >= 0
+            if (rec := TrialRecord.of(t)).phase == phase and rec.method == SIDE_BY_SIDE and rec.round >= 0
             and not rec.measured.ok and not interrupted(t)}
 
 
 def together_or_fresh(study: optuna.Study, phase: str, plan: list[Slot], settings: Settings, measure: Measure,
                       together: MeasureTogether | None) -> None:
     """``plan`` side by side when its candidates can share a process, else in fresh-process rounds."""
-    if phase_method(study, phase, plan, settings, together) == "side_by_side":
-        side = [Slot(s.phase, s.round, s.label, s.params, {**s.attrs, "method": "side_by_side"}) for s in plan]
+    if phase_method(study, phase, plan, settings, together) == SIDE_BY_SIDE:
+        side = [Slot(s.phase, s.round, s.label, s.params, {**s.attrs, "method": SIDE_BY_SIDE}) for s in plan]
         why = run_together(study, side, measure, together)  # type: ignore[arg-type]
         if why is None:
             return
-        set_method(study, phase, "fresh_processes", why)
+        set_method(study, phase, FRESH_PROCESSES, why)
     run_plan(study, plan, measure)
 
 
@@ -179,11 +180,11 @@ def phase_method(study: optuna.Study, phase: str, plan: list[Slot], settings: Se
     """Decided once per phase and kept in the study, so a resumed phase goes on the same way."""
     if f"method.{phase}" not in study.user_attrs:
         if together is None or not settings.study.side_by_side:
-            set_method(study, phase, "fresh_processes", sidebyside.ONE_CONFIGURATION
+            set_method(study, phase, FRESH_PROCESSES, sidebyside.ONE_CONFIGURATION
                        if settings.script.given else "study.side_by_side=false")
         else:
             why = why_apart(study, list({s.label: s for s in plan}.values()), settings)
-            set_method(study, phase, "fresh_processes" if why else "side_by_side", why or "")
+            set_method(study, phase, FRESH_PROCESSES if why else SIDE_BY_SIDE, why or "")
     return method(study, phase)["method"]
 
 

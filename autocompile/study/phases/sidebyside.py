@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autocompile.config.choices import compiles
 from autocompile.config.gpus import free_memory
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.sections import Resources
@@ -55,12 +56,12 @@ def cannot_share(members: list[Member], settings: Settings, gpu: str | None = No
     if settings.device == "cuda":
         from autocompile.trial.program.step import compile_kwargs, uses_cuda_graphs
 
-        graphs = [m.label for m in members if m.config.compile.scope != "none"
+        graphs = [m.label for m in members if compiles(m.config.compile.scope)
                   and uses_cuda_graphs(compile_kwargs(m.config.compile))]
         if graphs:
             return (f"{', '.join(graphs)} record CUDA graphs, whose trees share one memory pool per device "
                     "(untested side by side)")
-    compiled = [m for m in members if m.config.compile.scope != "none"]
+    compiled = [m for m in members if compiles(m.config.compile.scope)]
     wrapped = [m.label for m in compiled if m.config.compile.scope == "regional" and m.config.ac.policy == "block"]
     if wrapped and len(compiled) > 1:
         # Found by test (tests/test_sidebyside_knobs.py): each block's checkpoint wrapper is one code object

@@ -24,6 +24,7 @@ from typing import Any
 
 import optuna
 
+from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
 from autocompile.study.phases import sidebyside
@@ -38,14 +39,14 @@ MeasureTogether = Callable[[list[optuna.Trial]], None]
 
 
 def method(study: optuna.Study, phase: str) -> dict[str, str]:
-    """How ``phase`` timed its candidates: ``{"method": "side_by_side" | "fresh_processes", "why": ...}``."""
-    return study.user_attrs.get(f"method.{phase}") or {"method": "fresh_processes", "why": "recorded before side "
+    """How ``phase`` timed its candidates: ``{"method": SIDE_BY_SIDE | FRESH_PROCESSES, "why": ...}``."""
+    return study.user_attrs.get(f"method.{phase}") or {"method": FRESH_PROCESSES, "why": "recorded before side "
                                                                                           "by side existed"}
 
 
 def set_method(study: optuna.Study, phase: str, name: str, why: str = "") -> None:
     study.set_user_attr(f"method.{phase}", {"method": name, "why": why})
-    if name != "side_by_side":
+    if name != SIDE_BY_SIDE:
         log.warning("%s phase: fresh-process rounds instead of side by side: %s", phase, why)
 
 
@@ -88,7 +89,7 @@ def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: Sea
     for trial in trials:
         config, beat = begin(study, trial, space)
         beats.append(beat)
-        set_attrs(trial, trial_dir=str(out), method="side_by_side",
+        set_attrs(trial, trial_dir=str(out), method=SIDE_BY_SIDE,
                   compile_cache="side by side: warm from its cold run's artifacts")
         record = TrialRecord.of(trial)
         members.append(sidebyside.Member(record.label, config, cold_of(study.trials[record.cold_trial])))

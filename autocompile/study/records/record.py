@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from autocompile.config.choices import FRESH_PROCESSES, Method
+
 T = TypeVar("T")
 
 
@@ -180,7 +182,7 @@ class TrialRecord:
     """Verdict: the knob's value in this neighbour."""
     reference: Any = None
     """Verdict: the knob's value at the winner."""
-    method: str = "fresh_processes"
+    method: Method = FRESH_PROCESSES
     """How a repeat was timed: ``fresh_processes`` (one process per run) or ``side_by_side``."""
     cold_trial: int | None = None
     """Side by side: the trial of its configuration's cold run (program, artifacts, compile time)."""

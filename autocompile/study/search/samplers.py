@@ -6,10 +6,11 @@
   with compiled programs (``SHARED``: mixed precision, checkpointing, optimizer implementation) one at a
   time on the best eager and on the best compiled lead (eager first only while it is within reach of the
   leader: :func:`shared_order`): precision and scope are not independent (bf16 is slow eager on a CPU and
-  fast compiled), so each is settled on the program it would run with; then the compiled knobs one at a time from the best compiled
-  program (mode, granularity, reducer...). Each step keeps a change only when it measured better than
-  the incumbent by more than the noise of one alone process (``margin``); then TPE, which by then learns
-  from every run before it. The seed orders the knobs within each stage, so seeds explore different paths.
+  fast compiled), so each is settled on the program it would run with; then the compiled knobs one at a
+  time from the best compiled program (mode, granularity, reducer...). Each step keeps a change only when
+  it measured better than the incumbent by more than the noise of one alone process (``margin``); then
+  TPE, which by then learns from every run before it. The seed orders the knobs within each stage, so
+  seeds explore different paths.
 - ``tpe``: Optuna's TPE over the conditional space (multivariate, grouped), 8 random trials first.
 - ``random``: uniform over the knobs' values.
 - ``gp``: Optuna's GPSampler (categorical kernels) over the knobs every trial has; the others at random.
@@ -32,6 +33,7 @@ from optuna.distributions import BaseDistribution
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from autocompile.config.choices import compiles
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.sections import SAMPLERS
 from autocompile.config.space import DEFAULTS, SearchSpace, identity
@@ -214,7 +216,7 @@ def staged(space: SearchSpace, seed: int = 0, margin: float = PRIOR_ALONE_NOISE)
 
 
 def eager(flat: Flat) -> bool:
-    return flat["compile.scope"] == "none"
+    return not compiles(flat["compile.scope"])
 
 
 SHARED_REACH = 0.30

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autocompile.config.choices import UNIT_SCOPES, compiles
 from autocompile.config.knobs import AcKnobs, AmpKnobs, CompileKnobs, DdpKnobs, FsdpKnobs, OptimKnobs, PlacementKnobs
 from autocompile.trial.program.graphs import CompileLog, Recorder
 from autocompile.workload import units
@@ -38,7 +39,6 @@ Context = Callable[[], AbstractContextManager[Any]]
 
 AMP_DTYPES = {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OPTIMIZE_DDP = {"ddp_optimizer": True, "no_optimization": False, "python_reducer": "python_reducer"}
-UNIT_SCOPES = ("module", "regional")
 """Scopes that compile the model's own units; only these also compile the optimizer, clipping or autograd apart."""
 
 
@@ -102,7 +102,7 @@ def compile_targets(model: nn.Module, knobs: CompileKnobs) -> list[Unit]:
 
 def autocast_inside(amp: AmpKnobs, scope: str) -> bool:
     """Whether autocast sits inside compiled code (``amp.placement=inside`` with a dtype and something compiled)."""
-    return AMP_DTYPES[amp.dtype] is not None and scope != "none" and amp.placement == "inside"
+    return AMP_DTYPES[amp.dtype] is not None and compiles(scope) and amp.placement == "inside"
 
 
 def apply_autocast(targets: list[Unit], amp: AmpKnobs, scope: str, device: torch.device) -> None:

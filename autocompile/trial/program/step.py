@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autocompile.config.choices import compiles
 from autocompile.config.knobs import CompileKnobs, TrialConfig
 from autocompile.trial.program.apply_parts import (
     Compilers,
@@ -114,7 +115,7 @@ def uses_cuda_graphs(kwargs: dict[str, Any]) -> bool:
 def marks_cuda_graph_steps(kwargs: dict[str, Any], scope: str, device: torch.device) -> bool:
     """Whether each call starts a new CUDA-graph generation: something is compiled for CUDA in a mode whose
     graph trees reuse output memory on the next replay."""
-    return device.type == "cuda" and scope != "none" and uses_cuda_graphs(kwargs)
+    return device.type == "cuda" and compiles(scope) and uses_cuda_graphs(kwargs)
 
 
 def accumulation_error(mode: str, grad_accum_steps: int) -> str:

@@ -36,6 +36,7 @@ BOOT = time.time()
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from autocompile.config.choices import compiles  # noqa: E402
 from autocompile.config.knobs import TrialConfig  # noqa: E402
 from autocompile.config.script_settings import TRIAL_VAR, ScriptSpec, calls_prepare, script_env  # noqa: E402
 from autocompile.trial.program.apply_parts import (  # noqa: E402
@@ -114,7 +115,7 @@ class Agent:
         self.calls.append({"target": name, "module": isinstance(target, nn.Module), "where": where,
                            "kwargs": {k: repr(v) for k, v in kwargs.items()}})
         if not isinstance(target, nn.Module):
-            if self.scope == "none":
+            if not compiles(self.scope):
                 return target  # the eager baseline runs the function as it is
             raise CannotTakeOver(
                 f"the script compiles the function {name} ({where}): compile.scope={self.scope} compiles a model, "
@@ -125,7 +126,7 @@ class Agent:
         if self.taken(target):  # prepare() took it over already, then the script's own torch.compile
             return target
         runner = target
-        if self.scope != "none":
+        if compiles(self.scope):
             runner = self._compile(target, in_place)
         self.meter.watch(runner, target)
         return target if in_place else runner
@@ -178,6 +179,11 @@ class Agent:
         if self.world_size > 1:
             knobs["ddp.wrap_order"] = c.ddp.wrap_order
         return knobs if self.prepared else {}
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the trial compiles anything (``compile.scope`` is not none)."""
+        return compiles(self.scope)
 
     def unmet(self) -> str | None:
         """Why the trial's program did not run as its configuration names (checked after warm-up), or None."""

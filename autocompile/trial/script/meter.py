@@ -231,7 +231,7 @@ class Meter:
         if (unmet := agent.unmet()) is not None:  # a program other than the trial's: fail saying why
             raise CannotTakeOver(unmet)
         prepared = agent.prepared_knobs()  # programs that differ only in what prepare() applied differ here
-        if agent.scope == "none":
+        if not agent.compiled:
             self.program = {"coverage": 0.0, "fingerprint": "eager:script" + "".join(
                 f":{k}={v}" for k, v in sorted(prepared.items()))}
         elif not agent.calls or not self.models:
@@ -284,7 +284,7 @@ class Meter:
         else:  # no forward seen: throughput in optimizer steps
             rates = [per_window / t for t in window_s]
         device = self.device()
-        compiled = self.agent.scope != "none"
+        compiled = self.agent.compiled
         return {
             "status": "ok",
             "compiled": list(self.agent.compiled),

@@ -27,6 +27,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from autocompile.config.choices import compiles  # noqa: E402
 from autocompile.config.knobs import Env, TrialConfig  # noqa: E402
 from autocompile.config.spec import TrialSpec, write_json_atomic  # noqa: E402
 from autocompile.trial.program.build import (  # noqa: E402
@@ -152,7 +153,7 @@ class Trial:
         losses, warm_s, program = built.losses, built.warm_s, built.program
         self.timeline["warmup_done"] = time.time()
         self.progress("compiled", **program)
-        artifacts = save_artifacts(self.trial_dir) if self.rank == 0 and config.compile.scope != "none" else None
+        artifacts = save_artifacts(self.trial_dir) if self.rank == 0 and compiles(config.compile.scope) else None
         align(self.world_size)  # nor its saving in their first window
 
         window_steps = steps_per_window(spec, spec.measure.window_steps)
