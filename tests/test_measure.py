@@ -67,7 +67,7 @@ def in_process_trial(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(worker, "warm_up", warm_up)
         mp.setattr(worker, "reset_peak_memory", reset_peak_memory)
-        result = worker.Trial(spec, trial_dir, 0).run()
+        result = worker.Trial(spec, trial_dir, 0).run().to_json()
     yield {"result": result, "calls": list(CALLS), **seen}
     WARMING["started"] = False
 

@@ -25,7 +25,7 @@ from tests.conftest import make_spec
 
 
 def test_the_worker_records_cpu_seconds_beside_each_window(tmp_path: Path) -> None:
-    result = worker.Trial(make_spec({"compile.scope": "none"}, windows=3), tmp_path, 0).run()
+    result = worker.Trial(make_spec({"compile.scope": "none"}, windows=3), tmp_path, 0).run().to_json()
     cpu, wall = result["step_cpu_s_windows"], result["step_s_windows"]
     assert len(cpu) == len(wall) == result["windows"] >= 3
     assert all(c > 0 for c in cpu)  # the process worked in every window (per step, like step_s_windows)

@@ -30,6 +30,7 @@ from autocompile.study.phases.confirm import recommended as recommended_trial
 from autocompile.study.phases.racing import confirmed, phase, phase_trials, study_noise, verdicts
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import (
+    WARM_START,
     counted,
     feasible,
     interrupted,
@@ -139,7 +140,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         failures=failure_groups(measured, complete),
     )
     if recommended is not None:
-        warm = study.user_attrs.get("warm_start")  # measured by the study (study.warmstart) for this winner
+        warm = study.user_attrs.get(WARM_START)  # measured by the study (study.warmstart) for this winner
         report.warm_start = warm if warm and warm.get("trial") == recommended.number else None
         threads = (recommended.result.environment or {}).get("threads")
         report.measure_command = measure_command(settings, recommended.config, threads)

@@ -29,7 +29,7 @@ from autocompile.config.knobs import KNOBS, TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.optuna_store import FINISHED, counted, interrupted, measured_trials
+from autocompile.study.records.optuna_store import FINISHED, METHOD, REFERENCE, counted, interrupted, measured_trials
 from autocompile.study.search.samplers import eager_runs_left
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def stand_in(study: optuna.Study, space: SearchSpace, objective: Objective, cost
     best = winner_trial(study, objective)
     if best is not None:
         return best
-    step_s = (study.user_attrs.get("reference") or {}).get("step_s")
+    step_s = (study.user_attrs.get(REFERENCE) or {}).get("step_s")
     horizon = objective.settings.horizon_steps
     pays_back = (objective.settings.kind != "time_to_train" or not step_s
                  or costs.cold_s - costs.eager_s < horizon * step_s * EXPECTED_STEP_GAIN)
@@ -154,7 +154,7 @@ def stand_in(study: optuna.Study, space: SearchSpace, objective: Objective, cost
 def run_costs(study: optuna.Study, settings: Settings, prior: tuple[float, str]) -> RunCosts | None:
     """Per-run costs from the study's own trials where it has them, else the reference and ``prior``."""
     measured = [t for t in measured_trials(study) if "wall_s" in t.user_attrs["result"]]
-    ref = study.user_attrs.get("reference") or {}
+    ref = study.user_attrs.get(REFERENCE) or {}
     eager = [t.user_attrs["result"]["wall_s"] for t in measured if not trial_compiles(t)]
     eager_s = statistics.median(eager) if eager else ref.get("wall_s")
     cold = [t.user_attrs["result"] for t in measured if trial_compiles(t)]
@@ -182,7 +182,7 @@ def phase_costs(study: optuna.Study, space: SearchSpace, objective: Objective, s
     from autocompile.study.phases.together import method
 
     if settings.study.side_by_side and all(
-            f"method.{p}" not in study.user_attrs or method(study, p)["method"] == SIDE_BY_SIDE
+            METHOD[p] not in study.user_attrs or method(study, p)["method"] == SIDE_BY_SIDE
             for p in ("confirm", "verdict")):
         return _side_by_side_costs(study, space, objective, settings, costs, winner)
     return _fresh_phase_costs(study, space, objective, settings, costs, winner)

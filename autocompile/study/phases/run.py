@@ -31,7 +31,7 @@ from autocompile.study.phases.confirm import (
 from autocompile.study.phases.racing import phase_trials, step_time
 from autocompile.study.phases.together import MeasureTogether, cold_of, method, set_method
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.optuna_store import interrupted, owner
+from autocompile.study.records.optuna_store import METHOD, interrupted, owner
 from autocompile.study.records.record import TrialRecord, set_attrs, user_attrs
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
     if len(plan) <= s.repeats:
         log.info("verdict phase skipped: no searched knob with a question can change at the winner")
         return
-    undecided = "method.verdict" not in study.user_attrs
+    undecided = METHOD["verdict"] not in study.user_attrs
     if together is not None and s.side_by_side and (undecided or method(study, "verdict")["method"] == SIDE_BY_SIDE) \
             and verdicts_together(study, winner, space, wanted, settings, measure, together):
         return
@@ -77,7 +77,7 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
     """The verdict phase side by side: each neighbour once alone and cold (compile time, memory, program;
     "identical program" stops it there), then the winner and the rest in side-by-side rounds. False when
     they cannot share a process (the caller runs fresh-process rounds)."""
-    if "method.verdict" not in study.user_attrs:
+    if METHOD["verdict"] not in study.user_attrs:
         set_method(study, "verdict", SIDE_BY_SIDE)
     won = TrialRecord.of(winner)
     left_out: list[str] = []
@@ -178,7 +178,7 @@ def together_or_fresh(study: optuna.Study, phase: str, plan: list[Slot], setting
 def phase_method(study: optuna.Study, phase: str, plan: list[Slot], settings: Settings,
                  together: MeasureTogether | None) -> str:
     """Decided once per phase and kept in the study, so a resumed phase goes on the same way."""
-    if f"method.{phase}" not in study.user_attrs:
+    if METHOD[phase] not in study.user_attrs:
         if together is None or not settings.study.side_by_side:
             set_method(study, phase, FRESH_PROCESSES, sidebyside.ONE_CONFIGURATION
                        if settings.script.given else "study.side_by_side=false")

@@ -30,6 +30,16 @@ log = logging.getLogger(__name__)
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
+# The study's own attributes (Optuna study user attributes), one key each:
+MEASURED_ON = "measured_on"
+"""What every measurement shares (``Settings.measured_on``): a resumed study must match it."""
+REFERENCE = "reference"
+"""The numerics reference's result (``study/search/numerics.py``)."""
+WARM_START = "warm_start"
+"""The winner's warm start, measured once per winner (``study/search/warmstart.py``)."""
+METHOD = {"confirm": "method.confirm", "verdict": "method.verdict"}
+"""How each phase timed its candidates: ``{"method": Method, "why": ...}`` (``study/phases/together.py``)."""
+
 
 def is_search(trial: FrozenTrial) -> bool:
     """A trial of the search (user attribute ``phase``; trials of older studies have none)."""
@@ -121,10 +131,10 @@ def open_study(name: str, storage: optuna.storages.BaseStorage, directions: list
 def check_measured_on(study: optuna.Study, measured_on: dict[str, Any], record: bool = True) -> None:
     """Refuse to resume a study on another workload than it measured; ``record`` it on a new one."""
     current = json.loads(json.dumps(measured_on))  # as stored: tuples become lists
-    recorded = study.user_attrs.get("measured_on")
+    recorded = study.user_attrs.get(MEASURED_ON)
     if recorded is None:
         if record:
-            study.set_user_attr("measured_on", current)
+            study.set_user_attr(MEASURED_ON, current)
         return
     old, new = _dotted(recorded), _dotted(current)
     changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())

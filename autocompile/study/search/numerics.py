@@ -23,6 +23,7 @@ import optuna
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import Settings
+from autocompile.study.records.optuna_store import REFERENCE
 from autocompile.trial.launcher import launch
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ FP32 = "eager fp32"
 
 def reference(study: optuna.Study) -> dict[str, Any] | None:
     """The study's measured reference, if it has one that succeeded."""
-    ref = study.user_attrs.get("reference")
+    ref = study.user_attrs.get(REFERENCE)
     return ref if ref and ref.get("status") == "ok" else None
 
 
@@ -80,7 +81,7 @@ def ensure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -> 
         failed.append({"basis": what, "reason": result.get("reason")})
         log.warning("the numerics reference (%s) ran out of memory: %s", what, result.get("reason"))
     kept = {k: result[k] for k in KEPT if k in result}
-    study.set_user_attr("reference", {**kept, "basis": what, "knobs": knobs, "out_of_memory": failed})
+    study.set_user_attr(REFERENCE, {**kept, "basis": what, "knobs": knobs, "out_of_memory": failed})
     if result.get("status") != "ok":
         log.warning("the numerics reference failed (%s): trials are marked 'unchecked' and none can win",
                     result.get("reason"))

@@ -25,6 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import Settings
+from autocompile.study.records.optuna_store import WARM_START
 from autocompile.study.records.record import TrialRecord
 from autocompile.trial.launcher import launch
 from autocompile.trial.timing.compile_artifacts import ARTIFACTS, TRIAL_FILE
@@ -61,7 +62,7 @@ def warm_start(study: optuna.Study, settings: Settings, winner: FrozenTrial | No
                run_dir: Path) -> dict[str, Any] | None:
     """The winner's warm start, measured once per winner (a resumed study keeps the measurement); kept as the
     study's ``warm_start`` attribute, which the report reads."""
-    done = study.user_attrs.get("warm_start")
+    done = study.user_attrs.get(WARM_START)
     if winner is None or (done and done.get("trial") == winner.number):
         return done if winner is not None else None
     record = TrialRecord.of(winner)
@@ -72,7 +73,7 @@ def warm_start(study: optuna.Study, settings: Settings, winner: FrozenTrial | No
         best["result"]["compile_artifacts"] = {"path": str(saved)}
     found = take_home(settings, best, run_dir, launch)
     if found is not None:
-        study.set_user_attr("warm_start", found)
+        study.set_user_attr(WARM_START, found)
     return found
 
 

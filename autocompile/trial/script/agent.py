@@ -181,7 +181,7 @@ class Agent:
         return knobs if self.prepared else {}
 
     @property
-    def compiled(self) -> bool:
+    def compiles_anything(self) -> bool:
         """Whether the trial compiles anything (``compile.scope`` is not none)."""
         return compiles(self.scope)
 

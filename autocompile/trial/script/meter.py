@@ -36,6 +36,7 @@ from autocompile.trial.program.graphs import NothingCompiled, PartiallyCompiled,
 from autocompile.trial.timing.compile_artifacts import save_artifacts
 from autocompile.trial.timing.readings import CudaGraphsSkipped, reset_peak_memory
 from autocompile.trial.timing.recordings import cudagraph_recordings
+from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.stats import relative_half_width
 from autocompile.trial.timing.worker import (
     CompileInTimedPart,
@@ -231,7 +232,7 @@ class Meter:
         if (unmet := agent.unmet()) is not None:  # a program other than the trial's: fail saying why
             raise CannotTakeOver(unmet)
         prepared = agent.prepared_knobs()  # programs that differ only in what prepare() applied differ here
-        if not agent.compiled:
+        if not agent.compiles_anything:
             self.program = {"coverage": 0.0, "fingerprint": "eager:script" + "".join(
                 f":{k}={v}" for k, v in sorted(prepared.items()))}
         elif not agent.calls or not self.models:
@@ -262,14 +263,14 @@ class Meter:
         self.timeline["timed_done"] = time.time()
         result = self.result()
         if self.rank == 0:
-            write_json_atomic(self.trial_dir / "result.json", result)
+            write_json_atomic(self.trial_dir / "result.json", result.to_json())
         if self.distributed():
             dist.barrier()
             dist.destroy_process_group()
         logging.shutdown()
         exit_now(0)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> TrialResult:
         from torch._dynamo.utils import counters
 
         per_window = self.spec.measure.window_steps
@@ -284,8 +285,8 @@ class Meter:
         else:  # no forward seen: throughput in optimizer steps
             rates = [per_window / t for t in window_s]
         device = self.device()
-        compiled = self.agent.compiled
-        return {
+        compiled = self.agent.compiles_anything
+        return TrialResult(**{
             "status": "ok",
             "compiled": list(self.agent.compiled),
             "compile_s": compile_s,
@@ -322,7 +323,7 @@ class Meter:
                        "prepared": self.agent.prepared},
             "timeline": self.timeline,
             "environment": environment(device, self.rank, torch.get_num_threads()),
-        }
+        })
 
     def memory(self, device: torch.device) -> dict[str, Any]:
         """Peak memory of the timed part and of the warm-up (the largest rank's)."""
@@ -339,10 +340,9 @@ class Meter:
             failure["failure"] = "cannot_take_over"
         elif isinstance(exc, ScriptEnded):
             failure = {"failure": "script_ended", "reason": str(exc)}
-        payload = {"status": "failed", **failure, "rank": self.rank, "optimizer_steps": self.steps,
-                   "environment": environment(None, self.rank)}
+        payload = TrialResult.failed(failure, self.rank, environment(None, self.rank), optimizer_steps=self.steps)
         write_json_atomic(self.trial_dir / ("result.json" if self.rank == 0 else f"error.rank{self.rank}.json"),
-                          payload)
+                          payload.to_json())
 
     def at_exit(self) -> None:
         """The script ended on its own before the measurement was complete."""

@@ -64,6 +64,7 @@ from autocompile.trial.timing.readings import (  # noqa: E402, F401 - PEAK_FLOPS
     short_reason,
 )
 from autocompile.trial.timing.recordings import cudagraph_recordings  # noqa: E402
+from autocompile.trial.timing.result import TrialResult  # noqa: E402
 from autocompile.trial.timing.stats import relative_half_width  # noqa: E402
 from autocompile.workload.data import count_items, item_unit  # noqa: E402
 from autocompile.workload.models import build  # noqa: E402
@@ -87,15 +88,15 @@ def main(argv: list[str] | None = None) -> int:
         spec = TrialSpec.read(trial_dir)
         result = Trial(spec, trial_dir, rank).run()
     except BaseException as exc:
-        failure = {"status": "failed", **classify(exc), "rank": rank, "environment": environment(None, rank)}
-        log.error("trial failed: %s", failure["reason"], exc_info=not isinstance(exc, NonFiniteLoss))
+        failure = TrialResult.failed(classify(exc), rank, environment(None, rank))
+        log.error("trial failed: %s", failure.reason, exc_info=not isinstance(exc, NonFiniteLoss))
         name = "result.json" if rank == 0 else f"error.rank{rank}.json"
-        write_json_atomic(trial_dir / name, failure)
+        write_json_atomic(trial_dir / name, failure.to_json())
         logging.shutdown()
         # Other ranks may wait in a collective forever; torchrun tears them down once we exit.
         os._exit(1)
     if rank == 0:
-        write_json_atomic(trial_dir / "result.json", result)
+        write_json_atomic(trial_dir / "result.json", result.to_json())
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
@@ -120,7 +121,7 @@ class Trial:
     def sync(self) -> None:
         synchronize(self.device)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> TrialResult:
         spec, workload = self.spec, self.spec.workload
         self.progress("started")  # the process is up: the tuner's view says "building the model"
         self.device = start_process(spec.threads, self.device, self.world_size, workload.float32_matmul_precision)
@@ -197,7 +198,7 @@ class Trial:
         tokens_per_s = [n * self.world_size / t for n, t in zip(window_tokens, window_s, strict=True)]
         compile_s = max(0.0, sum(warm_s) + rewarm_s - (warmup + rewarm_steps) * median_step)
         tps = statistics.median(tokens_per_s)
-        return {
+        return TrialResult(**{
             "status": "ok",
             "compiled": step.compiled,
             "sharded": step.sharded,
@@ -234,7 +235,7 @@ class Trial:
             "param_checksums": checksums,
             "timeline": self.timeline,
             "environment": environment(self.device, self.rank, spec.threads),
-        }
+        })
 
     def time_windows(self, built: Built, window_steps: int) -> tuple[list[float], list[int], list[float]]:
         """Timed windows until :meth:`more_windows` says enough; seconds, items and process CPU seconds of

@@ -1,0 +1,139 @@
+"""What a timing process writes as ``result.json``, typed: the worker, the script meter and a failure all write
+through :class:`TrialResult`, so one declaration says what each key means.
+
+The stored shape is the one every record under ``benchmarks/`` has: each field is the JSON key of the same
+name; ``to_json`` leaves out the fields a producer did not set (None in a field that only some producers
+write), and keys this version does not know (from a newer one) are kept in ``extra`` and written back.
+The tuner reads the subset it ranks by as :class:`autocompile.study.records.record.Measurement`.
+Standard library only: it runs in the trial's process, which holds nothing but PyTorch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SOMETIMES = frozenset({"failure", "reason", "rank", "sharded", "script", "optimizer_steps", "flops_source",
+                       "dynamo_compile_s", "compile_artifacts", "artifacts_loaded"})
+"""Fields only some producers or outcomes write: left out of the JSON when None (a failure has no
+``sharded``, a model trial no ``script``). Every other field is written, None included, as the worker always
+wrote it."""
+
+
+@dataclass
+class TrialResult:
+    """One timing process's outcome: ``ok`` with its measurement, or ``failed`` with its kind and reason."""
+
+    status: str = "ok"
+    """``ok`` or ``failed``."""
+    failure: str | None = None
+    """A failed run's kind (``oom``, ``crash``, ``graph_break``, ``compile_in_timed_part``...)."""
+    reason: str | None = None
+    """Why it failed, in words (the first lines of the exception, not the traceback)."""
+    rank: int | None = None
+    """The rank that wrote a failure (``error.rankN.json`` for ranks other than 0)."""
+    compiled: list[str] | None = None
+    """What was compiled (``model``, ``blocks``, ``optimizer``...): empty for an eager run."""
+    sharded: list[str] | None = None
+    """What FSDP2 sharded (the model path)."""
+    compile_s: float | None = None
+    """The warm-up's wall seconds beyond what its steps cost at the steady state."""
+    first_step_s: float | None = None
+    """Wall seconds of the first warm-up step."""
+    warmup_step_s: list[float] | None = None
+    """Wall seconds of each warm-up step (the slowest rank's)."""
+    dynamo_compile_s: dict[str, Any] | None = None
+    """Dynamo's own accounting (``torch._dynamo.utils.compile_times``)."""
+    step_s: float | None = None
+    """Median seconds per step over the timed windows."""
+    step_s_windows: list[float] | None = None
+    """Each timed window's seconds per step, in order."""
+    step_cpu_s_windows: list[float] | None = None
+    """Each window's process CPU seconds per step (the busiest rank's): a stall shows as wall without CPU."""
+    step_s_cv: float | None = None
+    """The windows' spread (coefficient of variation) inside the process."""
+    timed_precision: float | None = None
+    """Half-width of the 95 % interval of the mean window, relative (inside this process)."""
+    timed_s: float | None = None
+    """Wall seconds of the timed windows."""
+    windows: int | None = None
+    """Timed windows."""
+    tokens_per_s: float | None = None
+    """Median throughput over the windows, every rank's items counted."""
+    tokens_per_s_windows: list[float] | None = None
+    """Each window's throughput: its items (all ranks) over its seconds."""
+    throughput_unit: str | None = None
+    """``tokens``, ``samples`` (image inputs) or ``optimizer steps`` (a script whose forward was not seen)."""
+    peak_memory_bytes: int | None = None
+    """Peak memory of the timed part (CUDA allocator, or the process's maximum RSS on a CPU)."""
+    warmup_peak_memory_bytes: int | None = None
+    """Peak memory of the warm-up (compile, autotuning)."""
+    memory_source: str | None = None
+    """Where the peaks come from (``cuda_allocator``, ``max_rss``...)."""
+    graph_count: int | None = None
+    """Distinct graphs dynamo compiled."""
+    graph_breaks: int | None = None
+    """Graph breaks during the run."""
+    graph_break_reasons: dict[str, int] | None = None
+    """Each graph break's reason, shortened, with its count."""
+    recompiles_timed: int | None = None
+    """Recompiles (or CUDA-graph recordings) in the timed part after its one re-warm."""
+    rewarm_steps: int | None = None
+    """Steps run again as warm-up after a recompile in the first timed window."""
+    compiled_coverage: float | None = None
+    """Share of the model's weights inside a compiled graph."""
+    fingerprint: str | None = None
+    """The compiled program's fingerprint: equal fingerprints, the same program."""
+    losses: list[float] | None = None
+    """Loss per step, warm-up included, for the numerics check."""
+    warmup_steps: int | None = None
+    """Warm-up steps run, re-warm included."""
+    window_steps: int | None = None
+    """Steps per timed window."""
+    mfu: float | None = None
+    """Model FLOPs utilisation against the device's peak; None without a known peak."""
+    flops_per_token: float | None = None
+    """Model FLOPs per item of one training step."""
+    flops_source: str | None = None
+    """``counted`` (FlopCounterMode) or ``6N estimate``."""
+    compile_artifacts: str | None = None
+    """The saved compile artifacts (``compile_artifacts.bin``) of a compiled run, rank 0."""
+    artifacts_loaded: dict[str, Any] | None = None
+    """What loading the given compile artifacts did (a warm start)."""
+    param_checksums: list[float] | None = None
+    """Each rank's parameter checksum after the burst (they must agree)."""
+    script: dict[str, Any] | None = None
+    """A script trial's own facts: path, args, optimizer steps, compile calls, what ``prepare()`` applied."""
+    optimizer_steps: int | None = None
+    """A failed script trial: the optimizer steps it took before failing."""
+    timeline: dict[str, float] | None = None
+    """Wall-clock marks of the process (launch, build done, warm-up done, timed done)."""
+    environment: dict[str, Any] | None = None
+    """The process's torch, device, threads and versions."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Keys this version does not declare (from a newer one, or the launcher's own): kept and written back."""
+
+    @classmethod
+    def failed(cls, failure: Mapping[str, Any], rank: int, environment: dict[str, Any],
+               **more: Any) -> TrialResult:
+        """A failure: ``failure`` holds its kind (``failure``) and ``reason`` (``readings.classify``)."""
+        return cls(status="failed", failure=failure.get("failure"), reason=failure.get("reason"), rank=rank,
+                   environment=environment, **more)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrialResult:
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in data.items() if k in names},
+                   extra={k: v for k, v in data.items() if k not in names})
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``result.json`` mapping; a failure carries only what was set."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or (value is None and (f.name in SOMETIMES or self.status != "ok")):
+                continue
+            out[f.name] = value
+        return {**out, **self.extra}
