@@ -31,3 +31,12 @@ def sgd(params: Any, lr: float = 0.05, momentum: float = 0.9, **impl: Any) -> to
 def warmup(optimizer: torch.optim.Optimizer, steps: int = 4) -> torch.optim.lr_scheduler.LRScheduler:
     """A schedule factory: linear warm-up to the optimizer's LR over ``steps`` optimizer steps."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / steps))
+
+
+def curriculum_batches(step: int, batch_size: int, seq_len: list[int], seed: int, vocab_size: int,
+                       device: Any = "cpu", longer_from: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """A curriculum the workload does not declare: sequences twice as long from step ``longer_from`` on, which
+    the warm-up (the first steps) never sees."""
+    length = seq_len[0] * (2 if step >= longer_from else 1)
+    return batches(step, batch_size, [length], seed, vocab_size, device)
+

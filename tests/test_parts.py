@@ -191,3 +191,34 @@ def test_accumulation_and_clipping_under_ddp_keep_ranks_identical(tmp_path: Path
     assert_ok(result)
     first, second = result["param_checksums"]
     assert first == second and result["window_steps"] % 2 == 0  # DDP no_sync on the first micro-batch of each step
+
+
+def test_a_shape_change_in_the_timed_part_names_the_guard_that_failed(tmp_path: Path, settings_for: Compose) -> None:
+    """Issue 37: a trial whose data changes shape after the warm-up recompiles in its timed part; the re-warmed
+    trial records which guard failed, as ``TORCH_LOGS=recompiles`` says it (a trial that never settles fails
+    with the same words in its reason: ``worker.Trial.run``)."""
+    settings = settings_for("+model=custom", "model._target_=tests.models.tiny_lm", "workload.batch_size=2",
+                            "workload.seq_len=[16]", *FAST_MEASURE, "measure.windows=3",
+                            "workload.data._target_=tests.parts.curriculum_batches", "+workload.data.longer_from=7")
+    knobs = {"compile.scope": "module", **AOT}
+    (settled,) = run_trials(tmp_path, [settings.trial_spec(TrialConfig.from_flat(knobs, settings.env))])
+    assert settled["status"] == "ok", settled.get("reason")  # (its items per step are not the declared ones)
+    assert settled["rewarm_steps"] > 0 and settled["recompiles_timed"] == 0  # re-warmed once, then steady
+    assert any("size mismatch" in r and "expected 16, actual 32" in r for r in settled["recompile_reasons"]), \
+        settled["recompile_reasons"]
+
+
+def test_recompile_reasons_are_the_guards_that_failed_since_a_snapshot() -> None:
+    from autocompile.trial.timing.readings import guard_failure_counts, recompile_reasons
+
+    @torch.compile(backend="eager", dynamic=False)
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    double(torch.ones(2))
+    before = guard_failure_counts()
+    assert recompile_reasons(before) == []
+    double(torch.ones(3))
+    (reason,) = recompile_reasons(before)
+    assert reason.startswith("double (test_parts.py:") and "size mismatch at index 0. expected 2, actual 3" in reason
+    assert recompile_reasons(guard_failure_counts()) == []

@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import resource
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -92,6 +93,27 @@ def short_reason(text: str) -> str:
     """A graph-break reason's headline and explanation, without hints and debug context."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return " | ".join(lines[:2])[:300]
+
+
+def guard_failure_counts() -> dict[str, int]:
+    """How many guard failures dynamo has recorded per compiled function so far (a snapshot to diff against)."""
+    from torch._dynamo.utils import guard_failures
+
+    return {_code_name(code): len(reasons) for code, reasons in list(guard_failures.items())}
+
+
+def recompile_reasons(before: dict[str, int], most: int = 5) -> list[str]:
+    """The guards that failed since ``before`` (:func:`guard_failure_counts`), as ``TORCH_LOGS=recompiles``
+    names them: ``forward (model.py:41): 0/0: tensor 'x' size mismatch at index 1. expected 16, actual 32``."""
+    from torch._dynamo.utils import guard_failures
+
+    found = [f"{name}: {reason}" for code, reasons in list(guard_failures.items())
+             for name in [_code_name(code)] for reason in reasons[before.get(name, 0):]]
+    return [short_reason(r) for r in found[:most]]
+
+
+def _code_name(code: Any) -> str:
+    return f"{code.co_name} ({Path(code.co_filename).name}:{code.co_firstlineno})"
 
 
 def dynamo_compile_times() -> dict[str, float]:

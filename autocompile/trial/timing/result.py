@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SOMETIMES = frozenset({"failure", "reason", "rank", "sharded", "script", "optimizer_steps", "flops_source",
+                       "recompile_reasons",
                        "dynamo_compile_s", "compile_artifacts", "artifacts_loaded"})
 """Fields only some producers or outcomes write: left out of the JSON when None (a failure has no
 ``sharded``, a model trial no ``script``). Every other field is written, None included, as the worker always
@@ -80,6 +81,8 @@ class TrialResult:
     """Each graph break's reason, shortened, with its count."""
     recompiles_timed: int | None = None
     """Recompiles (or CUDA-graph recordings) in the timed part after its one re-warm."""
+    recompile_reasons: list[str] | None = None
+    """The guards that failed in the timed part (``forward (model.py:41): 0/0: tensor 'x' size mismatch...``)."""
     rewarm_steps: int | None = None
     """Steps run again as warm-up after a recompile in the first timed window."""
     compiled_coverage: float | None = None

@@ -54,7 +54,7 @@ from autocompile.trial.program.build import (
 )
 from autocompile.trial.timing.clock import WindowClock
 from autocompile.trial.timing.compile_artifacts import load_artifacts
-from autocompile.trial.timing.readings import classify, environment
+from autocompile.trial.timing.readings import classify, environment, guard_failure_counts, recompile_reasons
 from autocompile.trial.timing.recordings import cudagraph_recordings
 from autocompile.trial.timing.stats import clean_rounds, descheduled, t975
 from autocompile.trial.timing.worker import WORKER_START, exit_now
@@ -194,6 +194,7 @@ class SideBySide:
         recompiled: dict[int, int] = dict.fromkeys(windows, 0)
         checked = {i: len(alive[i].losses) for i in windows}
         clock = WindowClock(self.device, self.sync)
+        guards = guard_failure_counts()
         timed = 0.0
         r = 0
         while self.more_rounds(windows, cpu, timed):
@@ -225,9 +226,10 @@ class SideBySide:
                 checked[i] = len(alive[i].losses)
             for i, count in recompiled.items():
                 if count > 1 and outcome[i]["status"] == "ok":
+                    failed = "; ".join(recompile_reasons(guards)) or "none (CUDA graphs re-recorded)"
                     outcome[i] = {"status": "failed", "failure": "compile_in_timed_part",
-                                  "reason": "frames compiled or CUDA graphs recorded while timing, "
-                                            "in two rounds: no steady state"}
+                                  "reason": "frames compiled or CUDA graphs recorded while timing, in two rounds: "
+                                            f"no steady state; failed guards in the process: {failed}"}
             self.agree(outcome, sorted(windows))  # every rank drops the same candidates, or the ranks diverge
             timed += sum(seconds[k] for _, members, _ in rounds for k in members.values())
             # A round dropped on one rank is dropped on all: each rank then reduces the same windows.

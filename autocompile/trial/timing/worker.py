@@ -57,9 +57,11 @@ from autocompile.trial.timing.readings import (  # noqa: E402, F401 - PEAK_FLOPS
     classify,
     dynamo_compile_times,
     environment,
+    guard_failure_counts,
     mfu,
     peak_flops,
     peak_memory,
+    recompile_reasons,
     reset_peak_memory,
     short_reason,
 )
@@ -158,7 +160,8 @@ class Trial:
         align(self.world_size)  # nor its saving in their first window
 
         window_steps = steps_per_window(spec, spec.measure.window_steps)
-        rewarm_s, rewarm_steps, warmup_peak = 0.0, 0, 0
+        rewarm_s, rewarm_steps, warmup_peak, reasons = 0.0, 0, 0, []
+        guards = guard_failure_counts()
         for attempt in range(2):
             # Steady state from here: compile-time buffers of the warm-up are not what the job needs.
             warmup_peak = max(warmup_peak, peak_memory(self.device))
@@ -169,13 +172,14 @@ class Trial:
             recompiles_timed = counters["frames"]["total"] + cudagraph_recordings() - frames_before
             if not recompiles_timed:
                 break
+            reasons = recompile_reasons(guards)  # the guards that failed, as TORCH_LOGS=recompiles says them
             if attempt == 1:
                 raise CompileInTimedPart(f"{recompiles_timed} frame(s) compiled or CUDA graph(s) recorded again while "
-                                         "timing, after a second warm-up: the step never reaches a steady state (see "
-                                         "graph breaks/guards, and cudagraph re-record reasons)")
+                                         "timing, after a second warm-up: the step never reaches a steady state; "
+                                         f"failed guards: {'; '.join(reasons) or 'none (CUDA graphs re-recorded)'}")
             # Compile work in the timed part: those windows become warm-up, their time counts as compile.
-            log.warning("%d frame(s) compiled or CUDA graph(s) recorded during the timed part: timing again",
-                        recompiles_timed)
+            log.warning("%d frame(s) compiled or CUDA graph(s) recorded during the timed part: timing again; failed "
+                        "guards: %s", recompiles_timed, "; ".join(reasons) or "none")
             rewarm_s += sum(window_s)
             rewarm_steps += len(window_s) * window_steps
             self.progress("rewarm", frames=recompiles_timed)
@@ -222,6 +226,7 @@ class Trial:
             "graph_breaks": sum(counters["graph_break"].values()),
             "graph_break_reasons": {short_reason(k): v for k, v in counters["graph_break"].items()},
             "recompiles_timed": recompiles_timed,
+            "recompile_reasons": reasons,
             "rewarm_steps": rewarm_steps,
             "compiled_coverage": program["coverage"],
             "fingerprint": program["fingerprint"],
