@@ -1,5 +1,6 @@
 """The winner in the user's framework: ``best_config.accelerate.yaml`` (an Accelerate config file),
-``best_config.trainer.json`` (HF ``TrainingArguments`` keyword arguments) and ``best_config.torchtitan.toml``.
+``best_config.trainer.json`` (HF ``TrainingArguments`` keyword arguments), ``best_config.torchtitan.toml`` (torchtitan
+0.2.2 and older) and ``best_config_torchtitan.py`` (torchtitan's Python config function, main since PR #2386).
 
 Each file carries what its framework cannot express as comments or a ``not_expressible`` list
 (:class:`autocompile.report.export.gaps.Gap`), each with its cost from the study's own verdicts.
@@ -9,7 +10,8 @@ Keys checked against the frameworks' sources: accelerate 1.15 (``commands/config
 ``utils/launch.py`` turns them into the ``ACCELERATE_DYNAMO_*``/``FSDP_*`` variables that
 ``TorchDynamoPlugin`` and ``FullyShardedDataParallelPlugin`` read), transformers 5.23 (``training_args.py``
 ``TrainingArguments``; ``trainer.py`` builds ``TorchDynamoPlugin(backend, mode, dynamic=None)``, the rest
-of the dynamo settings from the environment). torchtitan: :mod:`autocompile.report.export.torchtitan`.
+of the dynamo settings from the environment). torchtitan: :mod:`autocompile.report.export.torchtitan` (TOML) and
+:mod:`autocompile.report.export.titan_python`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Protocol
 import yaml
 
 from autocompile.report.export.gaps import Gap, Winner, optimizer_hyper
+from autocompile.report.export.titan_python import torchtitan_python
 from autocompile.report.export.torchtitan import torchtitan_toml
 from autocompile.report.findings.entry import Entry
 from autocompile.study.statistics.effect import Effect
@@ -299,4 +302,5 @@ def write_framework_configs(report: Recommendation, run_dir: Path) -> None:
         return
     (run_dir / "best_config.accelerate.yaml").write_text(accelerate_yaml(w))
     (run_dir / "best_config.trainer.json").write_text(trainer_json(w))
-    (run_dir / "best_config.torchtitan.toml").write_text(torchtitan_toml(w))
+    (run_dir / "best_config.torchtitan.toml").write_text(torchtitan_toml(w))  # torchtitan 0.2.2 and older
+    (run_dir / "best_config_torchtitan.py").write_text(torchtitan_python(w))  # torchtitan main since PR #2386

@@ -3,12 +3,14 @@ training and optimizer sections, with what torchtitan cannot express as comments
 
 Keys and their meaning from torchtitan's ``torchtitan/config/job_config.py`` and
 ``torchtitan/models/llama3/infra/parallelize.py`` at commit 238fa9953e4aec2a62582121564273d7cbb1e9f1, the
-last one that reads TOML (``--job.config_file``). There torchtitan applies AC per TransformerBlock, then
+last one that reads TOML (``--job.config_file``); ``torchtitan/config/`` is the same there as at the tag v0.2.2
+(73a0e69, the last release, on PyPI), whose ``ConfigManager`` loads this file (``scripts/torchtitan_exports.sh``).
+There torchtitan applies AC per TransformerBlock, then
 ``torch.compile(block, backend=..., fullgraph=True)`` per block (no mode, no dynamic), then ``fully_shard``
 per block and on the root (mixed precision through ``MixedPrecisionPolicy``, no autocast) or
 ``replicate`` (DDP, autocast with ``training.mixed_precision_param``, ``optimize_ddp="ddp_optimizer"`` when
-compiled). Since PR #2386 (Feb 2026) a torchtitan run is a Python function returning ``Trainer.Config``;
-the same fields live there.
+compiled). Since PR #2386 (Feb 2026) a torchtitan run is a Python function returning ``Trainer.Config``:
+``titan_python`` writes that export.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 from autocompile.report.export.gaps import Gap, Winner, optimizer_hyper
 
 TORCHTITAN_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
+TORCHTITAN_RELEASE = "0.2.2"
+"""The last torchtitan release, and the last that reads TOML (tag v0.2.2, commit 73a0e69)."""
 OPTIMIZERS = {"torch.optim.AdamW": "AdamW", "torch.optim.Adam": "Adam"}
 """torchtitan's ``build_optimizers``: the optimizer names it builds, by the study's optimizer target."""
 IMPLEMENTATIONS = {"for_loop": "for-loop", "foreach": "foreach", "fused": "fused"}
@@ -131,10 +135,10 @@ def optimizer_section(w: Winner) -> dict[str, Any]:
 def torchtitan_toml(w: Winner) -> str:
     """``best_config.torchtitan.toml``: header, the gaps as comments, then the sections."""
     lines = [*w.header("torchtitan"),
-             f"# Keys of torchtitan/config/job_config.py at commit {TORCHTITAN_COMMIT[:7]} (Feb 2026), the last that",
-             "# reads TOML: --job.config_file best_config.torchtitan.toml. Newer torchtitan (PR #2386) configures in",
-             "# Python: set the same fields on Trainer.Config (compile, parallelism, training; activation_checkpoint =",
-             "# FullAC.Config() for mode full, None for none)."]
+             f"# Read by torchtitan {TORCHTITAN_RELEASE} and older releases (and main up to commit "
+             f"{TORCHTITAN_COMMIT[:7]}, Feb 2026):",
+             "# --job.config_file best_config.torchtitan.toml; keys of torchtitan/config/job_config.py there. Newer",
+             "# torchtitan (PR #2386 on) reads Python config functions instead: best_config_torchtitan.py beside this."]
     target = str((w.workload.get("optimizer") or {}).get("_target_") or "")
     if target and target not in OPTIMIZERS:
         lines.append(f"# The study's optimizer {target} is not one torchtitan builds (Adam, AdamW).")
