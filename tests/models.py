@@ -80,6 +80,11 @@ class TinyLM(nn.Module):
                 self.head.bias.add_(1e-3)
         for block in self.blocks:
             x = block(x)
+        if self.behaviour == "two_lengths":  # the same blocks again at half the length, as T5's decoder runs them
+            y = x[:, : x.shape[1] // 2]
+            for block in self.blocks:
+                y = block(y)
+            x = x + y.mean(dim=1, keepdim=True)
         out = self.head(x)
         if self.behaviour == "frozen_when_compiled" and torch.compiler.is_compiling():
             out = out.detach() + 0 * out  # compiled, no gradient reaches a weight: the step does not train

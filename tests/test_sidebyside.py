@@ -245,3 +245,18 @@ def test_candidates_sharing_a_process_each_get_the_recompile_budget_they_would_h
     finally:
         torch._dynamo.reset()
         torch.set_num_threads(threads)
+
+
+@pytest.mark.integration
+def test_blocks_run_at_two_lengths_compile_beside_each_other_as_they_do_alone(tmp_path: Path) -> None:
+    """The suite's T5 study could not time any compiled candidate side by side (NotSameProgram): its blocks run at
+    the encoder's and the decoder's lengths, the first candidate's second length made dynamo's automatic-dynamic
+    state for their code "dynamic", and every later candidate compiled dynamic graphs from the start where alone
+    it compiled a static one first. Each candidate's warm-up now starts from a fresh shape state."""
+    model = tiny_lm("two_lengths")
+    fullgraph = {**REGIONAL, "compile.fullgraph": True}
+    alone = [launch(tmp_path / f"alone{i}", make_spec(k, model=model))["fingerprint"]
+             for i, k in enumerate((REGIONAL, fullgraph))]
+    result = side_by_side(tmp_path, [REGIONAL, fullgraph], model=model, expected=alone)
+    assert [c["status"] for c in result["candidates"]] == ["ok", "ok"], result["candidates"]
+    assert [c["fingerprint"] for c in result["candidates"]] == alone

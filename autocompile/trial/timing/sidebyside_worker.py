@@ -69,6 +69,19 @@ AGREE_S = 120.0
 failed alike arrive within seconds of each other; one still missing is stuck in a collective."""
 
 
+
+def fresh_shape_state() -> None:
+    """Forget which dimensions dynamo has seen change, as a fresh process has: automatic dynamic keeps that per
+    code object for the whole process, so a candidate warmed up after another that ran the same code (T5's
+    blocks at the encoder's and the decoder's lengths) would compile dynamic graphs from the start where alone
+    it compiles a static one first, and run another program than it runs alone (the fingerprint check's
+    ``NotSameProgram``). ``torch._dynamo.pgo.reset_code_state`` (torch 2.6+); the check stays the guard."""
+    try:
+        from torch._dynamo.pgo import reset_code_state
+    except ImportError:
+        return
+    reset_code_state()
+
 class NotSameProgram(RuntimeError):
     """Beside the others, a candidate compiled another program than in its own process."""
 
@@ -166,6 +179,7 @@ class SideBySide:
         if key not in self.staged:
             self.staged[key] = stage(built.data, period(cand), self.device)
         built.staged = self.staged[key]
+        fresh_shape_state()
         with self.scoped(built):
             warm_up(built, warmup_steps(cand), self.sync, lambda *a, **k: None)
         expected = spec.expected[i]
