@@ -115,6 +115,7 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(table)
     meta = {"model": args.model, "device": args.device, "fixed": REDUCED, "overrides": args.override,
+            "memory_budget": settings.env.memory_budget,
             "configurations": space.size(),
             "rows": len(table), "horizon_steps": settings.objective.horizon_steps,
             "command": " ".join(["python scripts/program_table.py", *sys.argv[1:]]),

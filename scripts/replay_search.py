@@ -16,6 +16,7 @@ quartiles of the recommendation's regret over the seeds).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -116,7 +117,9 @@ def main() -> None:
         sys.exit(f"{args.table} was measured on the space {meta['fixed']}, not {REDUCED}: regenerate it")
     settings = compose(argparse.Namespace(model=meta["model"], device=meta["device"], output_root="runs/program_table",
                                           override=meta.get("overrides", [])))
-    space = SearchSpace(settings.env, settings.fixed_knobs)
+    # A table measured before ac.policy offered compile's memory budgets has no rows for them: its space without.
+    env = dataclasses.replace(settings.env, memory_budget=bool(meta.get("memory_budget")))
+    space = SearchSpace(env, settings.fixed_knobs)
     table = load_table(args.table)
     horizon = args.horizon_steps or meta["horizon_steps"]
     best_s = best_time_to_train(table, horizon)

@@ -194,3 +194,33 @@ def test_knobs_that_change_the_program_change_the_fingerprint() -> None:
     assert fingerprint({"compile.scope": "module", "amp.dtype": "bfloat16"}) != module
     assert fingerprint({"compile.scope": "regional"}) != fingerprint({"compile.scope": "regional",
                                                                      "compile.rest": "eager"})
+
+
+def test_a_compile_memory_budget_changes_what_backward_saves_not_what_it_computes() -> None:
+    """Issue 37: ``ac.policy=budget_*`` sets compile's activation memory budget while its own graphs compile:
+    AOTAutograd's partitioner saves less and recomputes more (other forward and backward graphs), the losses
+    are the same; offered only where something compiles through AOTAutograd."""
+    import functools
+
+    from autocompile.config.knobs import KNOBS
+    from tests.models import tiny_lm
+
+    env = Env.detect("cpu", 1, False)
+    assert env.memory_budget  # torch 2.11-2.15 all have torch._functorch.config.activation_memory_budget
+    offered = KNOBS["ac.policy"][0].values
+    assert offered({"compile.scope": "module", "compile.backend": "aot_eager"}, env)[2:] == ("budget_0.5",
+                                                                                             "budget_0.25")
+    assert offered({"compile.scope": "none", "compile.backend": "inductor"}, env) == ("none", "block")
+    assert offered({"compile.scope": "module", "compile.backend": "eager"}, env) == ("none", "block")
+    runs = {}
+    for policy in ("none", "budget_0.25"):
+        torch.manual_seed(0)
+        torch._dynamo.reset()
+        config = TrialConfig.from_flat({"compile.scope": "module", "compile.backend": "aot_eager", "ac.policy": policy},
+                                       env)
+        step = apply(tiny_lm(), functools.partial(torch.optim.SGD, lr=0.1), lm_loss, config)
+        ids = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+        runs[policy] = ([float(step(ids[:, :-1], ids[:, 1:])) for _ in range(3)], list(step.log.aten))
+    assert runs["budget_0.25"][0] == pytest.approx(runs["none"][0], rel=1e-6)
+    assert runs["budget_0.25"][1] != runs["none"][1]  # another partition: other aten graphs, another fingerprint
+    assert torch._functorch.config.activation_memory_budget == 1.0  # set only while its graphs compiled

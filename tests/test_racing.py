@@ -219,3 +219,14 @@ def test_phases_wait_until_no_other_tuner_of_the_study_measures_on_this_machine(
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_verdict_says_peak_memory_beside_step_time() -> None:
+    """Issue 37: a checkpointing or memory-budget neighbour's verdict weighs both: its step time and its peak
+    memory against the winner's (cold runs alone, one each)."""
+    from autocompile.study.statistics.effect import Effect
+
+    effect = Effect("ac.policy", "q", "none", "budget_0.5", 0.04, 0.01, 1.0, 5, True, basis="verdict", low=0.03,
+                    high=0.05, memory_change=-0.31)
+    assert "step time +4.0% [95% CI +3.0, +5.0], measurably slower" in effect.verdict
+    assert "peak memory -31%" in effect.verdict and effect.as_dict()["memory_change"] == -0.31

@@ -20,7 +20,9 @@ Mode = Literal["default", "lite", "reduce-overhead", "max-autotune", "max-autotu
 AmpDtype = Literal["none", "bfloat16", "float16"]
 AmpPlacement = Literal["outside", "inside"]
 PlacementOrder = Literal["to_then_compile", "compile_then_to"]
-AcPolicy = Literal["none", "block"]
+AcPolicy = Literal["none", "block", "budget_0.5", "budget_0.25"]
+"""No checkpointing, per-block ``torch.utils.checkpoint``, or compile's own selective recompute at an activation
+memory budget (``torch._functorch.config.activation_memory_budget``: the share of the saved activations kept)."""
 OptimImpl = Literal["default", "for_loop", "foreach", "fused"]
 ClipPlacement = Literal["eager", "compiled"]
 Strategy = Literal["ddp", "fsdp2"]
@@ -33,6 +35,8 @@ Method = Literal["side_by_side", "fresh_processes"]
 """How a phase timed its candidates: together in each process, or one fresh process per candidate and round."""
 
 SCOPES: tuple[Scope, ...] = get_args(Scope)
+MEMORY_BUDGETS: dict[AcPolicy, float] = {"budget_0.5": 0.5, "budget_0.25": 0.25}
+"""``ac.policy`` values that set compile's activation memory budget, and the budget each sets."""
 UNIT_SCOPES: tuple[Scope, ...] = ("module", "regional")
 """Scopes that compile the model's units and leave the optimizer step to its own knobs."""
 SIDE_BY_SIDE: Method = "side_by_side"

@@ -35,6 +35,9 @@ class Env:
     """Those of ``modes`` that record CUDA graphs (inductor's ``triton.cudagraphs``)."""
     nested_regions: bool = False
     """Whether ``torch.compiler.nested_compile_region`` exists in the running torch."""
+    memory_budget: bool = False
+    """Whether the running torch has compile's activation memory budget
+    (``torch._functorch.config.activation_memory_budget``)."""
     has_blocks: bool = True
     """The model has a repeated stack of blocks (``units.Structure``; unknown counts as yes)."""
     splits_blocks: bool = True
@@ -76,6 +79,7 @@ class Env:
             modes=modes,
             graph_modes=tuple(mode for mode in modes if graphs[mode]),
             nested_regions=hasattr(torch.compiler, "nested_compile_region"),
+            memory_budget=hasattr(torch._functorch.config, "activation_memory_budget"),
             **({} if structure is None else dataclasses.asdict(structure)),
             **(job or {}),
         )

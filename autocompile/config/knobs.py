@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autocompile.config.choices import (
+    MEMORY_BUDGETS,
     SCOPES,
     AcPolicy,
     AmpDtype,
@@ -120,6 +121,12 @@ def _amp_dtypes(config: Flat, env: Env) -> tuple[str, ...]:
     if env.device != "cuda":
         return ("none", "bfloat16")
     return ("none", "bfloat16", "float16")
+
+
+def _ac_policies(config: Flat, env: Env) -> tuple[str, ...]:
+    # The budget steers AOTAutograd's min-cut partitioner: only where something is compiled through it.
+    budget = env.memory_budget and COMPILED.test(config, env) and config["compile.backend"] in ("inductor", "aot_eager")
+    return ("none", "block", *(MEMORY_BUDGETS if budget else ()))
 
 
 def _optimizer_impls(config: Flat, env: Env) -> tuple[str, ...]:
@@ -243,10 +250,13 @@ class AcKnobs:
     """Activation checkpointing."""
 
     policy: AcPolicy = knob(
-        "none", values=values(AcPolicy), when=NOT_NESTED & HAS_BLOCKS,
-        api="torch.utils.checkpoint.checkpoint per block",
-        doc="Recompute each repeated block's activations in backward (torch.utils.checkpoint).",
-        question="Activation checkpointing per block?")
+        "none", values=_ac_policies, when=NOT_NESTED & HAS_BLOCKS,
+        api="torch.utils.checkpoint.checkpoint per block; torch._functorch.config.activation_memory_budget",
+        doc="Recompute activations in backward: each repeated block's (torch.utils.checkpoint), or what compile's "
+            "min-cut partitioner chooses to keep within a budget (budget_0.5: half of the saved activations' bytes; "
+            "compiled programs with the inductor or aot_eager backend, where the torch has it). Peak memory is "
+            "reported beside step time: the budget's peak is not monotonic in it (pytorch#197838).",
+        question="Activation checkpointing: per block, compile's memory budget, or none?")
 
 
 @dataclass(frozen=True)

@@ -285,6 +285,9 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
                   if a.label == "winner" and a.round in winner_windows and a.measured.step_cpu_s_windows}
     winner_changes = speed_changes({"the winner": winner_windows}, {"the winner": winner_cpu})
     cold = next((a.compile_s_cold for _, a in trials if a.label == "winner"), 0.0) or 0.0
+    # Peak memory alone: each neighbour's cold run, the winner's own cold (search) trial; side by side it is shared.
+    won_cold = next((a.cold_trial for _, a in trials if a.label == "winner" and a.cold_trial is not None), None)
+    won_peak = TrialRecord.of(study.trials[won_cold]).measured.peak_memory_bytes if won_cold is not None else None
     won = next((a.config for _, a in trials if a.label == "winner"), {})
     spread = compile_spread(study, objective.settings) if objective is not None else None
     by_label: dict[str, list[tuple[FrozenTrial, TrialRecord]]] = {}
@@ -346,7 +349,9 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
                               score_change=score.change if score else None, score_low=score.low if score else None,
                               score_high=score.high if score else None,
                               also={k: v for k, v in first.config.items() if k != key and k in won and won[k] != v},
-                              speed_changes=changes))
+                              speed_changes=changes,
+                              memory_change=result.peak_memory_bytes / won_peak - 1
+                              if result.peak_memory_bytes and won_peak else None))
         if score is not None:
             scores.append((effects[-1], score))
     tested = [e for e in effects if e.p_value is not None]

@@ -70,6 +70,10 @@ class Effect:
     """Verdict phase: the winner or the neighbour changed speed within a process (one line each,
     ``trial.stats.ChangePoint.text``): a process mean that blends two speeds."""
 
+    memory_change: float | None = None
+    """Verdict phase: relative change of peak memory, the neighbour's cold run alone against the winner's (one run
+    each): what checkpointing or a memory budget buys, weighed beside its step time."""
+
     @property
     def measurable(self) -> bool:
         if self.identical or self.failure:
@@ -123,8 +127,9 @@ class Effect:
                    f"{self.score_high * 100:+.1f}]" + (", measurably faster than the winner" if self.beats_winner
                                                          else ""))
         changes = "".join(f"; {line}" for line in self.speed_changes)
-        return (f"{head}: step time {interval}, {judged}; compile {self.compile_change_s:+.1f} s (cold, one run "
-                f"each){pays}{ttt}; {self.pairs} {self.how}{changes}")
+        memory = f", peak memory {self.memory_change:+.0%}" if self.memory_change is not None else ""
+        return (f"{head}: step time {interval}, {judged}; compile {self.compile_change_s:+.1f} s{memory} (cold, one "
+                f"run each){pays}{ttt}; {self.pairs} {self.how}{changes}")
 
     def as_dict(self) -> dict[str, Any]:
         return {"knob": self.knob, "question": self.question, "reference": self.reference, "value": self.value,
@@ -135,5 +140,5 @@ class Effect:
                 "p_value": self.p_value, "family": self.family, "family_measurable": self.family_measurable,
                 "trial": self.trial, "score_change": self.score_change, "score_low": self.score_low,
                 "score_high": self.score_high, "score_p_value": self.score_p_value, "beats_winner": self.beats_winner,
-                "also": self.also, "speed_changes": self.speed_changes,
+                "also": self.also, "speed_changes": self.speed_changes, "memory_change": self.memory_change,
                 "verdict": self.verdict}

@@ -46,15 +46,15 @@ class Compilers:
     """``torch.compile`` for one role (``model``, ``optimizer``, ``clip``, ``autograd``, ``train_step``) with
     that role's :class:`Recorder` as backend, every graph noted in one :class:`CompileLog`."""
 
-    def __init__(self, log: CompileLog, kwargs: dict[str, Any]) -> None:
-        self.log, self.kwargs = log, kwargs
+    def __init__(self, log: CompileLog, kwargs: dict[str, Any], memory_budget: float | None = None) -> None:
+        self.log, self.kwargs, self.memory_budget = log, kwargs, memory_budget
 
     def __call__(self, role: str, **overrides: Any) -> Callable[[Any], Any]:
         """One backend object per call: call it once per role and reuse the result, so same-class units
         share their graph (a new backend object per unit would recompile each one)."""
         merged = {**self.kwargs, **overrides}
         backend = Recorder(self.log, role, merged["backend"], merged.get("mode"), merged.get("options"),
-                           merged["dynamic"])
+                           merged["dynamic"], self.memory_budget)
         return functools.partial(torch.compile, backend=backend, fullgraph=merged["fullgraph"],
                                  dynamic=merged["dynamic"])
 

@@ -145,8 +145,12 @@ class Recorder:
     """A ``torch.compile`` backend that records each graph and hands it to the real backend."""
 
     def __init__(self, log: CompileLog, role: str, backend: str, mode: str | None = None,
-                 options: dict[str, Any] | None = None, dynamic: bool | None = None) -> None:
+                 options: dict[str, Any] | None = None, dynamic: bool | None = None,
+                 memory_budget: float | None = None) -> None:
         self.log, self.role = log, role
+        self.memory_budget = memory_budget
+        """``ac.policy=budget_*``: AOTAutograd's partitioner keeps this share of the activations (set while this
+        backend compiles, so it reaches only its own graphs, recompiles included)."""
         self.compiler_name = backend  # what dynamo's repro tooling names the backend
         self.inner: Callable[..., Any]
         if backend == "inductor":
@@ -160,7 +164,10 @@ class Recorder:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
         self.log.record(self.role, gm, example_inputs)
-        return self.inner(gm, example_inputs, **kwargs)
+        if self.memory_budget is None:
+            return self.inner(gm, example_inputs, **kwargs)
+        with torch._functorch.config.patch(activation_memory_budget=self.memory_budget):
+            return self.inner(gm, example_inputs, **kwargs)
 
     # Inductor's wrapper answers these (its config for dynamo, CUDA-graph trees to reset).
     def get_compiler_config(self) -> Any:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autocompile.config.choices import compiles
+from autocompile.config.choices import MEMORY_BUDGETS, compiles
 from autocompile.config.knobs import CompileKnobs, TrialConfig
 from autocompile.trial.program.apply_parts import (
     Compilers,
@@ -160,7 +160,7 @@ def apply(
     distributed = _process_group_of_many() if distributed is None else distributed
     knobs, amp = config.compile, config.amp
     log = CompileLog()
-    compilers = Compilers(log, compile_kwargs(knobs))
+    compilers = Compilers(log, compile_kwargs(knobs), MEMORY_BUDGETS.get(config.ac.policy))
     cuda_graphs = marks_cuda_graph_steps(compilers.kwargs, knobs.scope, device)
     if cuda_graphs and grad_accum_steps > 1:
         raise ValueError(accumulation_error(knobs.mode, grad_accum_steps))
