@@ -8,7 +8,7 @@ and the trial's wall time. ``scripts/replay_search.py`` replays search strategie
     python scripts/program_table.py --model gpt2-tiny --device cpu      # about an hour on 2 CPU cores
     python scripts/program_table.py --model gpt2-tiny --device cpu --export-only   # CSV from the study
 
-The reduced space fixes the knobs that ``scripts/count_programs.py`` found to vary inside groups of
+The reduced space fixes the knobs that ``benchmarks/recipes/count_programs.py`` found to vary inside groups of
 identical programs (``compile.fullgraph``, ``placement.order``, ``amp.placement``) and, to keep the
 table within an hour here, inductor's mode and the regional granularity. Interrupted, the same
 command resumes the study (its journal is in ``--output-root``).

@@ -1,12 +1,10 @@
 """The knob table: every way of applying ``torch.compile`` that autocompile can measure.
 
-Each knob is declared once, as a field of a frozen dataclass with :func:`knob` metadata: its
-values, the condition under which it applies, and a one-line doc. The dotted path of the field
-(``compile.mode``) is its name everywhere: config key, Optuna parameter, MLflow param.
-
-How a knob is declared (:class:`Env`, :class:`Rule`, :func:`knob`) is in
-:mod:`autocompile.config.knob_spec`; the parallel groups (``parallel``, ``ddp``, ``fsdp``) are declared in
-:mod:`autocompile.config.parallel_knobs`. Conditions only look at knobs declared before them, so a
+Each knob is declared once, as a field of a frozen dataclass with :func:`knob` metadata (values, condition,
+one-line doc) and a ``Literal`` type from :mod:`autocompile.config.choices`. The field's dotted path
+(``compile.mode``) is its name everywhere: config key, Optuna parameter, MLflow param. How a knob is declared
+is in :mod:`autocompile.config.knob_spec`; the parallel groups in :mod:`autocompile.config.parallel_knobs`.
+Conditions only look at knobs declared before them, so a
 configuration is validated (and sampled) in declaration order. A knob whose condition is false is
 inactive: it holds its default, is not sampled and is not part of the configuration's identity, so no
 trial is spent on a duplicate. This module imports only the standard library (torch lazily, in
@@ -123,10 +121,9 @@ def _amp_dtypes(config: Flat, env: Env) -> tuple[str, ...]:
     return ("none", "bfloat16", "float16")
 
 
-def _ac_policies(config: Flat, env: Env) -> tuple[str, ...]:
-    # The budget steers AOTAutograd's min-cut partitioner: only where something is compiled through it.
-    budget = env.memory_budget and COMPILED.test(config, env) and config["compile.backend"] in ("inductor", "aot_eager")
-    return ("none", "block", *(MEMORY_BUDGETS if budget else ()))
+def _ac_policies(config: Flat, env: Env) -> tuple[str, ...]:  # budgets steer AOTAutograd's min-cut partitioner
+    aot = env.memory_budget and COMPILED.test(config, env) and config["compile.backend"] in ("inductor", "aot_eager")
+    return ("none", "block", *(MEMORY_BUDGETS if aot else ()))
 
 
 def _optimizer_impls(config: Flat, env: Env) -> tuple[str, ...]:
@@ -252,10 +249,9 @@ class AcKnobs:
     policy: AcPolicy = knob(
         "none", values=_ac_policies, when=NOT_NESTED & HAS_BLOCKS,
         api="torch.utils.checkpoint.checkpoint per block; torch._functorch.config.activation_memory_budget",
-        doc="Recompute activations in backward: each repeated block's (torch.utils.checkpoint), or what compile's "
-            "min-cut partitioner chooses to keep within a budget (budget_0.5: half of the saved activations' bytes; "
-            "compiled programs with the inductor or aot_eager backend, where the torch has it). Peak memory is "
-            "reported beside step time: the budget's peak is not monotonic in it (pytorch#197838).",
+        doc="Recompute activations in backward: each block's (torch.utils.checkpoint), or what compile's min-cut "
+            "partitioner keeps within a budget (budget_0.5: half the saved bytes; inductor or aot_eager, where the "
+            "torch has it; its peak memory is not monotonic in the budget, pytorch#197838).",
         question="Activation checkpointing: per block, compile's memory budget, or none?")
 
 

@@ -30,7 +30,7 @@ class SyntheticTokens:
     Token ids come from a small part of the vocabulary (``active_vocab``), so even a short burst
     learns something (their frequency): per-step losses fall measurably, and a step that does not
     really train (no update, wrong gradients) drifts from the eager baseline by far more than the
-    study's loss tolerance (``scripts/loss_signal.py``). Uniform ids over the whole vocabulary left
+    study's loss tolerance (``benchmarks/recipes/loss_signal.py``). Uniform ids over the whole vocabulary left
     the loss flat, so such a step passed.
     """
 

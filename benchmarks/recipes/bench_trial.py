@@ -3,8 +3,8 @@
 Runs each configuration `--repeats` times, each in a fresh torchrun process tree with a cold
 inductor cache, side by side in one invocation, and prints medians:
 
-    python scripts/bench_trial.py --model gpt2-tiny --repeats 3
-    python scripts/bench_trial.py --model gpt2 --device cuda --batch-size 8 --seq-len 1024 \
+    python benchmarks/recipes/bench_trial.py --model gpt2-tiny --repeats 3
+    python benchmarks/recipes/bench_trial.py --model gpt2 --device cuda --batch-size 8 --seq-len 1024 \
         --config "amp.dtype=bfloat16" --config "amp.dtype=bfloat16 compile.mode=reduce-overhead" \
         --config "amp.dtype=bfloat16 compile.mode=max-autotune" --json benchmarks/results/gpt2_h100.json
 """

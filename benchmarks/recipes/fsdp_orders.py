@@ -1,6 +1,6 @@
 """What each way of meeting FSDP2 and compile compiles: the four arrangements of issue 18, on two CPU ranks.
 
-    python scripts/fsdp_orders.py            # launches each arrangement under torchrun, prints one table
+    python benchmarks/recipes/fsdp_orders.py            # launches each arrangement under torchrun, prints one table
 
 Arrangements (gpt2-tiny, ``fully_shard`` per block and on the root, five AdamW steps, inductor):
 ``eager`` (no compile); ``compile_then_shard`` (``block.compile()``, then ``fully_shard``); ``shard_then_compile``

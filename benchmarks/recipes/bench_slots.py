@@ -1,7 +1,7 @@
 """Wall time of one study with 1 slot vs 2 slots on this machine, and how much the slots disturb
 each other's measurements. Studies alternate (1, 2, 1, 2, ...) so drift hits both alike; medians.
 
-    python scripts/bench_slots.py --repeats 2
+    python benchmarks/recipes/bench_slots.py --repeats 2
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STUDY = ["+model=gpt2-tiny", "workload.batch_size=4", "workload.seq_len=[64]", "workload.threads=1",
          "compile.backend=aot_eager", "study.prune=false", "tracking.enabled=false", "measure.windows=3",
          "measure.window_steps=4"]

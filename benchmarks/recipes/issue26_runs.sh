@@ -2,17 +2,17 @@
 # Issue 26's timed must-shows, one after another on a quiet machine (nothing else running: check `uptime`).
 # Each run is recorded by scripts/record.sh under benchmarks/results/cpu-2core/issue26/ with its load.
 #
-#   bash scripts/issue26_runs.sh compares     # nanoGPT 3-way, gpt2-tiny A/A and eager vs module, 3 runs each
-#   bash scripts/issue26_runs.sh studies      # the nanoGPT 8-trial study, seeds 0 and 1
-#   bash scripts/issue26_runs.sh table        # benchmarks/tables/nanogpt-cpu.csv for scripts/replay_search.py
-#   bash scripts/issue26_runs.sh script       # issue 29: nanoGPT's own train.py tuned as it is
-#   bash scripts/issue26_runs.sh probe        # why a process changes speed (scripts/speed_change_probe.py)
-#   bash scripts/issue26_runs.sh compares7    # the gpt2-tiny pair and A/A again with compare.processes=7
-#   bash scripts/issue26_runs.sh staged       # issue 16's staged study, seeds 0, 1, 2, under the new rules
-#   bash scripts/issue26_runs.sh default7     # the compares (nanoGPT, gpt2-tiny eager vs module) and the staged
+#   bash benchmarks/recipes/issue26_runs.sh compares     # nanoGPT 3-way, gpt2-tiny A/A and eager vs module, 3 runs each
+#   bash benchmarks/recipes/issue26_runs.sh studies      # the nanoGPT 8-trial study, seeds 0 and 1
+#   bash benchmarks/recipes/issue26_runs.sh table        # benchmarks/tables/nanogpt-cpu.csv for scripts/replay_search.py
+#   bash benchmarks/recipes/issue26_runs.sh script       # issue 29: nanoGPT's own train.py tuned as it is
+#   bash benchmarks/recipes/issue26_runs.sh probe        # why a process changes speed (benchmarks/recipes/speed_change_probe.py)
+#   bash benchmarks/recipes/issue26_runs.sh compares7    # the gpt2-tiny pair and A/A again with compare.processes=7
+#   bash benchmarks/recipes/issue26_runs.sh staged       # issue 16's staged study, seeds 0, 1, 2, under the new rules
+#   bash benchmarks/recipes/issue26_runs.sh default7     # the compares (nanoGPT, gpt2-tiny eager vs module) and the staged
 #                                             # seeds again at the defaults of 7 processes and the measured alone check
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=benchmarks/results/cpu-2core/issue26
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -71,7 +71,7 @@ for part in "$@"; do
         "${common[@]}" "output_root=$work/script") ;;
     probe)  # why a process changes speed: the steps beside a control loop that shares nothing with them
       for threads in 2 1; do
-        bash scripts/record.sh "$out/speed_change_probe_threads$threads.txt" python scripts/speed_change_probe.py \
+        bash scripts/record.sh "$out/speed_change_probe_threads$threads.txt" python benchmarks/recipes/speed_change_probe.py \
           --threads "$threads" --windows 120
       done ;;
     default7)  # compare.processes defaults to 7 and the alone check takes the processes' own spread

@@ -6,8 +6,8 @@ as the trial ran, in alternating order, ``--repeats`` times each. Prints per run
 its own timeline (``trial.timeline.wall_split``: process start to the agent, the agent's imports, the script's
 own start-up to its first forward, warm-up, timed windows, teardown to exit) and the plain run's wall time:
 
-    python scripts/script_overhead.py                     # examples/scripts/train_gpt.py, 3 repeats
-    python scripts/script_overhead.py --script examples/scripts/train_hf.py --args "--no-compile"
+    python benchmarks/recipes/script_overhead.py                     # examples/scripts/train_gpt.py, 3 repeats
+    python benchmarks/recipes/script_overhead.py --script examples/scripts/train_hf.py --args "--no-compile"
 
 The per-trial overhead is the trial's wall time less the plain script's over the same steps; the whole
 command's wall time adds the tuner's own start-up, once per study.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from autocompile.trial.timeline import wall_split
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_trial(script: str, args: str, root: Path) -> tuple[float, dict]:

@@ -13,8 +13,8 @@ series:
 - the steps shift alone, CPU time with them: the program's own (allocator, OpenMP threads' spinning);
 - the steps shift alone, CPU time flat: the process waited (descheduled).
 
-    python scripts/speed_change_probe.py --threads 2 --windows 60
-    python scripts/speed_change_probe.py --threads 1 --windows 60   # no OpenMP team to spin
+    python benchmarks/recipes/speed_change_probe.py --threads 2 --windows 60
+    python benchmarks/recipes/speed_change_probe.py --threads 1 --windows 60   # no OpenMP team to spin
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def steal_s() -> float:

@@ -5,7 +5,7 @@ the full 50257-token vocabulary, three ways: training, frozen (lr 0: a step that
 and bf16 autocast, and prints each one's loss and its largest per-step drift from the fp32 run,
 next to the study's default tolerance (objective.loss_rtol).
 
-    python scripts/loss_signal.py [--steps 28] [--layers 2] [--width 64]
+    python benchmarks/recipes/loss_signal.py [--steps 28] [--layers 2] [--width 64]
 """
 
 from __future__ import annotations

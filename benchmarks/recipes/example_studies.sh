@@ -5,10 +5,10 @@
 # cores. Run alone (check `uptime`): each study is recorded by scripts/record.sh under
 # benchmarks/results/cpu-2core/scripts/ with its load.
 #
-#   bash scripts/example_studies.sh                       # all four
-#   bash scripts/example_studies.sh train_gpt_prepare     # one (train_gpt, train_gpt_prepare, train_hf, train_ddp)
+#   bash benchmarks/recipes/example_studies.sh                       # all four
+#   bash benchmarks/recipes/example_studies.sh train_gpt_prepare     # one (train_gpt, train_gpt_prepare, train_hf, train_ddp)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=benchmarks/results/cpu-2core/scripts
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

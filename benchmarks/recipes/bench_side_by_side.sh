@@ -3,9 +3,9 @@
 # command, machine, load samples): an A/A test (default compile against itself) and eager against
 # default compile, three separate runs. Run it alone on a quiet machine (uptime: load under ~1.2).
 #
-#   bash scripts/bench_side_by_side.sh [MODEL] [RESULTS_DIR]     # defaults: gpt2-tiny cpu-2core
+#   bash benchmarks/recipes/bench_side_by_side.sh [MODEL] [RESULTS_DIR]     # defaults: gpt2-tiny cpu-2core
 set -uo pipefail  # one failed comparison is recorded, the rest still run
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 model=${1:-gpt2-tiny}
 dir=benchmarks/results/${2:-cpu-2core}
 out=$(mktemp -d)

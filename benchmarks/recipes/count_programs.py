@@ -7,7 +7,7 @@ Inductor's mode changes every cache key (its settings are part of it), so each c
 counts once per mode offered here. Programs are what a study can tell apart; the rest of the space
 is the same program under another name.
 
-    python scripts/count_programs.py --model gpt2-tiny
+    python benchmarks/recipes/count_programs.py --model gpt2-tiny
 
 Configurations are taken in a seeded random order, and Ctrl-C (or SIGTERM) prints the summary of
 those done so far: a partial run is a uniform sample of the space.
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from autocompile.config.knobs import KNOBS, Env, TrialConfig
 from autocompile.config.space import SearchSpace
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--model", default="gpt2-tiny", help="a conf/model/NAME.yaml")
     parser.add_argument("--seed", type=int, default=0, help="order in which configurations are fingerprinted")
     args = parser.parse_args()
-    conf = Path(__file__).resolve().parent.parent / "conf" / "model" / f"{args.model}.yaml"
+    conf = Path(__file__).resolve().parents[2] / "conf" / "model" / f"{args.model}.yaml"
     node = yaml.safe_load(conf.read_text())
     target, vocab = node.pop("_target_"), node["vocab_size"]
     node.pop("name", None)

@@ -5,7 +5,7 @@ measures and with the fixed 8.6 % it replaced: the figures in docs/measuring.md 
 1 % window noise), each candidate's cold run alone one more such process; a false alarm is the check speaking
 when the cold runs are as noisy as the processes, a catch is it speaking when one cold run is 50 % slow.
 
-    python scripts/alone_check_rates.py
+    python benchmarks/recipes/alone_check_rates.py
 """
 
 from __future__ import annotations
