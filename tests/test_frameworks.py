@@ -47,7 +47,7 @@ def active(values: dict[str, Any], env: Env) -> dict[str, Any]:
 
 
 def make_winner(values: dict[str, Any], world_size: int = 1, effects: list[Effect] | None = None) -> Winner:
-    env = Env(device="cpu", world_size=world_size, modes=MODES)
+    env = Env(device="cpu", world_size=world_size, modes=MODES, memory_budget=True)
     return Winner(active(values, env), effects or [], device="cpu", world_size=world_size, workload=WORKLOAD,
                   study="s", trial=7)
 
@@ -307,3 +307,17 @@ def assert_study_exports_load(run_dir: Path, compiled: bool, batch_size: int, wo
     for section, values in parsed.items():
         assert set(values) <= set(TORCHTITAN_KEYS[section]), section
     assert parsed["compile"]["enable"] == compiled and parsed["training"]["local_batch_size"] == batch_size
+
+
+def test_a_compile_memory_budget_winner_is_memory_budget_ac_in_torchtitan_and_a_gap_elsewhere() -> None:
+    """Issue 37: ``ac.policy=budget_0.5`` is torchtitan main's ``MemoryBudgetAC`` (its config function and the
+    ``activation-checkpoint:memory-budget`` subcommand); torchtitan 0.2.2's TOML, Accelerate and the Trainer have
+    no key for it, and each says the line of code that sets it."""
+    from autocompile.report.export.titan_python import command_line, torchtitan_python
+
+    w = make_winner({"compile.scope": "module", "compile.backend": "inductor", "ac.policy": "budget_0.5"})
+    assert "config.activation_checkpoint = MemoryBudgetAC.Config(memory_budget=0.5)" in torchtitan_python(w)
+    assert command_line(w, "mymodule", "my_config").endswith("activation-checkpoint:memory-budget")
+    for gaps in (torchtitan_gaps(w), accelerate_gaps(w)):
+        (gap,) = [g for g in gaps if g.knob == "ac.policy"]
+        assert "activation_memory_budget = 0.5" in gap.how

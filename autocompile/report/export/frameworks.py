@@ -105,6 +105,10 @@ def compiled_extras(w: Winner, framework: str) -> list[Gap]:
     if w.active("compile.compiled_autograd") and w.knob("compile.compiled_autograd"):
         gaps.append(w.gap("compile.compiled_autograd", False, "run loss.backward() inside "
                           "torch._dynamo.compiled_autograd._enable(torch.compile(...)) in your own loop."))
+    if str(w.knob("ac.policy")).startswith("budget_"):
+        gaps.append(w.gap("ac.policy", "none", f"{framework} has no key for compile's memory budget: set "
+                          "torch._functorch.config.activation_memory_budget = "
+                          f"{w.knob('ac.policy').removeprefix('budget_')} before the first compile."))
     if w.active("optim.clip") and w.knob("optim.clip") == "compiled":
         gaps.append(w.gap("optim.clip", "eager", f"{framework} clips gradients in eager code."))
     for key in (k for k in w.config if k.startswith("compile.options.") and w.config[k] is not None):

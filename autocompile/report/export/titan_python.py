@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from autocompile.report.export.gaps import Gap, Winner, optimizer_hyper
-from autocompile.report.export.torchtitan import IMPLEMENTATIONS, compile_gaps, training_gaps
+from autocompile.report.export.torchtitan import IMPLEMENTATIONS, budget, compile_gaps, training_gaps
 
 TITAN_PYTHON_COMMIT = "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a"
 """pytorch/torchtitan main on 2026-08-21, whose config code this export was written against and loaded by."""
@@ -99,7 +99,8 @@ def command_line(w: Winner, module: str, function: str) -> str:
         parts += [f"--{section}.{key} {value}" for key, value in values.items()]
     parts.append(f"--optimizer.implementation {implementation(w)}")
     # A tyro subcommand: the options after it would be its own, so it comes last.
-    parts.append("activation-checkpoint:full" if w.knob("ac.policy") == "block" else "activation-checkpoint:none")
+    parts.append({"block": "activation-checkpoint:full"}.get(str(w.knob("ac.policy")), "activation-checkpoint:none")
+                 if budget(w) is None else "activation-checkpoint:memory-budget")
     return " ".join(parts)
 
 
@@ -135,15 +136,16 @@ def torchtitan_python(w: Winner) -> str:
         lines.append("The study did not clip gradients; torchtitan always clips (max_norm 1.0 is written).")
     lines += ['"""', "", "from torchtitan.components.optimizer import default_adamw",
               "from torchtitan.config import CompileConfig",
-              "from torchtitan.distributed.activation_checkpoint import FullAC",
+              "from torchtitan.distributed.activation_checkpoint import FullAC, MemoryBudgetAC",
               "# the config function to start from: yours, with your model, data and tokenizer",
               f"from {base_module} import {base_fn} as base",
               "from torchtitan.trainer import Trainer", "", "",
               "def autocompile_best() -> Trainer.Config:", "    config = base()"]
     backend = f", components=[\"model\"], backend={str(w.knob('compile.backend'))!r}" if w.compiled else ""
     lines.append(f"    config.compile = CompileConfig(enable={w.compiled}{backend})")
-    lines.append("    config.activation_checkpoint = " + ("FullAC.Config()" if w.knob("ac.policy") == "block"
-                                                          else "None  # no activation checkpointing"))
+    checkpoint = ("FullAC.Config()" if w.knob("ac.policy") == "block" else "None  # no activation checkpointing"
+                  if budget(w) is None else f"MemoryBudgetAC.Config(memory_budget={budget(w)})")
+    lines.append(f"    config.activation_checkpoint = {checkpoint}")
     for section, values in python_fields(w).items():
         lines += [f"    config.{section}.{key} = {value!r}" for key, value in values.items()]
     optimizer = optimizer_line(w)

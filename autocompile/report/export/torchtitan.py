@@ -29,8 +29,20 @@ IMPLEMENTATIONS = {"for_loop": "for-loop", "foreach": "foreach", "fused": "fused
 
 
 def torchtitan_gaps(w: Winner) -> list[Gap]:
-    """What torchtitan's config cannot say of the winner."""
-    return compile_gaps(w) + training_gaps(w)
+    """What torchtitan's (TOML) config cannot say of the winner."""
+    gaps = compile_gaps(w) + training_gaps(w)
+    if str(w.knob("ac.policy")).startswith("budget_"):
+        gaps.append(w.gap("ac.policy", "none", "torchtitan 0.2.2's activation_checkpoint.mode has no memory budget: "
+                          f"set torch._functorch.config.activation_memory_budget = {budget(w)} before the first "
+                          "compile (torchtitan main: MemoryBudgetAC in best_config_torchtitan.py)."))
+    return gaps
+
+
+def budget(w: Winner) -> float | None:
+    """The winner's compile activation memory budget (``ac.policy=budget_*``), or None."""
+    from autocompile.config.choices import MEMORY_BUDGETS
+
+    return MEMORY_BUDGETS.get(w.knob("ac.policy"))
 
 
 def compile_gaps(w: Winner) -> list[Gap]:
