@@ -184,6 +184,16 @@ def test_multi_gpu_snippet_puts_each_rank_on_its_own_gpu(settings_for: Compose,
     assert calls == [("set_device", 1), ("apply", "cuda:1")]
 
 
+def test_a_cpu_snippet_runs_at_the_threads_its_trials_ran_with(settings_for: Compose) -> None:
+    """Inductor's CPU cache key holds the thread count: best_config.py sets it before building (and says so when
+    a caller's process has another), or its warm start misses every graph."""
+    settings = settings_for("+model=gpt2-tiny", "workload.device=cpu")
+    text = snippet(settings, best_entry(settings, {"compile.scope": "module"}), SearchSpace(settings.env, {}, False))
+    compile(text, "best_config.py", "exec")
+    assert "THREADS = 1\n" in text and "torch.set_num_threads(THREADS)" in text
+    assert "set OMP_NUM_THREADS={THREADS}" in text
+
+
 def test_single_process_cpu_snippet_stays_plain_and_uses_the_study_seed(settings_for: Compose) -> None:
     settings = settings_for("+model=gpt2-tiny", "workload.device=cpu", "workload.seed=3")
     text = snippet(settings, best_entry(settings, {"compile.scope": "regional"}), SearchSpace(settings.env, {}, False))

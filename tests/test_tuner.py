@@ -189,10 +189,11 @@ def test_a_compiled_winners_best_config_py_compiles_warm_and_its_exports_load(tm
     run_dir = next(tmp_path.glob("*/summary.json")).parent
     best = json.loads((run_dir / "summary.json").read_text())["best"]
     assert best["config"]["compile.scope"] == "module" and (run_dir / "best_config.artifacts.bin").is_file()
-    # With the threads the study's trials ran with (workload.threads=1): inductor's CPU code depends on the
-    # thread count, so best_config.py run with the machine's default (2 here) misses every graph (issue 38).
+    # Inductor's CPU code depends on the thread count: best_config.py sets the threads its trials ran with
+    # (workload.threads=1), so it runs warm with the machine's own default too (2 threads here missed every
+    # graph before it did: issue 38).
     counters, out = fresh_process("import runpy\nrunpy.run_path('best_config.py', run_name='__main__')\n", [],
-                                  tmp_path, cwd=run_dir, threads=1)
+                                  tmp_path, cwd=run_dir, threads=2)
     assert_compiled_warm(counters)
     assert "compiled: ['model'] loss:" in out  # its __main__ built the step and called it (10 steps)
     assert_study_exports_load(run_dir, compiled=True, batch_size=2)

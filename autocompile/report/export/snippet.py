@@ -34,6 +34,8 @@ SEED = {seed!r}  # the study's workload.seed: every trial started from these wei
 WORKLOAD = {workload}
 # The float32 matmul precision every GPU trial ran with ("high": TF32 tensor cores): part of what was measured.
 FLOAT32_MATMUL_PRECISION = {matmul_precision!r}
+# The CPU threads every trial ran with: inductor's CPU cache key holds them, so the artifacts hit only at this count.
+THREADS = {threads!r}
 # The winner's compile artifacts, kept by the study (torch.compiler.save_cache_artifacts).
 ARTIFACTS = Path(globals().get("__file__", "best_config.py")).with_name({artifacts!r})
 {local_device}
@@ -42,6 +44,9 @@ def warm_start() -> None:
     """Load the winner's compile artifacts when they are next to this file: its compile is then mostly
     cache hits (same torch, device and model code; anything else just compiles)."""
     if ARTIFACTS.is_file():
+        if THREADS and not str(DEVICE).startswith("cuda") and torch.get_num_threads() != THREADS:
+            print(f"best_config: the compile artifacts were made with {{THREADS}} CPU threads, this process has "
+                  f"{{torch.get_num_threads()}}: every graph will compile cold (set OMP_NUM_THREADS={{THREADS}})")
         torch.compiler.load_cache_artifacts(ARTIFACTS.read_bytes())
 
 
@@ -65,6 +70,8 @@ if __name__ == "__main__":
     from autocompile.workload.models import build
     from autocompile.workload.parts import build_data
 {setup}
+    if THREADS and not str(DEVICE).startswith("cuda"):
+        torch.set_num_threads(THREADS)  # as every trial ran: the warm start hits only at this count
     torch.manual_seed(SEED)
     model = build({target!r}, {kwargs!r})
     step = build_step(model)
@@ -124,7 +131,7 @@ def snippet(settings: Settings, best: Entry, space: SearchSpace, command: str | 
         model=settings.model.name, study=settings.study.name, number=best.number, tokens=r.tokens_per_s,
         rate=f"{r.unit}/s", step_ms=r.step_s * 1e3, compile_s=r.compile_s, command=docstring_safe(command),
         knobs=python_dict(best.config), device=settings.device, seed=w.seed, workload=python_dict(workload),
-        matmul_precision=w.float32_matmul_precision,
+        matmul_precision=w.float32_matmul_precision, threads=(r.environment or {}).get("threads"),
         artifacts=ARTIFACTS, local_device=LOCAL_DEVICE if per_gpu else "",
         step_device="local_device()" if per_gpu else "DEVICE", shapes_vary=w.shapes_vary, launch_hint=launch_hint,
         setup=setup, target=settings.model.target, kwargs=settings.model.kwargs, batch_size=w.batch_size,
