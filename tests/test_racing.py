@@ -14,7 +14,8 @@ from scipy.stats import t as student_t
 
 from autocompile.config.settings import ObjectiveSettings, StudySettings
 from autocompile.config.spec import MeasureSettings
-from autocompile.study.phases.racing import confirmed, verdicts
+from autocompile.study.phases.confirmation import confirmed
+from autocompile.study.phases.racing import verdicts
 from autocompile.study.records.objective import Objective
 from autocompile.trial.timing.stats import paired_ratio, pooled_noise, relative_half_width, t975
 
@@ -104,19 +105,22 @@ def test_the_confirmed_winner_is_the_simplest_of_those_that_tie_within_the_margi
     study = race_study({"eager": [0.030, 0.031, 0.029], "compile": [0.0200, 0.0210, 0.0195],
                         "fancy": [0.0199, 0.02089, 0.01941]})
     outcome = confirmed(study, throughput)
-    assert outcome["leader"] == "#2" and set(outcome["tied_with_leader"]) == {"#1", "#2"}
-    assert outcome["winner"]["name"] == "compile"  # the simplest of the tied
-    assert outcome["decided"] and not outcome["undetermined"]
-    assert {c["label"]: c["status"] for c in outcome["candidates"]}["#0"] == "slower"
-    assert not outcome["beats_default_compile"]
-    assert "nothing beats default torch.compile(model) beyond the noise" in outcome["conclusion"]
-    assert "tie within +-2%" in outcome["conclusion"]
-    assert outcome["gains"]["eager"]["step"]["measurable"] and outcome["gains"]["eager"]["step"]["high"] < 0
+    assert outcome is not None and outcome.winner is not None
+    assert outcome.leader == "#2" and set(outcome.tied_with_leader) == {"#1", "#2"}
+    assert outcome.winner.name == "compile"  # the simplest of the tied
+    assert outcome.decided and not outcome.undetermined
+    assert {c.label: c.status for c in outcome.candidates}["#0"] == "slower"
+    assert not outcome.beats_default_compile
+    assert "nothing beats default torch.compile(model) beyond the noise" in outcome.conclusion
+    assert "tie within +-2%" in outcome.conclusion
+    step = outcome.gains["eager"].step
+    assert step is not None and step.measurable and step.high is not None and step.high < 0
 
     clear = race_study({"eager": [0.030, 0.031, 0.029], "compile": [0.0200, 0.0210, 0.0195],
                         "fancy": [0.0150, 0.0158, 0.0147]})
     outcome = confirmed(clear, throughput)
-    assert outcome["winner"]["name"] == "fancy" and outcome["beats_default_compile"]
+    assert outcome is not None and outcome.winner is not None
+    assert outcome.winner.name == "fancy" and outcome.beats_default_compile
 
 
 def test_an_interval_wider_than_the_margin_is_undetermined_and_the_best_mean_is_recommended() -> None:
@@ -124,17 +128,20 @@ def test_an_interval_wider_than_the_margin_is_undetermined_and_the_best_mean_is_
     throughput = Objective(ObjectiveSettings(kind="throughput"))
     study = race_study({"compile": [0.0200, 0.0210, 0.0195], "fancy": [0.0195, 0.0212, 0.0190]})
     outcome = confirmed(study, throughput)
-    assert outcome["winner"]["name"] == "fancy" and outcome["leader"] == "#1" and not outcome["decided"]
-    (undetermined,) = outcome["undetermined"]
-    assert undetermined["label"] == "#0" and undetermined["more_processes"] > 0
-    assert f"about {undetermined['more_processes']} more processes would decide" in outcome["conclusion"]
+    assert outcome is not None and outcome.winner is not None
+    assert outcome.winner.name == "fancy" and outcome.leader == "#1" and not outcome.decided
+    (undetermined,) = outcome.undetermined
+    assert undetermined.label == "#0" and undetermined.more_processes is not None and undetermined.more_processes > 0
+    assert f"about {undetermined.more_processes} more processes would decide" in outcome.conclusion
+    assert outcome.as_dict()["undetermined"][0]["more_processes"] == undetermined.more_processes  # summary.json
     # A candidate without a round shared with the leader is no tie either.
     apart = optuna.create_study(directions=["minimize"])
     for number, (label, rnd, step) in enumerate((("compile", 0, 0.020), ("compile", 1, 0.021), ("fancy", 2, 0.019))):
         repeat(apart, "confirm", rnd, f"#{label}", step, candidate=number, config={"compile.scope": "module"},
                name=label, baseline=None, compile_s_cold=0.0)
     outcome = confirmed(apart, throughput)
-    assert outcome["tied_with_leader"] == [outcome["leader"]] and outcome["undetermined"][0]["more_processes"] is None
+    assert outcome is not None
+    assert outcome.tied_with_leader == [outcome.leader] and outcome.undetermined[0].more_processes is None
 
 
 def test_the_report_says_which_candidates_are_undetermined_and_what_would_decide_them() -> None:
@@ -147,7 +154,8 @@ def test_the_report_says_which_candidates_are_undetermined_and_what_would_decide
     console = Console(record=True, width=300)
     print_confirmed(console, outcome)
     text = console.export_text()
-    more = outcome["undetermined"][0]["more_processes"]
+    assert outcome is not None
+    more = outcome.undetermined[0].more_processes
     assert f"undetermined (about {more} more processes would decide)" in text
     assert "every ± and [ ] is a 95% interval" in text and "prior objective.compile_cv" in text
 
@@ -174,7 +182,8 @@ def test_verdicts_come_from_the_rounds_of_the_winner_and_its_neighbours() -> Non
 
 def test_a_race_with_one_measured_candidate_confirms_nothing() -> None:
     outcome = confirmed(race_study({"compile": [0.02], "fancy": []}), Objective(ObjectiveSettings()))
-    assert outcome["winner"] is None and "no race" in outcome["reason"]
+    assert outcome is not None and outcome.winner is None and "no race" in outcome.reason
+    assert outcome.as_dict()["winner"] is None and "no race" in outcome.as_dict()["reason"]
 
 
 def test_phases_wait_until_no_other_tuner_of_the_study_measures_on_this_machine(tmp_path: Any) -> None:

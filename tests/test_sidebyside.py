@@ -15,9 +15,10 @@ from optuna.trial import TrialState
 from autocompile.config.knobs import Env
 from autocompile.config.settings import ObjectiveSettings
 from autocompile.config.spec import SideBySideSpec
-from autocompile.study.phases.racing import confirmed, study_noise
+from autocompile.study.phases.confirmation import confirmed
+from autocompile.study.phases.racing import study_noise
 from autocompile.study.records.objective import Objective
-from autocompile.study.statistics.intervals import break_even, paired_windows, time_to_train
+from autocompile.study.statistics.intervals import Paired, break_even, paired_windows, time_to_train
 from autocompile.trial.launcher import launch
 from tests.conftest import make_spec, tiny_lm
 
@@ -135,9 +136,11 @@ def test_a_confirmation_side_by_side_pairs_windows_and_its_noise_floor_pools_onl
     levels = [1.0, 1.15, 0.9]  # processes differ by 15%, which pairing cancels
     study = sbs_study({"eager": [process(v, 0.0103) for v in levels], "compile": [process(v, 0.0100) for v in levels]})
     outcome = confirmed(study, Objective(ObjectiveSettings(kind="throughput")))
-    gain = outcome["gains"]["eager"]["step"]  # the winner (compile) against eager
-    assert outcome["method"]["method"] == "side_by_side" and gain["processes"] == 3 and gain["rounds"] == 120
-    assert gain["high"] - gain["low"] < 0.03  # a 3% effect, measured to about +-1% despite 15% between processes
+    assert outcome is not None
+    gain = outcome.gains["eager"].step  # the winner (compile) against eager
+    assert isinstance(gain, Paired) and gain.low is not None and gain.high is not None
+    assert outcome.method["method"] == "side_by_side" and gain.processes == 3 and gain.rounds == 120
+    assert gain.high - gain.low < 0.03  # a 3% effect, measured to about +-1% despite 15% between processes
     noise = study_noise(study, Env.detect("cpu", 1, False), "side_by_side")
     assert noise is not None and noise.df == 4 and noise.rel_sd > 0.05  # across processes: the 15%, as it is
     assert "side by side" in noise.source and "reference is not pooled" in noise.source

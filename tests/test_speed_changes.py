@@ -16,8 +16,9 @@ import pytest
 from optuna.trial import TrialState
 
 from autocompile.config.settings import ObjectiveSettings
-from autocompile.study.phases.racing import confirmed
+from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.records.objective import Objective
+from autocompile.study.statistics.intervals import Paired
 from autocompile.trial.timing import worker
 from autocompile.trial.timing.sidebyside_worker import rounds_done
 from autocompile.trial.timing.stats import change_point
@@ -62,18 +63,26 @@ def confirm_study(per_label: dict[str, list[tuple[list[float], list[float] | Non
     return study
 
 
+def step_gain(study: optuna.Study) -> Paired:
+    outcome = confirmed(study, Objective(ObjectiveSettings(kind="throughput")))
+    assert outcome is not None
+    gain = outcome.gains["eager"].step
+    assert isinstance(gain, Paired)
+    return gain
+
+
 def test_the_programs_own_slow_windows_are_kept_and_a_descheduled_one_dropped_in_the_confirmation() -> None:
     rng = random.Random(3)
     runs = [own_and_descheduled(rng) for _ in range(3)]
     with_cpu = confirm_study({"compile": [(a, ca) for a, _, ca, _ in runs], "eager": [(b, cb) for _, b, _, cb in runs]})
-    gain = confirmed(with_cpu, Objective(ObjectiveSettings(kind="throughput")))["gains"]["eager"]["step"]
-    assert gain["dropped"] == 3 and gain["rounds"] == 87  # the descheduled round of each process, nothing else
+    gain = step_gain(with_cpu)
+    assert gain.dropped == 3 and gain.rounds == 87  # the descheduled round of each process, nothing else
     truth = 0.0103 / 0.010 * math.exp((math.log(1.6) + math.log(2.0) + math.log(1.7) + math.log(1.8)) / 30)
-    assert gain["low"] <= 1 / truth - 1 <= gain["high"]  # the winner (compile) vs eager, eager's slow windows in
+    # the winner (compile) vs eager, eager's slow windows in
+    assert gain.low is not None and gain.high is not None and gain.low <= 1 / truth - 1 <= gain.high
     # A study stored before CPU times were recorded: the wall-clock rule stands in (and drops b's own windows).
     old = confirm_study({"compile": [(a, None) for a, _, _, _ in runs], "eager": [(b, None) for _, b, _, _ in runs]})
-    gain = confirmed(old, Objective(ObjectiveSettings(kind="throughput")))["gains"]["eager"]["step"]
-    assert gain["dropped"] == 15
+    assert step_gain(old).dropped == 15
 
 
 def test_the_confirmation_names_a_candidate_that_changed_speed_within_a_process() -> None:
@@ -82,9 +91,10 @@ def test_the_confirmation_names_a_candidate_that_changed_speed_within_a_process(
     study = confirm_study({"compile": [(series(rng, 22, 0.02), None) for _ in range(2)],
                            "eager": [(w, [1.9 * x for x in w]) for w in shifting]})
     outcome = confirmed(study, Objective(ObjectiveSettings(kind="throughput")))
-    assert [line.split(" (")[0] for line in outcome["speed_changes"]] == [
+    assert outcome is not None
+    assert [line.split(" (")[0] for line in outcome.speed_changes] == [
         "eager changed speed within process 0 at window 6", "eager changed speed within process 1 at window 6"]
-    assert outcome["speed_changes"][0] in outcome["conclusion"] and "CPU time moved with it" in outcome["conclusion"]
+    assert outcome.speed_changes[0] in outcome.conclusion and "CPU time moved with it" in outcome.conclusion
 
 
 def test_a_verdict_names_a_neighbour_that_changed_speed_within_a_process() -> None:

@@ -34,6 +34,11 @@ MpPolicy = Literal["none", "bf16"]
 Method = Literal["side_by_side", "fresh_processes"]
 """How a phase timed its candidates: together in each process, or one fresh process per candidate and round."""
 
+KnobValue = str | int | float | bool | None
+"""A knob's value in a flat configuration (what Optuna stores as a categorical parameter)."""
+Knobs = dict[str, KnobValue]
+"""A flat configuration: dotted knob name -> value (``TrialConfig.flat``; a trial's ``params``)."""
+
 SCOPES: tuple[Scope, ...] = get_args(Scope)
 MEMORY_BUDGETS: dict[AcPolicy, float] = {"budget_0.5": 0.5, "budget_0.25": 0.25}
 """``ac.policy`` values that set compile's activation memory budget, and the budget each sets."""

@@ -16,7 +16,6 @@ from optuna.trial import TrialState
 from rich.console import Console
 from rich.table import Table
 
-from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
 from autocompile.config.commands import measure_command
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
@@ -27,7 +26,8 @@ from autocompile.report.findings.entry import Entry
 from autocompile.report.findings.search_effects import Z95, knob_effects
 from autocompile.report.view import console as make_console
 from autocompile.study.phases.confirm import recommended as recommended_trial
-from autocompile.study.phases.racing import confirmed, phase, phase_trials, study_noise, verdicts
+from autocompile.study.phases.confirmation import Confirmation, RaceRow, confirmed
+from autocompile.study.phases.racing import phase, phase_trials, study_noise, verdicts
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import (
     WARM_START,
@@ -64,7 +64,7 @@ class Report:
     snippet: str = ""
     noise: dict[str, Any] | None = None
     """Run-to-run noise of step time (relative sd across fresh processes), what every ± uses."""
-    confirmed: dict[str, Any] | None = None
+    confirmed: Confirmation | None = None
     """The confirmation phase: winner, candidates, paired intervals vs the baselines (None: not run)."""
     verdicts: list[Effect] = field(default_factory=list)
     """The verdict phase's verdicts (empty: not run; ``effects`` then holds the search's fallback)."""
@@ -87,7 +87,8 @@ class Report:
             "counts": self.counts, "best": self.best.as_dict() if self.best else None,
             "baselines": {name: e.as_dict() for name, e in self.baselines.items()}, "speedups": self.speedups,
             "pareto": [e.as_dict() for e in self.pareto], "effects": [e.as_dict() for e in self.effects],
-            "noise": self.noise, "confirmed": self.confirmed, "verdicts": [e.as_dict() for e in self.verdicts],
+            "noise": self.noise, "confirmed": self.confirmed.as_dict() if self.confirmed else None,
+            "verdicts": [e.as_dict() for e in self.verdicts],
             "recommended": self.recommended.as_dict() if self.recommended else None,
             "recommendation_changed": self.recommendation_changed,
             "phases_wall_s": self.phases_wall_s, "warm_start": self.warm_start,
@@ -125,7 +126,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     outcome = confirmed(study, objective)
     recommended = best
     chosen, changed = recommended_trial(study, objective)
-    if chosen is not None and ((outcome and outcome.get("winner")) or changed):
+    if chosen is not None and ((outcome and outcome.winner) or changed):
         recommended = Entry.of(chosen, objective)
     counts |= {"confirm_repeats": len(phase_trials(study, "confirm")),
                "verdict_repeats": len(phase_trials(study, "verdict"))}
@@ -223,12 +224,12 @@ def write_artifacts(report: Report, run_dir: Path) -> None:
     chosen = report.recommended
     if chosen is None:
         return
-    outcome = report.confirmed or {}
+    won = report.confirmed.winner if report.confirmed else None
     (run_dir / "best_config.yaml").write_text(yaml.safe_dump(
         {"study": report.study_name, "trial": chosen.number, "knobs": chosen.config,
          "decided_by": ("verdict phase: " + report.recommendation_changed if report.recommendation_changed else
-                        "confirmation repeats" if outcome.get("winner") else "search (one measurement each)"),
-         **({"conclusion": outcome["conclusion"]} if outcome.get("winner") else {}),
+                        "confirmation repeats" if won else "search (one measurement each)"),
+         **({"conclusion": report.confirmed.conclusion} if report.confirmed and won else {}),
          "measure_command": report.measure_command, **run_entries(report.commands)}, sort_keys=False))
     (run_dir / "best_config.py").write_text(report.snippet)
     write_framework_configs(report, run_dir)
@@ -322,55 +323,54 @@ def noise_line(noise: dict[str, Any] | None) -> str:
             f"{noise['df']} degrees of freedom: {noise['source']}); the search's ± (95% half-widths) use it.")
 
 
-def print_confirmed(console: Console, outcome: dict[str, Any] | None) -> None:
+def print_confirmed(console: Console, outcome: Confirmation | None) -> None:
     """The confirmation phase: winner, its paired intervals against the baselines, and the race table."""
     if not outcome:
         console.print("Not confirmed: the search's best was measured once (study.confirm_top=0, or fewer than "
                       "two feasible candidates).")
         return
-    if not outcome.get("winner"):
-        console.print(f"[red]Not confirmed: {outcome.get('reason')}")
+    w = outcome.winner
+    if w is None:
+        console.print(f"[red]Not confirmed: {outcome.reason}")
         return
-    w = outcome["winner"]
-    how = outcome.get("method") or {"method": FRESH_PROCESSES}
-    side = how["method"] == SIDE_BY_SIDE
-    over = (f"side by side in {outcome['rounds']} fresh processes ({outcome.get('windows', 0)} paired windows each)"
-            if side else f"over {outcome['rounds']} interleaved rounds"
-            + (f" (fresh processes, not side by side: {how['why']})" if how.get("why") else ""))
-    console.print(f"\n[bold green]Confirmed[/] {over}: {outcome['conclusion']}.")
-    console.print(f"  Recommended (trial {w['trial']}): {w['name'] or 'defaults'}; steps "
-                  f"{w['step_s_geomean'] * 1e3:.2f} ms (geometric mean of its repeats), compile "
-                  f"{w['compile_s_cold']:.1f} s (cold, search)")
-    if outcome.get("compile_spread"):
-        console.print(f"  Cold compile spread in time-to-train intervals: {outcome['compile_spread']['cv']:.1%} "
-                      f"({outcome['compile_spread']['source']}); every ± and [ ] is a 95% interval")
-    for name, gain in outcome["gains"].items():
-        console.print(f"  step time vs {name}: {gain['text']} ({'paired windows' if side else 'paired by round'}; "
+    side = outcome.side_by_side
+    why = outcome.method.get("why")
+    over = (f"side by side in {outcome.rounds} fresh processes ({outcome.windows} paired windows each)"
+            if side else f"over {outcome.rounds} interleaved rounds"
+            + (f" (fresh processes, not side by side: {why})" if why else ""))
+    console.print(f"\n[bold green]Confirmed[/] {over}: {outcome.conclusion}.")
+    console.print(f"  Recommended (trial {w.trial}): {w.name or 'defaults'}; steps "
+                  f"{(w.step_s_geomean or 0.0) * 1e3:.2f} ms (geometric mean of its repeats), compile "
+                  f"{w.compile_s_cold:.1f} s (cold, search)")
+    if outcome.compile_spread:
+        console.print(f"  Cold compile spread in time-to-train intervals: {outcome.compile_spread.cv:.1%} "
+                      f"({outcome.compile_spread.source}); every ± and [ ] is a 95% interval")
+    for name, gain in outcome.gains.items():
+        console.print(f"  step time vs {name}: {gain.text} ({'paired windows' if side else 'paired by round'}; "
                       "negative = faster)")
     table = Table(title="Confirmation race (step time per candidate, "
                   + ("paired window by window in each process)" if side else "paired by round)"), title_justify="left")
     for col in ("candidate", "configuration", "rounds", "ms/step", "vs leader (score)"):
         table.add_column(col)
-    for c in outcome["candidates"]:
-        vs = c.get("vs_leader")
-        table.add_row(c["label"] + (f" ({c['baseline']})" if c.get("baseline") else ""), c["name"] or "defaults",
-                      str(c["rounds"]), f"{c['step_s_geomean'] * 1e3:.2f}",
-                      "leader" if c["label"] == outcome["leader"] else (
-                          f"{vs['change']:+.1%} [{vs['low'] * 100:+.1f}, {vs['high'] * 100:+.1f}]"
-                          if vs and vs["low"] is not None else "-") + race_status(c, outcome))
+    for c in outcome.candidates:
+        vs = c.vs_leader
+        table.add_row(c.label + (f" ({c.baseline})" if c.baseline else ""), c.name or "defaults",
+                      str(c.rounds), f"{(c.step_s_geomean or 0.0) * 1e3:.2f}",
+                      "leader" if c.label == outcome.leader else (
+                          f"{vs.change:+.1%} [{vs.low * 100:+.1f}, {vs.high * 100:+.1f}]"
+                          if vs and vs.low is not None and vs.high is not None else "-") + race_status(c, outcome))
     console.print(table)
 
 
-def race_status(candidate: dict[str, Any], outcome: dict[str, Any]) -> str:
+def race_status(candidate: RaceRow, outcome: Confirmation) -> str:
     """How a candidate stands against the leader, in words: within the tie margin, measurably slower, or
     undetermined with the processes that would decide it."""
-    status = candidate.get("status")
+    status = candidate.status
     if status in (None, "leader"):
         return ""
     if status != "undetermined":
-        return f" {status}" + (f" (within +-{outcome['tie_margin']:.0%})" if status == "tied" else "")
-    more = next((u["more_processes"] for u in outcome.get("undetermined", []) if u["label"] == candidate["label"]),
-                None)
+        return f" {status}" + (f" (within +-{outcome.tie_margin:.0%})" if status == "tied" else "")
+    more = candidate.more_processes
     return " undetermined" + (f" (about {more} more processes would decide)" if more else "")
 
 

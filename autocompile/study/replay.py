@@ -23,7 +23,7 @@ queues the same baselines a study queues, and answers each trial from its row as
   noisy single measurements, distinct by fingerprint) and the eager and default-compile baselines are
   timed again in ``Noise.processes`` processes (each process a shared level, each candidate its own
   per-process noise ``Noise.confirm``), each with the compile time *its search trial measured* (not the
-  true one), and raced by :func:`autocompile.study.phases.racing.versus` and
+  true one), and raced by :func:`autocompile.study.phases.confirmation.versus` and
   :func:`autocompile.study.statistics.decisions.race`:
   the leader by mean log score, the winner the simplest (:func:`autocompile.study.phases.racing.simplicity`)
   among those tied within ``objective.tie_margin``; undetermined ones are not recommended over the leader.
@@ -49,7 +49,8 @@ from optuna.trial import TrialState
 from autocompile.config.knobs import describe
 from autocompile.config.sections import ObjectiveSettings, StudySettings
 from autocompile.config.space import SearchSpace, identity
-from autocompile.study.phases.racing import Candidate, simplicity, versus
+from autocompile.study.phases.confirmation import Candidate, versus
+from autocompile.study.phases.racing import simplicity
 from autocompile.study.records.objective import Objective, near_misses, time_to_train
 from autocompile.study.records.record import Measurement, set_attrs
 from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, race

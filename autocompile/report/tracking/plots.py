@@ -123,12 +123,11 @@ def study_note(report: Any) -> str:
                      f"{best.time_to_train_s:.1f} s.")
         lines.append("\n".join(f"- vs {name}: steps {s['step_speedup']:.2f}x ± {s['noise']:.2f}, time to train "
                                f"{s['time_to_train_speedup']:.2f}x" for name, s in report.speedups.items()))
-    outcome = getattr(report, "confirmed", None) or {}
-    if outcome.get("winner"):
-        w = outcome["winner"]
-        lines.append(f"**Confirmed** ({outcome['rounds']} interleaved rounds): {outcome['conclusion']}. Recommended: "
-                     f"trial {w['trial']} `{w['name'] or 'defaults'}`."
-                     + "".join(f"\n- step time vs {n}: {g['text']}" for n, g in outcome["gains"].items()))
+    outcome = report.confirmed
+    if outcome is not None and (w := outcome.winner) is not None:
+        lines.append(f"**Confirmed** ({outcome.rounds} interleaved rounds): {outcome.conclusion}. Recommended: "
+                     f"trial {w.trial} `{w.name or 'defaults'}`."
+                     + "".join(f"\n- step time vs {n}: {g.text}" for n, g in outcome.gains.items()))
     if report.effects:
         lines.append("| knob | verdict |\n|---|---|\n" + "\n".join(
             f"| {e.knob} | {e.verdict.replace('|', '/')} |" for e in report.effects))

@@ -358,17 +358,17 @@ class MlflowTracker:
             metrics += [(f"best_speedup_vs_{name}", s["step_speedup"], step) for name, s in report.speedups.items()]
             tags.update(best_trial=best.number, best_config=best.name[:5000],
                         best_run_id=self.children.get(best.number, ("",))[0])
-        outcome = getattr(report, "confirmed", None) or {}
-        if outcome.get("winner"):
-            w = outcome["winner"]
-            tags.update(confirmed_trial=w["trial"], confirmed_config=(w["name"] or "defaults")[:5000],
-                        confirmed_conclusion=outcome["conclusion"][:5000])
-            metrics.append(("confirmed_step_s", w["step_s_geomean"], step))
-            for name, gain in outcome["gains"].items():
-                if gain["step"]:
-                    metrics += [(f"confirmed_step_change_vs_{name}{suffix}", gain["step"][key], step)
-                                for key, suffix in (("change", ""), ("low", "_low"), ("high", "_high"))
-                                if gain["step"][key] is not None]
+        outcome = report.confirmed
+        if outcome is not None and (w := outcome.winner) is not None:
+            tags.update(confirmed_trial=w.trial, confirmed_config=(w.name or "defaults")[:5000],
+                        confirmed_conclusion=outcome.conclusion[:5000])
+            if w.step_s_geomean is not None:
+                metrics.append(("confirmed_step_s", w.step_s_geomean, step))
+            for name, gain in outcome.gains.items():
+                if gain.step:
+                    metrics += [(f"confirmed_step_change_vs_{name}{suffix}", value, step)
+                                for value, suffix in ((gain.step.change, ""), (gain.step.low, "_low"),
+                                                      (gain.step.high, "_high")) if value is not None]
         if getattr(report, "noise", None):
             metrics.append(("noise_rel_sd", report.noise["rel_sd"], step))
         self._batch(self.parent_id, metrics, tags=tags)

@@ -39,7 +39,8 @@ from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
-from autocompile.study.phases.racing import phase_trials, step_time
+from autocompile.study.phases.confirmation import confirmed
+from autocompile.study.phases.racing import phase_trials, step_time, verdicts
 from autocompile.study.phases.together import method
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import feasible, file_lock, measured_here, measured_trials, owner
@@ -111,11 +112,9 @@ def ranked_trials(study: optuna.Study, objective: Objective) -> list[tuple[Froze
 
 def winner_trial(study: optuna.Study, objective: Objective) -> FrozenTrial | None:
     """The confirmed winner's search trial, or (no confirmation) the search's best."""
-    from autocompile.study.phases.racing import confirmed
-
     outcome = confirmed(study, objective)
-    if outcome and outcome.get("winner"):
-        return study.trials[outcome["winner"]["trial"]]
+    if outcome and outcome.winner:
+        return study.trials[outcome.winner.trial]
     ranked = ranked_trials(study, objective)
     return ranked[0][0] if ranked else None
 
@@ -125,8 +124,6 @@ def recommended(study: optuna.Study, objective: Objective) -> tuple[FrozenTrial 
     unless a verdict neighbour measured beside it is measurably faster to train (time to train, after
     Holm's correction over the neighbours): then the fastest such neighbour, whose own cold run holds its
     configuration and measurement. A study never recommends what something it measured beats."""
-    from autocompile.study.phases.racing import verdicts
-
     winner = winner_trial(study, objective)
     beaters = [e for e in verdicts(study, objective) if e.beats_winner and e.trial is not None
                and step_time(study.trials[e.trial]) is not None]

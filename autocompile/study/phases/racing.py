@@ -1,4 +1,5 @@
-"""What the repeats say: the study's noise floor, the confirmed winner, and a verdict per question.
+"""What the repeats say: the study's noise floor, the compile spread, and a verdict per question (the
+confirmed winner: :mod:`autocompile.study.phases.confirmation`).
 
 Pure functions of the study's trials, so a resumed study, the report and MLflow read the same
 answer. Every repeat is a trial with user attributes ``phase`` (``confirm`` / ``verdict``),
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
 from typing import Any
 
 from optuna import Study
@@ -25,10 +25,9 @@ from autocompile.config.sections import ObjectiveSettings
 from autocompile.study.phases.sidebyside import speed_changes
 from autocompile.study.phases.together import method
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.objective import time_to_train as time_to_train_s
 from autocompile.study.records.optuna_store import feasible, interrupted, measured_trials
 from autocompile.study.records.record import TrialRecord
-from autocompile.study.statistics.decisions import holm, p_value, processes_to_decide, race
+from autocompile.study.statistics.decisions import holm, p_value
 from autocompile.study.statistics.effect import Effect
 from autocompile.study.statistics.intervals import (
     CompileSpread,
@@ -114,161 +113,6 @@ def compile_spread(study: Study, settings: ObjectiveSettings, shared_cache: bool
     return CompileSpread(settings.compile_cv, settings.compile_df,
                          f"prior objective.compile_cv={settings.compile_cv:g} ({settings.compile_df} df): no "
                          "program was compiled cold twice in this study")
-
-
-@dataclass
-class Candidate:
-    """A configuration raced in the confirmation phase (a search trial's program)."""
-
-    label: str
-    number: int
-    name: str
-    config: dict[str, Any]
-    baseline: str | None
-    compile_s: float
-    """Cold compile seconds, from its search trial (repeats may reuse its warm cache)."""
-    steps: dict[int, float] = field(default_factory=dict)
-    """Round -> step seconds of its repeats."""
-    windows: dict[int, list[float]] = field(default_factory=dict)
-    """Side by side: round (process) -> its window step times, aligned with the other candidates'."""
-    cpu: dict[int, list[float]] = field(default_factory=dict)
-    """Side by side: round (process) -> its windows' CPU seconds per step, where the process recorded them."""
-
-    def scores(self, objective: Objective) -> dict[int, float]:
-        """Per round, lower is better: step time (throughput) or time to train with the cold compile time
-        (time_to_train, and pareto, which has no single score)."""
-        if objective.kind == "throughput":
-            return dict(self.steps)
-        horizon = objective.settings.horizon_steps
-        return {r: time_to_train_s(self.compile_s, s, horizon) for r, s in self.steps.items()}
-
-    def step_s(self) -> float:
-        return math.exp(statistics.fmean(map(math.log, self.steps.values())))
-
-    def summary(self) -> dict[str, Any]:
-        steps = list(self.steps.values())
-        return {"label": self.label, "trial": self.number, "name": self.name, "config": self.config,
-                "baseline": self.baseline, "compile_s_cold": self.compile_s, "rounds": len(steps),
-                "step_s_geomean": math.exp(statistics.fmean(map(math.log, steps))) if steps else None,
-                "step_s_rounds": {str(r): s for r, s in sorted(self.steps.items())},
-                "windows": sum(map(len, self.windows.values()))}
-
-
-def versus(a: Candidate, b: Candidate, objective: Objective, score: bool,
-           spread: CompileSpread | None = None) -> Ratio | None:
-    """``a / b``: of step time, or (``score``) of the objective's score. Side by side, windows are paired
-    within processes; otherwise rounds are paired, each a fresh process per candidate. Time to train
-    carries each side's one cold compile with the study's compile spread (``spread``)."""
-    step: Ratio | None = paired_windows(b.windows, a.windows, b.cpu, a.cpu) if a.windows and b.windows else (
-        from_rounds(paired_ratio(a.steps, b.steps)))
-    if step is None or not score or objective.kind == "throughput":
-        return step
-    spread = spread or CompileSpread(objective.settings.compile_cv, objective.settings.compile_df, "prior")
-    return time_to_train(step, (b.step_s(), b.compile_s), (a.step_s(), a.compile_s),
-                         objective.settings.horizon_steps, spread.cv, spread.df,
-                         step_level=level(b.windows or {r: [s] for r, s in b.steps.items()}))
-
-
-def confirmed(study: Study, objective: Objective) -> dict[str, Any] | None:
-    """The confirmation phase's answer; None when it did not run.
-
-    The leader has the best mean score over rounds. A candidate ties with it when their paired 95%
-    interval lies within +-``objective.tie_margin`` (equivalence, not "the interval contains zero"); the
-    simplest of the leader and its ties is the winner. A candidate whose interval straddles the margin is
-    undetermined (with how many more processes would decide it) and never recommended over the leader.
-    Gains over eager and default compile are paired intervals of step time (winner / baseline - 1;
-    negative = the winner is faster) and of the objective's score (cold compile + horizon steps).
-    """
-    trials = phase_trials(study, "confirm")
-    if not trials:
-        return None
-    candidates: dict[str, Candidate] = {}
-    for t in trials:
-        a = TrialRecord.of(t)
-        c = candidates.setdefault(a.label, Candidate(a.label, a.candidate, a.name, a.config, a.baseline,
-                                                     a.compile_s_cold))
-        if (step := step_time(t)) is not None:
-            c.steps[a.round] = step
-            if a.method == SIDE_BY_SIDE:
-                c.windows[a.round] = a.measured.step_s_windows
-                if a.measured.step_cpu_s_windows:
-                    c.cpu[a.round] = a.measured.step_cpu_s_windows
-    measured = [c for c in candidates.values() if c.steps]
-    if len(measured) < 2:  # an interrupted phase, or every other candidate failed: nothing was raced
-        return {"winner": None, "reason": f"{len(measured)} candidate(s) with a completed repeat: no race (an "
-                                          "interrupted phase resumes when the same command runs again)",
-                "candidates": [c.summary() for c in candidates.values()]}
-    spread = compile_spread(study, objective.settings)
-
-    def mean_score(c: Candidate) -> float:
-        return statistics.fmean(math.log(s) for s in c.scores(objective).values())
-
-    margin = objective.settings.tie_margin
-    ratios = {}
-
-    def against(i: int, j: int) -> Ratio | None:
-        ratios[measured[i].label] = versus(measured[i], measured[j], objective, True, spread)
-        return ratios[measured[i].label]
-
-    decision = race([mean_score(c) for c in measured], [simplicity(c.config) for c in measured], against, margin)
-    leader, winner = measured[decision.leader], measured[decision.winner]
-    status = {c.label: s for c, s in zip(measured, decision.status, strict=True)}
-    ties = [c for c in measured if status[c.label] in ("leader", "tied")]
-    undetermined = [{"label": c.label, "name": c.name, "status": status[c.label],
-                     "vs_leader": r.as_dict() if (r := ratios.get(c.label)) else None,
-                     "more_processes": processes_to_decide(r, margin, processes(r)) if r else None}
-                    for c in measured if status[c.label] in ("undetermined", "faster")]
-    gains = {}
-    for c in measured:
-        if c.baseline in ("eager", "compile") and c is not winner:
-            step = versus(winner, c, objective, False)
-            score = versus(winner, c, objective, True, spread)
-            gains[c.baseline] = {"step": step.as_dict() if step else None, "score": score.as_dict() if score else None,
-                                 "text": step.text() if step else "no shared round"}
-    compile_base = next((c for c in measured if c.baseline == "compile"), None)
-    beats_compile = compile_base is not None and compile_base is not winner and (
-        (g := gains.get("compile")) is not None and g["score"] is not None and g["score"]["measurable"]
-        and g["score"]["change"] < 0)
-    changes = [c.text(label, f"process {p}") for label, p, c in
-               speed_changes({m.name or m.label: m.windows for m in measured},
-                             {m.name or m.label: m.cpu for m in measured})]
-    return {
-        "winner": winner.summary(), "leader": leader.label, "speed_changes": changes,
-        "tied_with_leader": [c.label for c in ties], "tie_margin": margin, "decided": decision.decided,
-        "undetermined": undetermined, "compile_spread": spread.as_dict(),
-        "candidates": [{**c.summary(), "status": status[c.label],
-                        "vs_leader": (r.as_dict() if (r := ratios.get(c.label)) else None)} for c in measured],
-        "gains": gains, "beats_default_compile": beats_compile,
-        "rounds": max(len(c.steps) for c in measured),
-        "method": method(study, "confirm"),
-        "windows": max(sum(map(len, c.windows.values())) for c in measured),
-        "conclusion": "; ".join([conclusion(winner, leader, ties, compile_base, beats_compile, margin, undetermined),
-                                 *changes]),
-    }
-
-
-def processes(ratio: Ratio) -> int:
-    """The processes behind a ratio (side by side), or its rounds (one fresh process per candidate each)."""
-    return int(getattr(ratio, "processes", 0) or ratio.rounds)
-
-
-def conclusion(winner: Candidate, leader: Candidate, ties: list[Candidate], compile_base: Candidate | None,
-               beats_compile: bool, margin: float = 0.0, undetermined: list[dict[str, Any]] | None = None) -> str:
-    if compile_base is None:
-        lead = f"{winner.name or winner.label} leads (default compile was not raced)"
-    elif beats_compile:
-        lead = f"{winner.name} beats default torch.compile(model) beyond the noise"
-    else:
-        lead = "nothing beats default torch.compile(model) beyond the noise"
-    tie = (f"; {len(ties)} candidates tie within +-{margin:.0%}, the simplest is recommended" if len(ties) > 1
-           else "")
-    lead += tie + (f" (fastest on average: {leader.name or leader.label})" if leader is not winner else "")
-    for u in undetermined or []:
-        more = u["more_processes"]
-        lead += (f"; {u['name'] or u['label']} vs the leader is undetermined ("
-                 + (f"about {more} more processes would decide" if more else "no interval: measure it again")
-                 + ")")
-    return lead
 
 
 def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
