@@ -3,8 +3,13 @@ runs, the phases from their plans once the search is over, a warning when it exc
 
 from __future__ import annotations
 
+import itertools
 import logging
+import re
+import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +247,89 @@ def test_after_the_search_side_by_side_processes_count_down(settings_for: Compos
             step_s_windows=[0.01] * 12)
     after = estimate(study, space, objective, settings, prior)
     assert after is not None and after.confirm_s == pytest.approx(6 * one)
+
+
+# --- The estimate against recorded studies -------------------------------------------------------------------------
+# The suite (benchmarks/results/cpu-2core/suite/): the default study, 8 trials, on every family's tiny variant, one
+# after another on this 2-core VM. Each record is the study's log: timestamped lines, the search's trial table and
+# "Wall time per phase". The estimator is fed what it reads before the search, measured in that study (the
+# reference's wall time and eager step, the cold compile of its compiled search trials), and its estimate of each
+# phase is held against the phase's recorded wall time. Ratios (estimate / recorded) when this test was written:
+#
+#   family        search  confirm  verdict  total
+#   bert-tiny      1.01    1.42     0.73    0.93
+#   gpt2-tiny      1.31    1.79     1.01    1.20
+#   llama-tiny     1.30    1.56     0.87    1.02
+#   mixtral-tiny   0.93    1.13     1.09    1.05
+#   resnet-tiny    0.86    1.82     1.05    1.16
+#   t5-tiny        0.89    1.91     0.24    0.43   (its verdicts ran in 11 fresh-process rounds, not side by side)
+#   vit-tiny       1.17    2.11     1.10    1.27
+#
+# The search and, where the verdicts run side by side, the verdict phase and the total are within about 30 %;
+# the confirmation is over-estimated 1.1-2.1x (before the search all but one of its candidates are priced as
+# compiled, where the winners were mostly eager), and t5-tiny's verdict phase, which ran in fresh-process rounds
+# the estimate cannot foresee, is under-estimated 4x. The bands below are what the estimator achieves.
+SUITE = ROOT / "benchmarks" / "results" / "cpu-2core" / "suite"
+LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[[\w.]+\]\[\w+\] - (.*)$")
+TRIAL_ROW = re.compile(r"^│ *\d+ │ ([^│]+)│ (\w+) +│ ([\d,-]+) +│ ([\d.-]+) +│ ([^│]+)│")
+BANDS = {"search": (0.8, 1.35), "confirm": (1.0, 2.2), "verdict": (0.65, 1.15), "total": (0.85, 1.3)}
+FRESH_ROUND_VERDICTS = {"t5-tiny": (0.15, 0.35)}  # verdicts in fresh-process rounds: the total follows them
+FRESH_ROUND_TOTAL = (0.3, 0.55)
+
+
+@dataclass
+class Recorded:
+    """What a suite record says: the study's per-phase wall, and what the estimator would have read."""
+
+    family: str
+    phases: dict[str, float]
+    wall_s: float
+    reference_s: float
+    eager_step_s: float
+    compile_s: list[float]
+
+
+def recorded(path: Path) -> Recorded:
+    text = path.read_text()
+    stamped = [(datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp(), m[2])
+               for m in map(LOG_LINE.match, text.splitlines()) if m]
+    # The reference runs from its line to the next (the study's start): an upper bound on its wall time.
+    reference_s = next(after - at for (at, said), (after, _) in itertools.pairwise(stamped)
+                       if said.startswith("measuring the numerics reference"))
+    rows = [m.groups() for m in map(TRIAL_ROW.match, text.splitlines()) if m]
+    eager_time_to_train = float(next(r[4] for r in rows if r[0].strip() == "compile.scope=none"))
+    compile_s = [float(r[3]) for r in rows if r[1] == "complete" and not r[0].startswith("compile.scope=none")]
+    phases = {k: float(v) for k, v in re.findall(r"(search|confirm|verdict) (\d+) s",
+                                                 re.search(r"^Wall time per phase: (.*)$", text, re.M)[1])}
+    return Recorded(family=path.stem.removeprefix("suite_"), phases=phases,
+                    wall_s=float(re.search(r"^# exit 0, wall (\d+) s", text, re.M)[1]), reference_s=reference_s,
+                    eager_step_s=eager_time_to_train, compile_s=compile_s)
+
+
+def test_the_estimate_before_the_search_against_the_suites_recorded_wall_times(settings_for: Compose) -> None:
+    from autocompile.study.tuner import queue_baselines
+
+    paths = sorted(SUITE.glob("suite_*.txt"))
+    assert len(paths) == 7
+    ratios = {}
+    for path in paths:
+        rec = recorded(path)
+        settings = settings_for(f"+model={rec.family}", "workload.device=cpu", "study.n_trials=8")
+        study, space, objective = parts(settings)
+        queue_baselines(study, space)  # as the tuner does before it estimates
+        # The eager trial's time to train is its step time over the horizon (nothing compiled).
+        study.set_user_attr("reference", {"status": "ok", "wall_s": rec.reference_s,
+                                          "step_s": rec.eager_step_s / settings.objective.horizon_steps})
+        prior = (statistics.median(rec.compile_s), "compile measured in the study's search")
+        found = estimate(study, space, objective, settings, prior)
+        assert found is not None and found.trials_left == 8
+        said = {"search": found.search_s, "confirm": found.confirm_s, "verdict": found.verdict_s}
+        ratios[rec.family] = {**{k: said[k] / rec.phases[k] for k in said},
+                              "total": found.total_s / rec.wall_s}
+    print("estimate / recorded wall:", {f: {k: round(v, 2) for k, v in r.items()} for f, r in ratios.items()})
+    for family, ratio in ratios.items():
+        fresh = family in FRESH_ROUND_VERDICTS
+        for phase, (low, high) in BANDS.items():
+            if fresh and phase in ("verdict", "total"):
+                low, high = FRESH_ROUND_VERDICTS[family] if phase == "verdict" else FRESH_ROUND_TOTAL
+            assert low <= ratio[phase] <= high, (family, phase, round(ratio[phase], 3), ratios)
