@@ -154,11 +154,11 @@ def hydra_main(cfg: DictConfig) -> Any:
             from autocompile.report.compare_table import print_comparison
             from autocompile.study.compare import compare
 
-            report = compare(settings, run_dir)
-            print_comparison(report)
-            if len(report["pairs"]) + 1 < len(report["candidates"]):
+            comparison = compare(settings, run_dir)
+            print_comparison(comparison)
+            if not comparison.complete:
                 sys.exit(1)  # a candidate could not be compared: its reason is printed above
-            return report
+            return comparison.as_dict()
         from autocompile.report.watch import Watch
         from autocompile.study.tuner import tune
 

@@ -145,7 +145,7 @@ def test_compare_a_script_in_fresh_process_rounds(tmp_path: Path, monkeypatch: p
     (tmp_path / "tiny.py").write_text(TINY)
     s = settings("script.path=tiny.py", "task=compare", "compare.processes=1", *FAST, f"output_root={tmp_path}",
                  'compare.candidates=["compile.scope=none","compile.scope=module compile.backend=eager"]')
-    report = compare(s, tmp_path / "run")
+    report = compare(s, tmp_path / "run").as_dict()  # compare.json
     assert (report["method"], report["why"]) == ("fresh_processes", SCRIPT_ROUNDS)
     assert [row["status"] for row in report["candidates"]] == ["ok", "ok"]
     assert len(report["pairs"]) == 1 and report["pairs"][0]["step"]["basis"] == "fresh-process rounds"

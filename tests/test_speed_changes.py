@@ -16,6 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autocompile.config.settings import ObjectiveSettings
+from autocompile.study.comparison import Comparison
 from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.records.objective import Objective
 from autocompile.study.statistics.intervals import Paired
@@ -160,7 +161,7 @@ def test_cpu_time_says_whose_the_change_is() -> None:
     assert waited is not None and waited.cpu_kept_pace is False and "waited for the cores" in waited.text("a", "b")
 
 
-def nanogpt_report(settings_for: Any) -> dict[str, Any]:
+def nanogpt_report(settings_for: Any) -> Comparison:
     """The compare of issue 26 on nanoGPT, its numbers replayed: eager and regional at 12 ms for 6 rounds then
     21 ms (with CPU time), train_step at 9 ms throughout, 2 processes; alone eager 11.96 ms, regional 20.66,
     train_step 6.2 (about half eager's, as side by side: that pair agrees)."""
@@ -187,11 +188,12 @@ def test_the_compare_names_a_change_of_speed_and_a_ratio_alone_contradicts(setti
     from autocompile.report.compare_table import print_comparison
 
     report = nanogpt_report(settings_for)
-    assert len(report["speed_changes"]) == 4  # eager and regional, in each of 2 processes
-    regional, train_step = report["pairs"]
-    assert not regional["alone_agrees"] and "neither ratio is the answer" in regional["verdict"]
-    assert train_step["alone_agrees"] and "measurably faster" in train_step["verdict"]
-    print_comparison({**report, "run_dir": "/tmp/x"})
+    assert len(report.speed_changes) == 4  # eager and regional, in each of 2 processes
+    regional, train_step = report.pairs
+    assert not regional.alone_agrees and "neither ratio is the answer" in regional.verdict
+    assert train_step.alone_agrees and "measurably faster" in train_step.verdict
+    report.run_dir = "/tmp/x"
+    print_comparison(report)
     out = " ".join(capsys.readouterr().out.split())
     assert "0: none changed speed within process 0 at window 6 (from" in out
     assert "CPU time moved with it: the program's work or the machine's speed" in out

@@ -35,6 +35,7 @@ from autocompile.config.compare_settings import label
 from autocompile.config.knobs import describe
 from autocompile.config.settings import Settings
 from autocompile.config.spec import write_json_atomic
+from autocompile.study.comparison import ComparePair, CompareRow, Comparison, Failed
 from autocompile.study.phases import sidebyside
 from autocompile.study.statistics.intervals import Paired, break_even, paired_windows, t_quantile, time_to_train
 from autocompile.trial.launcher import launch
@@ -51,7 +52,7 @@ each candidate alone once, so it takes the larger of this and the spread its sid
 PerProcess = dict[str, dict[int, list[float]]]
 
 
-def compare(settings: Settings, run_dir: Path) -> dict[str, Any]:
+def compare(settings: Settings, run_dir: Path) -> Comparison:
     configs = settings.candidate_configs()
     texts = [label(t) for t in settings.compare.candidates]
     out = run_dir / "compare" / time.strftime("%Y%m%d-%H%M%S")
@@ -72,9 +73,9 @@ def compare(settings: Settings, run_dir: Path) -> dict[str, Any]:
         method, why, per, cpu = timed(ok, settings, out)
     walls["timed_s"] = time.time() - started - walls["cold_s"]
     report = summarise(members, failed, per, method, why, settings, walls, cpu)
-    report["run_dir"] = str(out)
-    write_json_atomic(run_dir / "compare.json", report)
-    write_json_atomic(out / "compare.json", report)
+    report.run_dir = str(out)
+    write_json_atomic(run_dir / "compare.json", report.as_dict())
+    write_json_atomic(out / "compare.json", report.as_dict())
     return report
 
 
@@ -159,40 +160,37 @@ def alone_noise(per: PerProcess) -> tuple[float, int | None]:
 
 def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
               per: dict[str, dict[int, list[float]]], method: str, why: str, settings: Settings,
-              walls: dict[str, float], cpu: PerProcess | None = None) -> dict[str, Any]:
+              walls: dict[str, float], cpu: PerProcess | None = None) -> Comparison:
     env = settings.env
     cpu = cpu or {}
     rows = []
     for m in members:
         steps = per.get(m.label)
-        rows.append({"label": m.label, "knobs": m.config.active(env), "name": describe(m.config, env),
-                     "status": m.cold.get("status"), "reason": m.cold.get("reason"),
-                     "step_s": sidebyside.step_s(steps, cpu.get(m.label)) if steps else None,
-                     "step_s_alone": m.cold.get("step_s"), "compile_s": m.cold.get("compile_s"),
-                     "peak_memory_bytes": m.cold.get("peak_memory_bytes"), "fingerprint": m.cold.get("fingerprint"),
-                     "throughput_unit": m.cold.get("throughput_unit", "tokens"), "cold_trial": m.cold.get("trial_dir")})
+        rows.append(CompareRow(
+            m.label, m.config.active(env), describe(m.config, env), m.cold.get("status"), m.cold.get("reason"),
+            sidebyside.step_s(steps, cpu.get(m.label)) if steps else None, m.cold.get("step_s"),
+            m.cold.get("compile_s"), m.cold.get("peak_memory_bytes"), m.cold.get("fingerprint"),
+            m.cold.get("throughput_unit", "tokens"), m.cold.get("trial_dir")))
     pairs = []
     base = rows[0]
     alone_cv, alone_df = alone_noise(per)
     horizon = settings.objective.horizon_steps
     for b, row in enumerate(rows[1:], start=1):
-        a_steps, b_steps = per.get(base["label"]), per.get(row["label"])
-        step = pair(a_steps, b_steps, method, cpu.get(base["label"]), cpu.get(row["label"])) \
+        a_steps, b_steps = per.get(base.label), per.get(row.label)
+        step = pair(a_steps, b_steps, method, cpu.get(base.label), cpu.get(row.label)) \
             if a_steps and b_steps else None
-        if step is None:
+        if step is None or base.step_s is None or row.step_s is None:
             continue
-        a = (base["step_s"], base["compile_s"] or 0.0)
-        bb = (row["step_s"], row["compile_s"] or 0.0)
+        a = (base.step_s, base.compile_s or 0.0)
+        bb = (row.step_s, row.compile_s or 0.0)
+        shared = base.cold_trial is not None and base.cold_trial == row.cold_trial  # A/A: alone is 1
         ttt = time_to_train(step, a, bb, horizon, settings.objective.compile_cv, settings.objective.compile_df,
-                            shared_cold=base["cold_trial"] is not None and base["cold_trial"] == row["cold_trial"])
-        pays = break_even(step, a, bb, (base["label"], row["label"]))
-        shared = base["cold_trial"] is not None and base["cold_trial"] == row["cold_trial"]  # A/A: alone is 1
+                            shared_cold=shared)
+        pays = break_even(step, a, bb, (base.label, row.label))
         apart = None if shared or method != SIDE_BY_SIDE else alone_disagrees(
-            step, (base["step_s_alone"], row["step_s_alone"]), (base["label"], row["label"]), alone_cv, alone_df)
-        pairs.append({"a": 0, "b": b, "change": step.change, "low": step.low, "high": step.high,
-                      "measurable": step.measurable, "step": step.as_dict(), "time_to_train": ttt.as_dict(),
-                      "horizon_steps": horizon, "break_even": pays, "alone_agrees": apart is None,
-                      "verdict": apart or verdict(step, row["label"], base["label"], pays)})
+            step, (base.step_s_alone or 0.0, row.step_s_alone or 0.0), (base.label, row.label), alone_cv, alone_df)
+        pairs.append(ComparePair(0, b, step, ttt, horizon, pays, apart is None,
+                                 apart or verdict(step, row.label, base.label, pays)))
     changes = [c.text(label, f"process {p}") for label, p, c in sidebyside.speed_changes(per, cpu)] \
         if method == SIDE_BY_SIDE else []
     seen = set()
@@ -203,12 +201,11 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
         seen.add(m.cold.get("trial_dir"))
         if (c := change_point(cold, m.cold.get("step_cpu_s_windows"))) is not None:
             changes.append(c.text(m.label, "its cold run alone"))
-    return {"method": method, "why": why, "processes": settings.compare.processes,
-            "model": ("log window step time = candidate + process effect + window noise; windows paired within "
-                      "rounds, a random effect per process (see docs/measuring.md)") if method == SIDE_BY_SIDE else
-            "one fresh process per candidate and round, paired by round",
-            "candidates": rows, "pairs": pairs, "alone_cv": alone_cv, "wall_s": walls, "speed_changes": changes,
-            "failed": [{"label": m.label, "reason": m.cold.get("reason")} for m in failed]}
+    model = ("log window step time = candidate + process effect + window noise; windows paired within rounds, "
+             "a random effect per process (see docs/measuring.md)") if method == SIDE_BY_SIDE else \
+        "one fresh process per candidate and round, paired by round"
+    return Comparison(method, why, settings.compare.processes, model, rows, pairs, alone_cv, walls, changes,
+                      [Failed(m.label, m.cold.get("reason")) for m in failed])
 
 
 def verdict(step: Paired, b: str, a: str, pays: str | None) -> str:
