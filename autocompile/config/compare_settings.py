@@ -8,10 +8,10 @@ the command line's values, then the knob table's defaults.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import yaml
 
+from autocompile.config.choices import Knobs
 from autocompile.config.knobs import KNOBS, KnobError
 
 
@@ -52,9 +52,9 @@ class CompareSettings:
             overrides(text)
 
 
-def overrides(text: str) -> dict[str, Any]:
+def overrides(text: str) -> Knobs:
     """``"compile.scope=regional amp.dtype=bfloat16"`` -> knob values (YAML scalars: true, null, 3)."""
-    found: dict[str, Any] = {}
+    found: Knobs = {}
     for part in str(text).split():
         key, sep, value = part.partition("=")
         if not sep or key not in KNOBS:

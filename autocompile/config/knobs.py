@@ -27,6 +27,7 @@ from autocompile.config.choices import (
     Backend,
     ClipPlacement,
     Granularity,
+    Knobs,
     Mode,
     OptimImpl,
     PlacementOrder,
@@ -131,8 +132,6 @@ def _optimizer_impls(config: Flat, env: Env) -> tuple[str, ...]:
     # optimizer"): a compiled step with fused=True runs the fused kernel uncompiled between graph breaks.
     step_compiled = OPTIMIZER_STEP_COMPILED.test(config, env)
     return ("default", *(impl for impl in env.optimizer_impls if not (step_compiled and impl == "fused")))
-
-
 
 
 @dataclass(frozen=True)
@@ -303,7 +302,7 @@ class TrialConfig:
         unknown = sorted(set(values) - set(KNOBS))
         if unknown:
             raise KnobError(f"unknown knob {unknown[0]!r}; known knobs: {', '.join(KNOBS)}")
-        flat: dict[str, Any] = {}
+        flat: Knobs = {}
         for key, (spec, default) in KNOBS.items():
             value = values.get(key, default)
             if spec.when is not None and not spec.when.test(flat, env):
@@ -321,11 +320,11 @@ class TrialConfig:
             flat[key] = value
         return _unflatten(cls, flat)
 
-    def flat(self) -> dict[str, Any]:
+    def flat(self) -> Knobs:
         """Every knob's value under its dotted key."""
         return dict(_walk(self))
 
-    def active(self, env: Env) -> dict[str, Any]:
+    def active(self, env: Env) -> Knobs:
         """Only the knobs that apply here: the configuration's identity for dedupe and logging."""
         flat = self.flat()
         return {

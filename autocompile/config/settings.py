@@ -22,7 +22,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from autocompile.config.choices import compiles
+from autocompile.config.choices import Knobs, compiles
 from autocompile.config.compare_settings import CompareSettings, overrides
 from autocompile.config.gpus import check_triton, device_name
 from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
@@ -168,7 +168,7 @@ class Settings:
     tracking: TrackingSettings
     launch: LaunchSettings
     compare: CompareSettings
-    fixed_knobs: dict[str, Any]
+    fixed_knobs: Knobs
     """Knobs the user gave a value: fixed in a study, the configuration in a measurement."""
     device: str
     threads: int
@@ -203,7 +203,7 @@ class Settings:
                           model_structure(self.model), knob_facts(self.workload, self.device))
 
     @cached_property
-    def lead_knobs(self) -> dict[str, Any]:
+    def lead_knobs(self) -> Knobs:
         """Where the search starts: :func:`autocompile.config.space.lead_knobs` (nvidia-smi read once)."""
         return lead_knobs(self.study.start_precision, self.device, self.fixed_knobs)
 
@@ -341,7 +341,7 @@ def script_model(script: ScriptSettings, node: Any) -> ModelSpec:
     return model
 
 
-def fixed_knobs(cfg: DictConfig) -> dict[str, Any]:
+def fixed_knobs(cfg: DictConfig) -> Knobs:
     """Knobs given a value (every knob is in a group, so its parent node exists)."""
     fixed = {}
     for key in KNOBS:

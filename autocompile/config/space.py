@@ -6,6 +6,7 @@ from typing import Any
 
 import optuna
 
+from autocompile.config.choices import Knobs
 from autocompile.config.gpus import native_bf16
 from autocompile.config.knobs import KNOBS, Env, TrialConfig
 
@@ -22,7 +23,7 @@ DEFAULTS = {key: default for key, (_, default) in KNOBS.items()}
 """Every knob at its default: where a knob's full set of values is read."""
 
 
-def lead_knobs(start_precision: str, device: str, fixed: dict[str, Any]) -> dict[str, Any]:
+def lead_knobs(start_precision: str, device: str, fixed: Knobs) -> Knobs:
     """Where the search starts (``study.start_precision``): the knob values its first trials take beside the
     defaults, unless the user fixed them; ``auto`` is bf16 on a GPU that runs it natively (nvidia-smi)."""
     precision = start_precision
@@ -37,8 +38,8 @@ class SearchSpace:
     """Knobs in declaration order: fixed ones are taken as given, inactive ones skipped, a knob with
     one possible value is not asked for, the rest are suggested under their dotted key."""
 
-    def __init__(self, env: Env, fixed: dict[str, Any], extended: bool = False,
-                 lead: dict[str, Any] | None = None) -> None:
+    def __init__(self, env: Env, fixed: Knobs, extended: bool = False,
+                 lead: Knobs | None = None) -> None:
         self.env = env
         self.fixed = fixed
         self.extended = extended
@@ -49,11 +50,11 @@ class SearchSpace:
         the values the baselines and the plan's first trials take beside the defaults; those the space does
         not offer are dropped."""
 
-    def start(self, **knobs: Any) -> dict[str, Any]:
+    def start(self, **knobs: Any) -> Knobs:
         """A configuration where the search starts: the defaults, the lead values, the fixed knobs, ``knobs``."""
         return self.normalised({**DEFAULTS, **self.lead, **self.fixed, **knobs})
 
-    def options(self, key: str, values: dict[str, Any]) -> tuple[Any, ...]:
+    def options(self, key: str, values: Knobs) -> tuple[Any, ...]:
         """What knob ``key`` may be, given the knobs before it."""
         spec, default = KNOBS[key]
         if spec.when is not None and not spec.when.test(values, self.env):
@@ -64,7 +65,7 @@ class SearchSpace:
             return (default,)
         return self.keeping_fixed(key, values, spec.searched(values, self.env))
 
-    def keeping_fixed(self, key: str, values: dict[str, Any], choices: tuple[Any, ...]) -> tuple[Any, ...]:
+    def keeping_fixed(self, key: str, values: Knobs, choices: tuple[Any, ...]) -> tuple[Any, ...]:
         """``choices`` less those that rule out a fixed knob's value further down the table (a fixed
         ``amp.dtype=float16`` takes the CUDA-graph modes out of ``train_step``, a fixed ``optim.impl=fused`` the
         compiled optimizer step), judged with the knobs in between at their defaults; all of them when none is
@@ -75,7 +76,7 @@ class SearchSpace:
         kept = tuple(c for c in choices if self.fixed_allowed({**DEFAULTS, **values, key: c, **self.fixed}, later))
         return kept or choices
 
-    def fixed_allowed(self, probe: dict[str, Any], keys: list[str]) -> bool:
+    def fixed_allowed(self, probe: Knobs, keys: list[str]) -> bool:
         """Whether each of ``keys`` that applies under ``probe`` may take its value there."""
         for key in keys:
             spec, _ = KNOBS[key]
@@ -94,21 +95,21 @@ class SearchSpace:
         return f"{key}[{'|'.join(map(str, choices))}]"
 
     def sample(self, trial: optuna.Trial) -> TrialConfig:
-        values: dict[str, Any] = {}
+        values: Knobs = {}
         for key in KNOBS:
             choices = self.options(key, values)
             values[key] = (trial.suggest_categorical(self.param_name(key, choices), choices) if len(choices) > 1
                            else choices[0])
         return TrialConfig.from_flat(values, self.env)
 
-    def baseline_params(self, name: str) -> dict[str, Any]:
+    def baseline_params(self, name: str) -> Knobs:
         """The Optuna params that make ``sample`` return the baseline (defaults elsewhere)."""
         TrialConfig.from_flat({**self.fixed, **BASELINES[name]}, self.env, strict=False)  # KnobError: not here
         return self.params(self.start(**BASELINES[name]))
 
-    def params(self, flat: dict[str, Any]) -> dict[str, Any]:
+    def params(self, flat: Knobs) -> Knobs:
         """The Optuna params that make ``sample`` return the configuration ``flat`` (every knob's value)."""
-        values: dict[str, Any] = {}
+        values: Knobs = {}
         params = {}
         for key in KNOBS:
             choices = self.options(key, values)
@@ -117,10 +118,10 @@ class SearchSpace:
             values[key] = flat[key]
         return params
 
-    def configuration(self, params: dict[str, Any]) -> dict[str, Any] | None:
+    def configuration(self, params: Knobs) -> Knobs | None:
         """The configuration (every knob's value) that ``sample`` makes of Optuna ``params``; None when
         a knob it would ask for is not among them (the sampler would choose it)."""
-        values: dict[str, Any] = {}
+        values: Knobs = {}
         for key in KNOBS:
             choices = self.options(key, values)
             if len(choices) == 1:
@@ -131,19 +132,19 @@ class SearchSpace:
                 return None
         return values
 
-    def normalised(self, flat: dict[str, Any]) -> dict[str, Any]:
+    def normalised(self, flat: Knobs) -> Knobs:
         """``flat`` walked in knob order as :meth:`sample` walks it: a value the knobs before it do not
         allow (inactive, or narrowed away) becomes the first it may be. A one-knob change of a
         configuration, made valid."""
-        values: dict[str, Any] = {}
+        values: Knobs = {}
         for key in KNOBS:
             choices = self.options(key, values)
             values[key] = flat[key] if key in flat and flat[key] in choices else choices[0]
         return values
 
-    def configurations(self) -> list[dict[str, Any]]:
+    def configurations(self) -> list[Knobs]:
         """Every configuration (each knob's value, in knob order), as :meth:`size` counts them."""
-        found: list[dict[str, Any]] = [{}]
+        found: list[Knobs] = [{}]
         for key in KNOBS:
             found = [{**values, key: choice} for values in found for choice in self.options(key, values)]
         return found
@@ -152,7 +153,7 @@ class SearchSpace:
         """Distinct configurations. Inactive knobs only ever take their default, so every path
         through the knob table is a different configuration: count paths, build nothing."""
 
-        def count(values: dict[str, Any], keys: list[str]) -> int:
+        def count(values: Knobs, keys: list[str]) -> int:
             if not keys:
                 return 1
             return sum(count({**values, keys[0]: choice}, keys[1:]) for choice in self.options(keys[0], values))

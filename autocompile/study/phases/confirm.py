@@ -34,7 +34,7 @@ import optuna
 from filelock import Timeout
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.config.choices import compiles
+from autocompile.config.choices import Knobs, compiles
 from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
@@ -60,7 +60,7 @@ class Slot:
     phase: str
     round: int
     label: str
-    params: dict[str, Any]
+    params: Knobs
     attrs: dict[str, Any] = field(default_factory=dict)
     """Further user attributes (candidate, cache_from, same_as, knob/value...)."""
     warm: bool = False
@@ -148,7 +148,7 @@ def neighbours(winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None
     env = space.env
     full = TrialConfig.from_flat(TrialRecord.of(winner).config, env, strict=False).flat()
     found = []
-    values: dict[str, Any] = {}
+    values: Knobs = {}
     for key, (spec, _) in KNOBS.items():
         options = space.options(key, values)
         values[key] = full[key]
@@ -168,12 +168,12 @@ def neighbours(winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None
     return found
 
 
-def nearest_valid(full: dict[str, Any], key: str, value: Any, space: SearchSpace) -> TrialConfig | None:
+def nearest_valid(full: Knobs, key: str, value: Any, space: SearchSpace) -> TrialConfig | None:
     """``full`` with ``key`` = ``value`` made valid by changing the fewest other knobs: walking the knob table
     in order, each knob whose value the ones before it no longer allow takes its default (or its first
     allowed value); None when that is no valid configuration either."""
     flat = {**full, key: value}
-    values: dict[str, Any] = {}
+    values: Knobs = {}
     for k, (_, default) in KNOBS.items():
         options = space.options(k, values)
         if k != key and flat[k] not in options:

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
 
 from optuna import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.config.choices import SIDE_BY_SIDE, compiles
+from autocompile.config.choices import SIDE_BY_SIDE, Knobs, compiles
 from autocompile.config.knobs import KNOBS, Env
 from autocompile.config.sections import ObjectiveSettings
 from autocompile.study.phases.sidebyside import speed_changes
@@ -64,7 +63,7 @@ def step_time(trial: FrozenTrial) -> float | None:
     return result.step_s
 
 
-def simplicity(config: dict[str, Any]) -> tuple[int, int]:
+def simplicity(config: Knobs) -> tuple[int, int]:
     """Eager first (nothing to apply), then the fewest knobs changed from torch.compile's defaults."""
     changed = sum(1 for k, v in config.items() if k in KNOBS and v != KNOBS[k][1])
     return (1 if compiles(config.get("compile.scope")) else 0, changed)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from autocompile.config.choices import FRESH_PROCESSES, Method
+from autocompile.config.choices import FRESH_PROCESSES, Knobs, Method
 
 T = TypeVar("T")
 
@@ -134,7 +134,7 @@ class TrialRecord:
 
     phase: str = "search"
     """``search``, ``confirm`` or ``verdict`` (trials of studies from before the phases have none: search)."""
-    config: dict[str, Any] = field(default_factory=dict)
+    config: Knobs = field(default_factory=dict)
     """The active knobs, by dotted key (empty until the trial is sampled)."""
     identity: str | None = None
     """The configuration's identity within the workload (equal identities, the same configuration)."""

@@ -33,7 +33,7 @@ from optuna.distributions import BaseDistribution
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.config.choices import compiles
+from autocompile.config.choices import Knobs, compiles
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.sections import SAMPLERS
 from autocompile.config.space import DEFAULTS, SearchSpace, identity
@@ -46,7 +46,7 @@ SHARED = ("amp.dtype", "ac.policy", "optim.impl")
 
 TPE_STARTUP_TRIALS = 8
 
-Flat = dict[str, Any]
+Flat = Knobs
 Plan = Callable[["Seen"], Flat | None]
 """What the study tried -> the next configuration to measure (every knob's value), or None: the fallback
 sampler's turn."""
@@ -86,7 +86,7 @@ class PlanSampler(optuna.samplers.BaseSampler):
         self.space = space
         self.plan = plan
         self.fallback = fallback
-        self.planned: dict[int, dict[str, Any]] = {}
+        self.planned: dict[int, Knobs] = {}
         """Params of the trials this sampler planned, until told: another slot's trial is asked before
         it records its configuration, and must not be planned twice."""
 
@@ -104,7 +104,7 @@ class PlanSampler(optuna.samplers.BaseSampler):
         return self.fallback.infer_relative_search_space(study, trial)
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+                        search_space: dict[str, BaseDistribution]) -> Knobs:
         if trial.number in self.planned:
             return {}
         return self.fallback.sample_relative(study, trial, search_space)
@@ -131,7 +131,7 @@ class Seen:
 
     def __init__(self, space: SearchSpace, trials: Sequence[FrozenTrial],
                  directions: Sequence[StudyDirection] = (StudyDirection.MINIMIZE,),
-                 planned: dict[int, dict[str, Any]] | None = None) -> None:
+                 planned: dict[int, Knobs] | None = None) -> None:
         self.space = space
         self.tried: set[str] = set()
         self.scores: dict[str, float] = {}
@@ -146,7 +146,7 @@ class Seen:
     def key(self, flat: Flat) -> str:
         return identity(TrialConfig.from_flat(flat, self.space.env), self.space.env)
 
-    def promised(self, trial: FrozenTrial, planned: dict[int, dict[str, Any]]) -> str | None:
+    def promised(self, trial: FrozenTrial, planned: dict[int, Knobs]) -> str | None:
         """The configuration a trial that has not sampled yet will take: queued params (``enqueue_trial``
         keeps them in the ``fixed_params`` system attribute, waiting or asked) or this sampler's plan."""
         params = trial.system_attrs.get("fixed_params") or planned.get(trial.number)
