@@ -306,30 +306,33 @@ def recorded(path: Path) -> Recorded:
                     eager_step_s=eager_time_to_train, compile_s=compile_s)
 
 
-def test_the_estimate_before_the_search_against_the_suites_recorded_wall_times(settings_for: Compose) -> None:
+# Every family in the default run: after the first (its imports, a few seconds) each takes a fraction of a second.
+SUITE_FAMILIES = ["bert-tiny", "gpt2-tiny", "llama-tiny", "mixtral-tiny", "resnet-tiny", "t5-tiny", "vit-tiny"]
+
+
+def test_the_suite_records_every_family() -> None:
+    assert sorted(p.stem.removeprefix("suite_") for p in SUITE.glob("suite_*.txt")) == SUITE_FAMILIES
+
+
+@pytest.mark.parametrize("family", SUITE_FAMILIES)
+def test_the_estimate_before_the_search_against_the_suites_recorded_wall_time(family: str,
+                                                                             settings_for: Compose) -> None:
     from autocompile.study.tuner import queue_baselines
 
-    paths = sorted(SUITE.glob("suite_*.txt"))
-    assert len(paths) == 7
-    ratios = {}
-    for path in paths:
-        rec = recorded(path)
-        settings = settings_for(f"+model={rec.family}", "workload.device=cpu", "study.n_trials=8")
-        study, space, objective = parts(settings)
-        queue_baselines(study, space)  # as the tuner does before it estimates
-        # The eager trial's time to train is its step time over the horizon (nothing compiled).
-        study.set_user_attr("reference", {"status": "ok", "wall_s": rec.reference_s,
-                                          "step_s": rec.eager_step_s / settings.objective.horizon_steps})
-        prior = (statistics.median(rec.compile_s), "compile measured in the study's search")
-        found = estimate(study, space, objective, settings, prior)
-        assert found is not None and found.trials_left == 8
-        said = {"search": found.search_s, "confirm": found.confirm_s, "verdict": found.verdict_s}
-        ratios[rec.family] = {**{k: said[k] / rec.phases[k] for k in said},
-                              "total": found.total_s / rec.wall_s}
-    print("estimate / recorded wall:", {f: {k: round(v, 2) for k, v in r.items()} for f, r in ratios.items()})
-    for family, ratio in ratios.items():
-        fresh = family in FRESH_ROUND_VERDICTS
-        for phase, (low, high) in BANDS.items():
-            if fresh and phase in ("verdict", "total"):
-                low, high = FRESH_ROUND_VERDICTS[family] if phase == "verdict" else FRESH_ROUND_TOTAL
-            assert low <= ratio[phase] <= high, (family, phase, round(ratio[phase], 3), ratios)
+    rec = recorded(SUITE / f"suite_{family}.txt")
+    settings = settings_for(f"+model={family}", "workload.device=cpu", "study.n_trials=8")
+    study, space, objective = parts(settings)
+    queue_baselines(study, space)  # as the tuner does before it estimates
+    # The eager trial's time to train is its step time over the horizon (nothing compiled).
+    study.set_user_attr("reference", {"status": "ok", "wall_s": rec.reference_s,
+                                      "step_s": rec.eager_step_s / settings.objective.horizon_steps})
+    prior = (statistics.median(rec.compile_s), "compile measured in the study's search")
+    found = estimate(study, space, objective, settings, prior)
+    assert found is not None and found.trials_left == 8
+    said = {"search": found.search_s, "confirm": found.confirm_s, "verdict": found.verdict_s}
+    ratio = {**{k: said[k] / rec.phases[k] for k in said}, "total": found.total_s / rec.wall_s}
+    print(f"{family}: estimate / recorded wall", {k: round(v, 2) for k, v in ratio.items()})
+    for phase, (low, high) in BANDS.items():
+        if family in FRESH_ROUND_VERDICTS and phase in ("verdict", "total"):
+            low, high = FRESH_ROUND_VERDICTS[family] if phase == "verdict" else FRESH_ROUND_TOTAL
+        assert low <= ratio[phase] <= high, (family, phase, round(ratio[phase], 3), ratio)
