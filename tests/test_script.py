@@ -111,12 +111,14 @@ BAD = {
         """, "exception", "ValueError: the data loader ran dry"),
     "never_steps": ("""
         model = torch.compile(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)  # built, then an update by hand instead
         for i in range(20):
             model(torch.randn(8, 4)).sum().backward()
             with torch.no_grad():
                 for p in model.parameters():
                     p -= 0.1 * p.grad
-        """, "script_ended", "the script never stepped an optimizer"),
+        """, "script_ended", "the script built an optimizer but never stepped it (torch.optim.Optimizer.step): "
+        "step it, or build none"),
     "stops_early": ("""
         model = torch.compile(torch.nn.Linear(4, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)

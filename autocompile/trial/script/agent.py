@@ -49,7 +49,9 @@ from autocompile.trial.program.apply_parts import (  # noqa: E402
 )
 from autocompile.trial.program.graphs import CompileLog  # noqa: E402
 from autocompile.trial.program.step import compile_kwargs  # noqa: E402
-from autocompile.trial.script.meter import CannotTakeOver, Meter  # noqa: E402
+from autocompile.trial.script import hooks  # noqa: E402
+from autocompile.trial.script.ending import CannotTakeOver  # noqa: E402
+from autocompile.trial.script.meter import Meter  # noqa: E402
 from autocompile.workload.optim import set_impl  # noqa: E402
 
 _REAL_COMPILE = torch.compile
@@ -150,6 +152,7 @@ class Agent:
             checkpointed = apply_ac(inner, config.ac)
         except ValueError as exc:  # no repeated blocks: nothing to checkpoint, the trial would time ac=none
             raise CannotTakeOver(f"ac.policy={config.ac.policy}: {exc}") from exc
+        hooks.leave_out_forward([inner.get_submodule(name) for name in checkpointed])
         groups = optimizer.param_groups if optimizer is not None else []
         self.prepared = {"where": where, "optimizer": type(optimizer).__name__ if optimizer is not None else None,
                          "foreach": [g.get("foreach") for g in groups], "fused": [g.get("fused") for g in groups],
@@ -217,6 +220,7 @@ class Agent:
             raise CannotTakeOver(f"compile.scope=regional on {type(module).__name__}: {exc}") from exc
         targets = [(f"{prefix}{name}", unit) for name, unit in targets]
         self.compiled += compile_units(targets, self.compile_model, self.log)
+        hooks.leave_out_forward([unit for _, unit in targets])
         self.units += targets
         return module
 

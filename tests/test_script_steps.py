@@ -1,0 +1,180 @@
+"""What a step of the user's script is, and what its timing leaves out: scripts as they are written in the wild
+(a whole-module ``torch.save``, an update by hand, a GradScaler that skips, a second optimizer, an evaluation
+before training, a loader that bounds the speed), each run by the real path under the agent (tiny models,
+eager/aot_eager backends)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autocompile.config.spec import MeasureSettings
+from tests.conftest import assert_rates
+from tests.test_script import NEEDED, run
+
+BATCH = 8
+COMPILED = {"compile.scope": "module", "compile.backend": "eager"}
+
+
+def script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("import copy, io, pickle, time\nimport torch\n" + textwrap.dedent(body))
+    return path
+
+
+def ok(result: dict[str, Any]) -> dict[str, Any]:
+    assert result["status"] == "ok", result.get("reason")
+    return result
+
+
+@pytest.mark.parametrize("knobs", [{"compile.scope": "none"}, COMPILED], ids=["eager", "compiled"])
+def test_the_scripts_model_and_optimizer_stay_saveable_under_a_trial(tmp_path: Path, knobs: dict[str, Any]) -> None:
+    """pytorch/examples' word_language_model does torch.save(model, f): the agent's hooks pickle to nothing."""
+    path = script(tmp_path, f"""
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 1)
+
+            def forward(self, x):
+                return self.fc(x)
+
+        model = torch.compile(Net())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn({BATCH}, 4)
+        for i in range(40):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if i == 3:
+                with open({str(tmp_path / "model.pt")!r}, "wb") as f:
+                    torch.save(model, f)
+                loaded = torch.load({str(tmp_path / "model.pt")!r}, weights_only=False)
+                twin = copy.deepcopy(model)
+                pickle.loads(pickle.dumps(model))
+                torch.save(opt, io.BytesIO())
+                copy.deepcopy(opt)
+                with torch.no_grad():
+                    assert torch.equal(loaded(x), twin(x))
+                assert not loaded._forward_pre_hooks and not twin._forward_pre_hooks  # copies are not measured
+                assert model._forward_pre_hooks  # the script's own model still is
+        """)
+    result = ok(run(tmp_path, path, "", knobs))
+    assert_rates(result, BATCH)
+
+
+def test_a_hand_written_update_with_no_optimizer_steps_at_each_backward(tmp_path: Path) -> None:
+    path = script(tmp_path, f"""
+        model = torch.compile(torch.nn.Linear(4, 1))
+        for i in range(40):
+            model(torch.randn({BATCH}, 4)).sum().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-0.01)
+                    p.grad = None
+        """)
+    result = ok(run(tmp_path, path, "", COMPILED))
+    assert result["script"]["step"] == "backward" and result["script"]["optimizer_steps"] == NEEDED
+    assert_rates(result, BATCH)
+    assert len(result["losses"]) == NEEDED
+
+
+def test_a_gradscaler_step_that_skips_its_optimizer_is_still_a_step(tmp_path: Path) -> None:
+    """inf gradients every third iteration: scaler.step(opt) skips opt.step(), yet the iteration ran."""
+    path = script(tmp_path, f"""
+        model = torch.compile(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu")
+        skipped = 0
+        for i in range(40):
+            loss = model(torch.randn({BATCH}, 4)).sum()
+            if i % 3 == 1:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            scale = scaler.get_scale()
+            scaler.step(opt)
+            scaler.update()
+            skipped += scaler.get_scale() < scale
+            opt.zero_grad()
+            assert skipped == (i + 2) // 3, (i, skipped)  # the skips this test is about did happen
+        """)
+    result = ok(run(tmp_path, path, "", COMPILED))
+    assert result["script"]["optimizer_steps"] == NEEDED
+    assert_rates(result, BATCH)  # every window: exactly its iterations' samples, skipped ones counted
+
+
+def test_the_step_is_the_optimizer_stepped_every_iteration_not_the_first_to_step(tmp_path: Path) -> None:
+    """An auxiliary optimizer stepped every third iteration, before the main one: the main one's steps count."""
+    path = script(tmp_path, f"""
+        model = torch.compile(torch.nn.Linear(4, 2))
+        head = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        aux = torch.optim.SGD(head.parameters(), lr=0.01)
+        for i in range(60):
+            head(model(torch.randn({BATCH}, 4))).sum().backward()
+            if i % 3 == 0:
+                aux.step()
+                aux.zero_grad()
+            opt.step()
+            opt.zero_grad()
+        """)
+    result = ok(run(tmp_path, path, "", COMPILED))
+    assert result["script"]["step"] == "optimizer" and result["script"]["optimizer_steps"] == NEEDED
+    assert_rates(result, BATCH)
+
+
+def test_an_evaluation_before_the_first_step_is_not_compile_time(tmp_path: Path) -> None:
+    """nanoGPT evaluates at step 0, before training: its 2 s are measured apart, not charged to compile."""
+    path = script(tmp_path, f"""
+        model = torch.compile(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(40):
+            if i == 0:
+                with torch.no_grad():
+                    model(torch.randn({BATCH}, 4))
+                time.sleep(2.0)
+            model(torch.randn({BATCH}, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        """)
+    result = ok(run(tmp_path, path, "", {"compile.scope": "none"}))
+    assert result["compile_s"] < 1.0, result["warmup_step_s"]
+    assert result["script"]["excluded_before_first_step_s"] >= 2.0
+    assert result["script"]["before_first_step_s"] >= result["script"]["excluded_before_first_step_s"]
+
+
+LOADER_BOUND = """
+    from torch.utils.data import DataLoader
+
+    def collate(batch):
+        time.sleep(0.05)  # the loader is the bottleneck: one worker, 50 ms a batch
+        return torch.stack(batch)
+
+    if __name__ == "__main__":
+        data = [torch.randn(4) for _ in range(8 * 400)]
+        loader = DataLoader(data, batch_size=8, num_workers=1, prefetch_factor=4, collate_fn=collate)
+        model = torch.compile(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    """
+
+
+def test_a_loader_bound_script_runs_as_fast_compiled_as_eager(tmp_path: Path) -> None:
+    """The loader's worker fills its queue (4 batches) while the candidate compiles: the warm-up drains it, so
+    the windows time the loader's steady pace in both (undrained, the compiled windows ran several times faster)."""
+    path = script(tmp_path, LOADER_BOUND)
+    measure = MeasureSettings(warmup_steps=1, windows=3, window_steps=2, precision=0.0, timeout_s=240)
+    eager = ok(run(tmp_path / "eager", path, "", {"compile.scope": "none"}, measure=measure))
+    compiled = ok(run(tmp_path / "compiled", path, "", {"compile.scope": "module", "compile.backend": "aot_eager"},
+                      measure=measure))
+    for result in (eager, compiled):
+        assert result["script"]["loader_bound"] and result["script"]["loader_queue_drained_steps"] == 4
+        assert_rates(result, BATCH)
+    ratio = compiled["tokens_per_s"] / eager["tokens_per_s"]
+    assert 0.75 < ratio < 1.33, (ratio, eager["tokens_per_s_windows"], compiled["tokens_per_s_windows"])
