@@ -49,6 +49,12 @@ def test_in_fresh_process_rounds_the_winner_avoids_the_certainly_slower_value(tm
     assert summary["effects"] == summary["verdicts"]  # the verdict phase's answers are the ones reported
     assert summary["noise"]["df"] >= 2 and summary["noise"]["rel_sd"] > 0
     assert set(summary["phases_wall_s"]) == {"search", "confirm", "verdict"}
+    # Each phase's expectation, made again as it started with what the study measured, beside its wall time.
+    assert set(summary["phases_expected_s"]) == {"search", "confirm", "verdict", "total"}
+    assert all(v > 0 for v in summary["phases_expected_s"].values())
+    out = done.stdout + done.stderr
+    assert "confirmation phase: expected ~" in out and "verdict phase: expected ~" in out
+    assert "Estimated as each phase started (the whole study: before the search): search" in " ".join(out.split())
     assert "amp.dtype: none" in (tmp_path / "t" / "best_config.yaml").read_text()
     assert "confirmation repeats" in (tmp_path / "t" / "best_config.yaml").read_text()
     assert "Confirmed over 2 interleaved rounds (fresh processes, not side by side: study.side_by_side=false)" \

@@ -24,6 +24,7 @@ from autocompile.report.view import StudyView
 from autocompile.study.estimate import (
     COMPILE_S_PER_MODULE,
     Remaining,
+    RunCosts,
     announce,
     compile_prior_s,
     duration,
@@ -336,3 +337,26 @@ def test_the_estimate_before_the_search_against_the_suites_recorded_wall_time(fa
         if family in FRESH_ROUND_VERDICTS and phase in ("verdict", "total"):
             low, high = FRESH_ROUND_VERDICTS[family] if phase == "verdict" else FRESH_ROUND_TOTAL
         assert low <= ratio[phase] <= high, (family, phase, round(ratio[phase], 3), ratio)
+
+
+def test_each_phase_is_estimated_again_as_it_starts_and_kept_beside_its_wall_time(settings_for: Compose) -> None:
+    from autocompile.report.summary import expected_line, expected_per_phase
+    from autocompile.study.estimate import StudyEstimate, remember
+    from autocompile.study.records.optuna_store import EXPECTED
+
+    settings = settings_for("+model=gpt2-tiny", "workload.device=cpu", "study.n_trials=8")
+    study, _, _ = parts(settings)
+    costs = RunCosts(eager_s=10.0, cold_s=40.0, warm_s=15.0, basis="test")
+    remember(study, "before_search", StudyEstimate(300.0, 200.0, 400.0, 15.0, 8, costs))
+    remember(study, "after_search", StudyEstimate(0.0, 120.0, 380.0, 15.0, 0, costs))
+    remember(study, "before_search", StudyEstimate(1.0, 1.0, 1.0, 1.0, 1, costs))  # a resumed study: the first stays
+    kept = study.user_attrs[EXPECTED]
+    assert kept["before_search"]["total"] == 915.0 and kept["after_search"]["confirm"] == 120.0
+    # The search's own estimate before it, the confirmation's after the search, the verdicts' latest (no
+    # after_confirm: the one after the search), the whole study's before the search.
+    assert expected_per_phase(kept) == {"search": 300.0, "confirm": 120.0, "verdict": 380.0, "total": 915.0}
+    kept["after_confirm"] = {"verdict": 500.0}
+    assert expected_per_phase(kept)["verdict"] == 500.0
+    line = expected_line(expected_per_phase(kept), {"search": 250.0, "confirm": 100.0, "verdict": 400.0}, 800.0)
+    assert "search 300 s (x1.20 its wall)" in line and "verdict 500 s (x1.25 its wall)" in line
+    assert "total 915 s (x1.14 its wall)" in line

@@ -147,7 +147,7 @@ def test_an_interval_wider_than_the_margin_is_undetermined_and_the_best_mean_is_
 def test_the_report_says_which_candidates_are_undetermined_and_what_would_decide_them() -> None:
     from rich.console import Console
 
-    from autocompile.report.summary import print_confirmed
+    from autocompile.report.race_table import print_confirmed
 
     outcome = confirmed(race_study({"compile": [0.0200, 0.0210, 0.0195], "fancy": [0.0195, 0.0212, 0.0190]}),
                         Objective(ObjectiveSettings(kind="throughput")))

@@ -24,12 +24,14 @@ from autocompile.report.export.script_snippet import run_commands, run_entries
 from autocompile.report.export.snippet import snippet
 from autocompile.report.findings.entry import Entry
 from autocompile.report.findings.search_effects import Z95, knob_effects
+from autocompile.report.race_table import print_confirmed
 from autocompile.report.view import console as make_console
 from autocompile.study.phases.confirm import recommended as recommended_trial
-from autocompile.study.phases.confirmation import Confirmation, RaceRow, confirmed
+from autocompile.study.phases.confirmation import Confirmation, confirmed
 from autocompile.study.phases.racing import phase, phase_trials, study_noise, verdicts
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import (
+    EXPECTED,
     WARM_START,
     counted,
     feasible,
@@ -74,6 +76,9 @@ class Report:
     recommendation_changed: str = ""
     """Why a verdict neighbour replaced the confirmed winner (empty: it did not)."""
     phases_wall_s: dict[str, float] = field(default_factory=dict)
+    phases_expected_s: dict[str, float] = field(default_factory=dict)
+    """What the study's estimate said each phase would take as it started (the search's and the whole study's:
+    before the search), beside ``phases_wall_s`` (:func:`expected_per_phase`)."""
     warm_start: dict[str, Any] | None = None
     """The winner's compile artifacts and the compile time a warm start with them saved (``warmstart``)."""
     failures: list[dict[str, Any]] = field(default_factory=list)
@@ -91,7 +96,8 @@ class Report:
             "verdicts": [e.as_dict() for e in self.verdicts],
             "recommended": self.recommended.as_dict() if self.recommended else None,
             "recommendation_changed": self.recommendation_changed,
-            "phases_wall_s": self.phases_wall_s, "warm_start": self.warm_start,
+            "phases_wall_s": self.phases_wall_s, "phases_expected_s": self.phases_expected_s,
+            "warm_start": self.warm_start,
             "failures": self.failures,
             "run_dir": self.run_dir, "measure_command": self.measure_command, "commands": self.commands,
         }
@@ -138,6 +144,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         commands=look_commands(settings, run_dir) | run_commands(settings, run_dir), confirmed=outcome,
         noise=noise.as_dict() if noise else None, verdicts=verdict_effects, recommended=recommended,
         recommendation_changed=changed, phases_wall_s=phases_wall(trials),
+        phases_expected_s=expected_per_phase(study.user_attrs.get(EXPECTED) or {}),
         failures=failure_groups(measured, complete),
     )
     if recommended is not None:
@@ -167,6 +174,26 @@ def failure_groups(measured: list[optuna.trial.FrozenTrial], complete: list[Entr
         groups.setdefault((kind, " ".join(why.split())[:300]), []).append(t.number)
     return [{"outcome": kind, "reason": why, "trials": numbers}
             for (kind, why), numbers in sorted(groups.items(), key=lambda g: -len(g[1]))]
+
+
+def expected_per_phase(kept: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each phase's expected seconds as it started (``study.estimate.remember``): the search's before it, the
+    confirmation's after the search, the verdicts' after the confirmation (or after the search without one);
+    ``total``: the whole study's, before the search."""
+    before, after_search = kept.get("before_search") or {}, kept.get("after_search") or {}
+    verdict = (kept.get("after_confirm") or after_search).get("verdict")
+    found = {"search": before.get("search"), "confirm": after_search.get("confirm"), "verdict": verdict,
+             "total": before.get("total")}
+    return {k: v for k, v in found.items() if v}
+
+
+def expected_line(expected: dict[str, float], walls: dict[str, float], wall_s: float) -> str:
+    """``Estimated as each phase started: search 410 s (x1.03 its wall), ...``: how far the estimate was off."""
+    actual = {**walls, "total": wall_s}
+    parts = [f"{k} {v:.0f} s" + (f" (x{v / actual[k]:.2f} its wall)" if actual.get(k) else "")
+             for k, v in expected.items() if k in actual]
+    return ("Estimated as each phase started (the whole study: before the search): " + ", ".join(parts)) \
+        if parts else ""
 
 
 def phases_wall(trials: list[optuna.trial.FrozenTrial]) -> dict[str, float]:
@@ -264,6 +291,8 @@ def print_report(report: Report, console: Console | None = None) -> None:
         console.print("Verdict per knob: no knob took two values among the complete trials.")
     if report.phases_wall_s:
         console.print("Wall time per phase: " + ", ".join(f"{k} {v:.0f} s" for k, v in report.phases_wall_s.items()))
+    if line := expected_line(report.phases_expected_s, report.phases_wall_s, report.wall_s):
+        console.print(line)
     if report.warm_start is not None or report.recommended is not None:
         console.print(warm_line(report.warm_start))
     console.print(f"\nApply it: {report.run_dir}/best_config.py (code) and best_config.yaml")
@@ -321,57 +350,6 @@ def noise_line(noise: dict[str, Any] | None) -> str:
                 "(a 95% half-width) uses the windows' spread inside one process and understates it.")
     return (f"Run-to-run noise of step time, alone: {noise['rel_sd']:.1%} (relative sd across fresh processes, "
             f"{noise['df']} degrees of freedom: {noise['source']}); the search's ± (95% half-widths) use it.")
-
-
-def print_confirmed(console: Console, outcome: Confirmation | None) -> None:
-    """The confirmation phase: winner, its paired intervals against the baselines, and the race table."""
-    if not outcome:
-        console.print("Not confirmed: the search's best was measured once (study.confirm_top=0, or fewer than "
-                      "two feasible candidates).")
-        return
-    w = outcome.winner
-    if w is None:
-        console.print(f"[red]Not confirmed: {outcome.reason}")
-        return
-    side = outcome.side_by_side
-    why = outcome.method.get("why")
-    over = (f"side by side in {outcome.rounds} fresh processes ({outcome.windows} paired windows each)"
-            if side else f"over {outcome.rounds} interleaved rounds"
-            + (f" (fresh processes, not side by side: {why})" if why else ""))
-    console.print(f"\n[bold green]Confirmed[/] {over}: {outcome.conclusion}.")
-    console.print(f"  Recommended (trial {w.trial}): {w.name or 'defaults'}; steps "
-                  f"{(w.step_s_geomean or 0.0) * 1e3:.2f} ms (geometric mean of its repeats), compile "
-                  f"{w.compile_s_cold:.1f} s (cold, search)")
-    if outcome.compile_spread:
-        console.print(f"  Cold compile spread in time-to-train intervals: {outcome.compile_spread.cv:.1%} "
-                      f"({outcome.compile_spread.source}); every ± and [ ] is a 95% interval")
-    for name, gain in outcome.gains.items():
-        console.print(f"  step time vs {name}: {gain.text} ({'paired windows' if side else 'paired by round'}; "
-                      "negative = faster)")
-    table = Table(title="Confirmation race (step time per candidate, "
-                  + ("paired window by window in each process)" if side else "paired by round)"), title_justify="left")
-    for col in ("candidate", "configuration", "rounds", "ms/step", "vs leader (score)"):
-        table.add_column(col)
-    for c in outcome.candidates:
-        vs = c.vs_leader
-        table.add_row(c.label + (f" ({c.baseline})" if c.baseline else ""), c.name or "defaults",
-                      str(c.rounds), f"{(c.step_s_geomean or 0.0) * 1e3:.2f}",
-                      "leader" if c.label == outcome.leader else (
-                          f"{vs.change:+.1%} [{vs.low * 100:+.1f}, {vs.high * 100:+.1f}]"
-                          if vs and vs.low is not None and vs.high is not None else "-") + race_status(c, outcome))
-    console.print(table)
-
-
-def race_status(candidate: RaceRow, outcome: Confirmation) -> str:
-    """How a candidate stands against the leader, in words: within the tie margin, measurably slower, or
-    undetermined with the processes that would decide it."""
-    status = candidate.status
-    if status in (None, "leader"):
-        return ""
-    if status != "undetermined":
-        return f" {status}" + (f" (within +-{outcome.tie_margin:.0%})" if status == "tied" else "")
-    more = candidate.more_processes
-    return " undetermined" + (f" (about {more} more processes would decide)" if more else "")
 
 
 def pareto_table(front: list[Entry]) -> Table:

@@ -29,7 +29,15 @@ from autocompile.config.knobs import KNOBS, TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.optuna_store import FINISHED, METHOD, REFERENCE, counted, interrupted, measured_trials
+from autocompile.study.records.optuna_store import (
+    EXPECTED,
+    FINISHED,
+    METHOD,
+    REFERENCE,
+    counted,
+    interrupted,
+    measured_trials,
+)
 from autocompile.study.search.samplers import eager_runs_left
 
 log = logging.getLogger(__name__)
@@ -84,6 +92,11 @@ class StudyEstimate:
     @property
     def total_s(self) -> float:
         return self.search_s + self.confirm_s + self.verdict_s + self.warm_start_s
+
+    def parts(self) -> dict[str, float]:
+        """Seconds per part still to run, as the study keeps them (``EXPECTED``) and the report compares them."""
+        return {"search": self.search_s, "confirm": self.confirm_s, "verdict": self.verdict_s,
+                "warm_start": self.warm_start_s, "total": self.total_s}
 
     def line(self) -> str:
         """``about 2 h 40 min on this machine: search ~1 h 50 min (20 trials), ...``."""
@@ -236,7 +249,7 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
 def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
                 costs: RunCosts, winner: Any) -> tuple[float, float]:
     """Seconds left of the phases in fresh-process rounds. Once the search is over, the repeats of their
-    plans not yet run, at the cost the phases log (``cost_estimate``); before, the plans' sizes at
+    plans not yet run, at the per-run costs of ``cost_estimate``; before, the plans' sizes at
     ``costs``, the verdicts counted at the default compile's neighbours."""
     from autocompile.study.phases.confirm import (
         confirm_plan,
@@ -304,10 +317,10 @@ def estimate(study: optuna.Study, space: SearchSpace, objective: Objective, sett
                          trials_left=left, costs=costs)
 
 
-def announce(found: StudyEstimate | None, settings: Settings) -> None:
-    """The estimate before the search starts, and a warning when it will not fit ``study.timeout_s``."""
+def announce(found: StudyEstimate | None, settings: Settings) -> StudyEstimate | None:
+    """The estimate before the search starts (returned), and a warning when it will not fit ``study.timeout_s``."""
     if found is None:
-        return
+        return None
     log.info("estimate: %s", found.line())
     timeout = settings.study.timeout_s
     if timeout and found.total_s > timeout:
@@ -316,6 +329,30 @@ def announce(found: StudyEstimate | None, settings: Settings) -> None:
                     "timeout, after about %d of its %d trials, and the phases after it still run",
                     duration(found.total_s), timeout, duration(timeout), min(fit, found.trials_left),
                     found.trials_left)
+    return found
+
+
+def remember(study: optuna.Study, when: str, found: StudyEstimate | None) -> None:
+    """Keep the estimate made ``when`` (``before_search``, ``after_search``, ``after_confirm``) in the study, so the
+    report sets each phase's expected seconds beside its wall time. The first estimate of a resumed study stays."""
+    if found is None:
+        return
+    kept = dict(study.user_attrs.get(EXPECTED) or {})
+    if when not in kept:
+        kept[when] = {k: round(v, 1) for k, v in found.parts().items()}
+        study.set_user_attr(EXPECTED, kept)
+
+
+def expect_phase(remaining: Remaining, phase: str) -> None:
+    """At a phase's start: the estimate again, with everything measured so far (the real winner, the search's
+    compile and run times), logged for that phase and kept (``after_search`` / ``after_confirm``)."""
+    found = remaining.update(force=True)
+    if found is None:
+        return
+    remember(remaining.args[0], "after_search" if phase == "confirm" else "after_confirm", found)
+    seconds = found.confirm_s if phase == "confirm" else found.verdict_s
+    log.info("%s phase: expected ~%s (%s); the rest of the study ~%s", "confirmation" if phase == "confirm" else
+             "verdict", duration(seconds), found.costs.basis, duration(found.total_s))
 
 
 class Remaining:
@@ -327,11 +364,11 @@ class Remaining:
         self.at: tuple[float, float] | None = None
         self.finished = -1
 
-    def update(self) -> StudyEstimate | None:
-        """Estimate again when a trial finished since the last time (cheap otherwise)."""
+    def update(self, force: bool = False) -> StudyEstimate | None:
+        """Estimate again when a trial finished since the last time (cheap otherwise), or ``force``."""
         study = self.args[0]
         done = sum(t.state in FINISHED for t in study.get_trials(deepcopy=False))
-        if done == self.finished:
+        if done == self.finished and not force:
             return None
         self.finished = done
         try:

@@ -24,7 +24,7 @@ from autocompile.config.knobs import KnobError
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
-from autocompile.study.estimate import Remaining, announce
+from autocompile.study.estimate import Remaining, announce, expect_phase, remember
 from autocompile.study.phases.confirm import alone_on_the_machine, measure_repeat, recommended
 from autocompile.study.phases.racing import REPEAT_PHASES, study_noise
 from autocompile.study.phases.run import run_phases
@@ -94,11 +94,11 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
     agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)
     log.info("study %s: %d distinct configurations in the space, %d trials asked, %d slot(s); storage %s",
              study.study_name, space.size(), settings.study.n_trials, len(slots), settings.study.storage or run_dir)
-    announce(remaining.update(), settings)
+    remember(study, "before_search", announce(remaining.update(), settings))
 
     INTERRUPT.clear()  # a study interrupted earlier in this process (a test) must not stop this one
     budget = Budget(study, settings, INTERRUPT)
-    run = Runner(study, space, objective, settings, run_dir, budget, observer, agents)
+    run = Runner(study, space, objective, settings, run_dir, budget, observer, agents, remaining)
     with observer.live() as view:
         run.search(slots, view)
         if not budget.stop.is_set() and budget.stop_reason == f"{settings.study.n_trials} trials finished":
@@ -147,6 +147,7 @@ class Runner:
     budget: Budget
     observer: StudyObserver
     agents: Agents
+    remaining: Remaining
 
     def release(self, exc: BaseException, numbers: list[int]) -> None:
         """Ctrl-C, the stop flag or an error: the trial measured nothing; left RUNNING, it would hold a slot of
@@ -218,7 +219,8 @@ class Runner:
                 view.refresh(self.study.get_trials(deepcopy=False))
                 run_phases(self.study, self.space, self.objective, self.settings,
                            lambda trial: self.repeat(trial, view, resources),
-                           lambda trials: self.together(trials, view, resources))
+                           lambda trials: self.together(trials, view, resources),
+                           lambda phase: expect_phase(self.remaining, phase))
         except (KeyboardInterrupt, Interrupted):
             self.budget.interrupt()
             return True

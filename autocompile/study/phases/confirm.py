@@ -213,29 +213,24 @@ def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, w
     return plan
 
 
-def cost_estimate(study: optuna.Study, plan: list[Slot], settings: Settings | None = None) -> float:
-    """Seconds the plan will take, from the search's wall times: a cold run as a search trial took; a
-    warm one without most of its compile time. Side by side (``settings`` given): per round, each
-    candidate's warm start and the round's timing budget."""
+def cost_estimate(study: optuna.Study, plan: list[Slot]) -> float:
+    """Seconds a fresh-process plan will take, from the search's wall times: a cold run as a search trial took;
+    a warm one without most of its compile time (side by side: ``study.estimate.process_s``)."""
     walls = [(r.wall_s, r.compile_s) for t in measured_trials(study)
              if (r := TrialRecord.of(t).measured).ok and r.wall_s is not None]
     if not walls:
         return float("nan")
     cold = statistics.median(w for w, _ in walls)
     warm = statistics.median(max(w - c, 1.0) for w, c in walls)
-    if settings is not None:
-        rounds = len({slot.round for slot in plan})
-        return sum(warm for _ in plan) + rounds * settings.compare.max_timed_s
     return sum(warm if slot.warm else cold for slot in plan)
 
 
-def describe_plan(name: str, plan: list[Slot], seconds: float, side_by_side: bool = False) -> str:
+def describe_plan(name: str, plan: list[Slot], side_by_side: bool = False) -> str:
     labels = list(dict.fromkeys(slot.label for slot in plan))
     rounds = len({slot.round for slot in plan})
     how = (f"side by side in {rounds} fresh processes (windows in rotating order)" if side_by_side else
            f"x up to {rounds} rounds = {len(plan)} runs in fresh processes, interleaved")
-    return (f"{name} phase: {len(labels)} configurations {how}; expected about {seconds / 60:.1f} min: "
-            f"{', '.join(labels)}")
+    return f"{name} phase: {len(labels)} configurations {how}: {', '.join(labels)}"
 
 
 # -- running a plan ------------------------------------------------------------------------------------

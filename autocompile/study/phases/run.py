@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -19,7 +20,6 @@ from autocompile.study.phases.confirm import (
     Measure,
     Slot,
     confirm_plan,
-    cost_estimate,
     describe_plan,
     key_of,
     neighbours,
@@ -38,17 +38,21 @@ log = logging.getLogger(__name__)
 
 
 def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
-               measure: Measure, together: MeasureTogether | None = None) -> None:
-    """Confirmation, then verdicts; each plan is logged (configurations, rounds, expected cost) first.
-    ``together`` measures one round side by side (None: fresh-process rounds only)."""
+               measure: Measure, together: MeasureTogether | None = None,
+               expect: Callable[[str], None] | None = None) -> None:
+    """Confirmation, then verdicts; each plan is logged (configurations, rounds) first. ``together`` measures one
+    round side by side (None: fresh-process rounds only); ``expect(phase)`` says what a phase will cost as it
+    starts (the study's estimate, made again with all it has measured)."""
     s = settings.study
+    expect = expect or (lambda phase: None)
     if s.confirm_top:
         plan = confirm_plan(study, objective, s.confirm_top, s.repeats)
         if plan:
+            expect("confirm")
             side = phase_method(study, "confirm", plan, settings, together) == SIDE_BY_SIDE
             if side:  # side by side, a round is a process: compare.processes of them
                 plan = confirm_plan(study, objective, s.confirm_top, settings.compare.processes)
-            log.info(describe_plan("confirmation", plan, cost_estimate(study, plan, settings if side else None), side))
+            log.info(describe_plan("confirmation", plan, side))
             together_or_fresh(study, "confirm", plan, settings, measure, together)
         else:
             log.info("confirmation phase skipped: fewer than two feasible distinct programs completed in the search "
@@ -61,12 +65,12 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
     if len(plan) <= s.repeats:
         log.info("verdict phase skipped: no searched knob with a question can change at the winner")
         return
+    expect("verdict")
     undecided = METHOD["verdict"] not in study.user_attrs
     if together is not None and s.side_by_side and (undecided or method(study, "verdict")["method"] == SIDE_BY_SIDE) \
             and verdicts_together(study, winner, space, wanted, settings, measure, together):
         return
-    log.info(describe_plan(f"verdict (at trial {winner.number}, {TrialRecord.of(winner).name})", plan,
-                           cost_estimate(study, plan)))
+    log.info(describe_plan(f"verdict (at trial {winner.number}, {TrialRecord.of(winner).name})", plan))
     for r in range(s.repeats):  # round by round: a neighbour found identical in round 0 needs no more
         run_plan(study, [slot for slot in verdict_plan(study, winner, space, wanted, s.repeats) if slot.round == r],
                  measure)

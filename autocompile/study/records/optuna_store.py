@@ -37,6 +37,9 @@ REFERENCE = "reference"
 """The numerics reference's result (``study/search/numerics.py``)."""
 WARM_START = "warm_start"
 """The winner's warm start, measured once per winner (``study/search/warmstart.py``)."""
+EXPECTED = "expected_s"
+"""The estimate each time it was made (``before_search``, ``after_search``, ``after_confirm``): seconds per part
+(``search``, ``confirm``, ``verdict``, ``warm_start``, ``total``) still to run then (``study/estimate.py``)."""
 METHOD = {"confirm": "method.confirm", "verdict": "method.verdict"}
 """How each phase timed its candidates: ``{"method": Method, "why": ...}`` (``study/phases/together.py``)."""
 
