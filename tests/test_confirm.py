@@ -83,6 +83,15 @@ def test_side_by_side_phases_pair_windows_and_verdict_neighbours_run_once_cold_f
     verdict = [t for t in study.trials if t.user_attrs.get("phase") == "verdict"]
     cold = [t for t in verdict if t.user_attrs.get("cold_run")]
     assert {t.user_attrs["round"] for t in cold} == {-1} and len(cold) == len({t.user_attrs["label"] for t in cold})
+    # The search measured amp.dtype=bfloat16 alone and cold already: that trial is its cold run, not run again
+    # (its directory, its measurement); the neighbours the search never measured ran their own.
+    searched = {t.user_attrs["identity"]: t for t in study.trials if t.user_attrs.get("phase") == "search"}
+    (amp_cold,) = [t for t in cold if t.user_attrs["label"] == "amp.dtype=bfloat16"]
+    src = searched[amp_cold.user_attrs["identity"]]
+    assert amp_cold.user_attrs["cold_from"] == src.number and amp_cold.user_attrs["trial_dir"] == \
+        src.user_attrs["trial_dir"] and amp_cold.user_attrs["result"] == src.user_attrs["result"]
+    assert all("cold_from" not in t.user_attrs for t in cold if t is not amp_cold)
+    assert f"verdict amp.dtype=bfloat16: its cold run is search trial {src.number}" in done.stdout + done.stderr
     summary = json.loads((tmp_path / "t" / "summary.json").read_text())
     assert summary["confirmed"]["winner"]["config"]["amp.dtype"] == "none"
     assert summary["confirmed"]["method"]["method"] == "side_by_side"

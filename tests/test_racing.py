@@ -239,3 +239,42 @@ def test_a_verdict_says_peak_memory_beside_step_time() -> None:
                     high=0.05, memory_change=-0.31)
     assert "step time +4.0% [95% CI +3.0, +5.0], measurably slower" in effect.verdict
     assert "peak memory -31%" in effect.verdict and effect.as_dict()["memory_change"] == -0.31
+
+
+def test_a_neighbour_the_search_measured_takes_that_trial_as_its_cold_run() -> None:
+    from autocompile.study.phases.confirm import Slot, slot_done
+    from autocompile.study.phases.racing import compile_spread
+    from autocompile.study.phases.run import reuse_search_runs
+
+    study = optuna.create_study(directions=["minimize"])
+    study.set_user_attr("method.verdict", {"method": "side_by_side", "why": ""})
+
+    def search(identity: str, fingerprint: str, state: TrialState = TrialState.COMPLETE, **more: Any) -> None:
+        study.add_trial(optuna.trial.create_trial(state=state, values=[2.0] if state == TrialState.COMPLETE else None,
+                                                  user_attrs={
+            "phase": "search", "identity": identity, "constraints": {}, "trial_dir": f"/runs/{identity}",
+            "config": {"compile.scope": "module"}, "result": {"status": "ok", "step_s": 0.01, "compile_s": 20.0,
+                                                              "fingerprint": fingerprint}, **more}))
+
+    search("winner", "W")  # 0
+    search("mode=max-autotune", "M")  # 1: measured, a distinct program
+    search("fullgraph=true", "W")  # 2: measured, the winner's very program
+    search("dynamic=true", "D", TrialState.PRUNED)  # 3: one window only: its own cold run
+    search("options=on", "O", constraints={"memory_gb_over_limit": 1.0})  # 4: infeasible: its own cold run
+    labels = ["compile.mode=max-autotune", "compile.fullgraph=true", "compile.dynamic=true", "compile.options=on",
+              "compile.granularity=sublayer"]
+    cold = [Slot("verdict", -1, label, {}, {"cold_run": True, "knob": label.split("=")[0], "value": "x"})
+            for label in labels]
+    identities = ["mode=max-autotune", "fullgraph=true", "dynamic=true", "options=on", "never searched"]
+    spread = compile_spread(study, ObjectiveSettings())  # W compiled cold twice (trials 0 and 2): 1 df
+    assert reuse_search_runs(study, study.trials[0], cold, identities) == 2
+    assert [slot_done(study, slot.key()) for slot in cold] == [True, True, False, False, False]
+    by_label = {t.user_attrs["label"]: t for t in study.trials if t.user_attrs.get("phase") == "verdict"}
+    mode, full = by_label["compile.mode=max-autotune"], by_label["compile.fullgraph=true"]
+    assert mode.user_attrs["cold_from"] == 1 and mode.user_attrs["trial_dir"] == "/runs/mode=max-autotune"
+    assert mode.user_attrs["cold_run"] and mode.user_attrs["round"] == -1 and "same_program_as" not in mode.user_attrs
+    assert full.user_attrs["same_program_as"] == 0  # the winner's fingerprint: "identical program"
+    # Run again (a resumed phase): nothing is copied twice.
+    assert reuse_search_runs(study, study.trials[0], cold, identities) == 0
+    # One compile, not two: a copy never enters the compile spread as a second cold compile of its program.
+    assert compile_spread(study, ObjectiveSettings()) == spread and spread.df == 1

@@ -101,7 +101,7 @@ def compile_spread(study: Study, settings: ObjectiveSettings, shared_cache: bool
             rec = TrialRecord.of(t)
             m = rec.measured
             cold = rec.is_search or rec.cold_run or rec.compile_cache == "cold"
-            if (cold and m.ok and m.compile_s and m.fingerprint and rec.duplicate_of is None
+            if (cold and m.ok and m.compile_s and m.fingerprint and rec.duplicate_of is None and rec.cold_from is None
                     and compiles(rec.config.get("compile.scope")) and not interrupted(t)):
                 groups.setdefault(m.fingerprint, []).append(m.compile_s)
     measured = pooled_noise(list(groups.values()), "")

@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
 from autocompile.config.knobs import KNOBS, TrialConfig, describe
 from autocompile.config.settings import Settings
-from autocompile.config.space import SearchSpace
+from autocompile.config.space import SearchSpace, identity
 from autocompile.study.phases import sidebyside
 from autocompile.study.phases.confirm import (
     Measure,
@@ -31,7 +31,7 @@ from autocompile.study.phases.confirm import (
 from autocompile.study.phases.racing import phase_trials, step_time
 from autocompile.study.phases.together import MeasureTogether, cold_of, method, set_method
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.optuna_store import METHOD, interrupted, owner
+from autocompile.study.records.optuna_store import METHOD, feasible, interrupted, measured_trials, owner
 from autocompile.study.records.record import TrialRecord, set_attrs, user_attrs
 
 log = logging.getLogger(__name__)
@@ -92,9 +92,10 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
         knob=key, value=value, reference=won.config.get(key, KNOBS[key][1]), name=describe(config, space.env),
         same_as=won.measured.fingerprint, same_as_trial=winner.number, cold_run=True))
         for key, value, config in found]
-    log.info("verdict phase (at trial %d, %s): %d neighbours once alone (cold), then side by side with the winner "
-             "in %d fresh processes", winner.number, won.name, len(cold),
-             settings.compare.processes)
+    reused = reuse_search_runs(study, winner, cold, [identity(config, space.env) for _, _, config in found])
+    log.info("verdict phase (at trial %d, %s): %d neighbours once alone (cold; %d of them measured so by the "
+             "search already), then side by side with the winner in %d fresh processes", winner.number, won.name,
+             len(cold), reused, settings.compare.processes)
     run_plan(study, cold, measure)
     firsts = {rec.label: t for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).round == -1}
     members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
@@ -112,6 +113,38 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
         set_method(study, "verdict", FRESH_PROCESSES, why)
         return False
     return True
+
+
+def reuse_search_runs(study: optuna.Study, winner: FrozenTrial, cold: list[Slot], identities: list[str]) -> int:
+    """A neighbour the search already measured needs no cold run of its own: a complete, feasible search trial of
+    the same configuration was one fresh process alone with the study's cache, as the cold run would be, and the
+    winner's own compile time and peak come from its search trial too. It is recorded as the neighbour's cold run
+    (``cold_from``; its measurement, directory and artifacts; the identical-program check against the winner's
+    fingerprint). Returns how many neighbours it spared."""
+    won = TrialRecord.of(winner).measured.fingerprint
+    searched = {rec.identity: t for t in reversed(measured_trials(study))
+                if t.state == TrialState.COMPLETE and feasible(t) and (rec := TrialRecord.of(t)).measured.ok}
+    reused = 0
+    for slot, key in zip(cold, identities, strict=True):
+        src = searched.get(key)
+        if src is None or slot_done(study, slot.key()):
+            continue
+        attrs = {k: v for k, v in src.user_attrs.items() if k not in SEARCH_ONLY} | slot.attrs | user_attrs(
+            phase="verdict", round=slot.round, label=slot.label, method=SIDE_BY_SIDE, cold_from=src.number,
+            owner=owner())
+        if won and TrialRecord.of(src).measured.fingerprint == won:
+            attrs["same_program_as"] = winner.number
+        study.add_trial(optuna.trial.create_trial(
+            state=TrialState.COMPLETE, values=src.values, params=src.params, distributions=src.distributions,
+            user_attrs=attrs, system_attrs=src.system_attrs))
+        log.info("verdict %s: its cold run is search trial %d (the same configuration)", slot.label, src.number)
+        reused += 1
+    return reused
+
+
+SEARCH_ONLY = ("baseline", "remeasure_of", "retry_of", "candidate", "prune_ratio", "prune_margin", "same_program_as",
+               "duplicate_of", "reason")
+"""A search trial's attributes that say what it was in the search, left out of a verdict cold run made from it."""
 
 
 def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, together: MeasureTogether,

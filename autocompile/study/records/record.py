@@ -188,6 +188,8 @@ class TrialRecord:
     """Side by side: the trial of its configuration's cold run (program, artifacts, compile time)."""
     cold_run: bool = False
     """Verdict side by side: a neighbour's single cold run (round -1), not a round."""
+    cold_from: int | None = None
+    """A cold run not run again: the search trial of the same configuration whose measurement it carries."""
     compile_cache: str | None = None
     """A repeat's inductor cache: ``cold``, ``warm``, ``shared warm``, ``none (eager)``, or side by side."""
     prune_ratio: float | None = None
