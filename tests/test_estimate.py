@@ -360,3 +360,36 @@ def test_each_phase_is_estimated_again_as_it_starts_and_kept_beside_its_wall_tim
     line = expected_line(expected_per_phase(kept), {"search": 250.0, "confirm": 100.0, "verdict": 400.0}, 800.0)
     assert "search 300 s (x1.20 its wall)" in line and "verdict 500 s (x1.25 its wall)" in line
     assert "total 915 s (x1.14 its wall)" in line
+
+
+def test_a_verdict_phase_fallen_back_to_fresh_rounds_starts_round_0_warm_from_the_cold_runs(
+        settings_for: Compose) -> None:
+    from autocompile.study.phases.confirm import verdict_plan
+    from autocompile.study.phases.racing import verdicts
+
+    settings = settings_for("+model=gpt2-tiny", "workload.device=cpu")
+    study, space, objective = parts(settings)
+    add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=20.0, step_s=0.010)
+    winner = study.trials[0]
+    plan = verdict_plan(study, winner, space, ["compile.mode"], repeats=2)
+    labels = sorted({s.label for s in plan} - {"winner"})
+    assert labels and not any(s.warm for s in plan if s.round == 0 and s.label != "winner")  # no cold run yet: cold
+    # The side-by-side attempt ran each neighbour once cold (round -1), then fell back to fresh-process rounds.
+    study.set_user_attr("method.verdict", {"method": "fresh_processes", "why": "could not share a process"})
+    for n, label in enumerate(labels):
+        add(study, space, {"compile.scope": "module"}, wall_s=50.0, compile_s=30.0 + n, phase="verdict", round=-1,
+            label=label, cold_run=True, method="side_by_side", knob="compile.mode", value=label.split("=")[1])
+    round0 = {s.label: s for s in verdict_plan(study, winner, space, ["compile.mode"], repeats=2) if s.round == 0}
+    for n, label in enumerate(labels):
+        slot = round0[label]
+        assert slot.warm and slot.attrs["cache_from"] == f"/nonexistent/t{n + 1}"
+        assert slot.attrs["compile_s_cold"] == 30.0 + n and slot.attrs["same_as"] is None
+    # Its verdict reads the cold compile, not the warm round's.
+    for r in range(2):
+        add(study, space, {"compile.scope": "module"}, wall_s=20.0, compile_s=2.0, step_s=0.010, phase="verdict",
+            round=r, label="winner", compile_s_cold=20.0, compile_cache="warm")
+        add(study, space, {"compile.scope": "module"}, wall_s=20.0, compile_s=3.0, step_s=0.0101 + r * 1e-4,
+            phase="verdict", round=r, label=labels[0], knob="compile.mode", value=labels[0].split("=")[1],
+            compile_s_cold=30.0, compile_cache="warm")
+    (effect,) = [e for e in verdicts(study, objective) if e.value == labels[0].split("=")[1]]
+    assert effect.compile_change_s == 10.0  # 30 s cold against the winner's 20 s, not the warm 3 s

@@ -190,6 +190,7 @@ def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, w
     """Rounds of the winner and its neighbours; after round 0, neighbours found identical or failed drop out."""
     env = space.env
     first = {rec.label: t for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).round == 0}
+    ran_cold = cold_runs(study)
     won = TrialRecord.of(winner)
     members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
         candidate=winner.number, name=won.name, compile_s_cold=won.measured.compile_s, cache_from=won.trial_dir),
@@ -207,10 +208,22 @@ def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, w
                     continue  # identical program, or failed: nothing to repeat
                 m = Slot("verdict", r, m.label, m.params, {**m.attrs, "same_as": None, "cache_from": TrialRecord.of(
                          done).trial_dir if done is not None else None}, warm=True)
+            elif (c := ran_cold.get(m.label)) is not None:  # round 0 warm from its cold run, not compiled again
+                m = Slot("verdict", r, m.label, m.params, {**m.attrs, "same_as": None, "cache_from": c.trial_dir,
+                                                           "compile_s_cold": c.measured.compile_s}, warm=True)
             else:
                 m = Slot("verdict", r, m.label, m.params, dict(m.attrs), warm=m.warm)
             plan.append(m)
     return plan
+
+
+def cold_runs(study: optuna.Study) -> dict[str, TrialRecord]:
+    """The verdict neighbours' single cold runs (round -1) that measured a program other than the winner's: a
+    phase that fell back from side by side to fresh-process rounds starts their round 0 warm from them (T5: the
+    cold round 0 repeated 678 s of compiling)."""
+    return {rec.label: rec for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if (rec := TrialRecord.of(t)).phase == "verdict" and rec.cold_run and rec.label and not rec.interrupted
+            and rec.same_program_as is None and step_time(t) is not None}
 
 
 def cost_estimate(study: optuna.Study, plan: list[Slot]) -> float:

@@ -148,6 +148,7 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
             effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 1, True, True, basis="verdict"))
             continue
         result = first.measured
+        compile_s = first.cold_compile_s  # a warm round 0 (its cold run came first) carries the cold one
         if not result.ok:
             why = result.failure or result.status or "failed"
             effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 0, True, basis="verdict",
@@ -179,14 +180,14 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
         if isinstance(ratio, Paired):
             how = f"paired windows side by side in {ratio.processes} processes ({ratio.basis}" + (
                 f"; {ratio.dropped} stalled round(s) left out)" if ratio.dropped else ")")
-            pays = break_even(ratio, (theirs, cold), (mine, result.compile_s), ("the winner", str(value))) \
+            pays = break_even(ratio, (theirs, cold), (mine, compile_s), ("the winner", str(value))) \
                 if theirs else None
         step = ratio if isinstance(ratio, Paired) else from_rounds(ratio)
-        score = time_to_train(step, (theirs, cold), (mine, result.compile_s or 0.0),
+        score = time_to_train(step, (theirs, cold), (mine, compile_s or 0.0),
                               objective.settings.horizon_steps, spread.cv, spread.df,
                               step_level=level(winner_windows or {r: [s] for r, s in winner.items()})) \
             if objective is not None and spread is not None and step is not None and theirs else None
-        effects.append(Effect(key, question, ref, value, ratio.change, half, (result.compile_s or 0.0) - cold,
+        effects.append(Effect(key, question, ref, value, ratio.change, half, (compile_s or 0.0) - cold,
                               ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high, how=how,
                               pays_back=pays or "", p_value=p_value(ratio), trial=first_trial.number,
                               score_change=score.change if score else None, score_low=score.low if score else None,
