@@ -113,3 +113,23 @@ def test_the_timed_part_runs_until_the_stated_precision_or_its_cap(tmp_path: Pat
     assert a["timed_precision"] <= 0.5 and a["windows"] >= 2
     assert b["timed_precision"] > 1e-9 and b["timed_s"] >= 0.3  # stopped by the cap, precision reported
     assert b["windows"] == len(b["step_s_windows"]) > 2
+
+
+@pytest.mark.integration
+def test_a_neighbours_cold_run_times_one_window_no_decision_reads_more(tmp_path: Path) -> None:
+    # One search trial (amp none): its neighbour amp.dtype=bfloat16 was never measured, so it runs once cold for
+    # its compile time, program and peak memory; its step time comes from the side-by-side rounds.
+    study_with(tmp_path, {"amp.dtype": "none"})
+    done = tune_cli(tmp_path, "study.name=t", "+model.block_sleep_s=0.002", "compile.scope=none", *FIXED,
+                    "study.n_trials=1", "study.prune=false", "study.confirm_top=0", "study.verdicts=all",
+                    "compare.processes=2", "compare.min_rounds=4", "compare.max_timed_s=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = reload(tmp_path)
+    (cold,) = [t for t in study.trials if t.user_attrs.get("cold_run")]
+    assert "cold_from" not in cold.user_attrs
+    spec = json.loads((Path(cold.user_attrs["trial_dir"]) / "trial.json").read_text())
+    assert spec["measure"]["windows"] == 1 and spec["measure"]["precision"] == 0.0
+    assert len(cold.user_attrs["result"]["step_s_windows"]) == 1 and cold.user_attrs["result"]["compile_s"] >= 0
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    (amp,) = [v for v in summary["verdicts"] if v["knob"] == "amp.dtype"]
+    assert amp["measurable"] and amp["low"] > 0 and "side by side in 2 processes" in amp["verdict"]

@@ -292,7 +292,7 @@ def measure_repeat(study: optuna.Study, trial: optuna.Trial, space: SearchSpace,
     # Optuna's value uses the cold compile time: a warm repeat's compile is not what a new job pays.
     measure_and_tell(study, trial, config, beat, objective, settings, run_dir, resources, agents,
                      twin_of=twin_of if attrs.same_as else None, cache_dir=cache,
-                     cold_compile_s=attrs.compile_s_cold if cache is not None else None)
+                     cold_compile_s=attrs.compile_s_cold if cache is not None else None, brief=attrs.cold_run)
 
 
 PHASE_LOCK = ".phases.lock"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +65,14 @@ def begin(study: optuna.Study, trial: optuna.Trial, space: SearchSpace) -> tuple
 def measure_and_tell(study: optuna.Study, trial: optuna.Trial, config: TrialConfig, beat: Callable[[], None],
                      objective: Objective, settings: Settings, run_dir: Path, resources: Resources, agents: Agents,
                      *, twin_of: FindTwin | None = None, prune: StopRule | None = None, cache_dir: Path | None = None,
-                     cold_compile_s: float | None = None, view: Any = None) -> None:
+                     cold_compile_s: float | None = None, view: Any = None, brief: bool = False) -> None:
     """Launch ``trial`` in a fresh process (``run_dir/trials/NNNN``), stop it once compiled when ``twin_of``
     knows its program, or when ``prune`` says so; then tell Optuna what it measured.
 
     ``cache_dir``: the inductor cache it starts from (None: a cold one of its own, or ``settings.cache_dir``);
     ``cold_compile_s``: the compile time of Optuna's value when the run's own is warm; ``view``: the live
-    view that shows it running."""
+    view that shows it running; ``brief``: a run whose steps no decision reads (a verdict neighbour's cold run:
+    its compile time, program and peak memory): one timed window, no precision target."""
     trial_dir = run_dir / "trials" / f"{trial.number:04d}"
     set_attrs(trial, trial_dir=str(trial_dir))
     if view is not None:
@@ -85,7 +86,10 @@ def measure_and_tell(study: optuna.Study, trial: optuna.Trial, config: TrialConf
             return ("same_program", f"compiled {twin.what}, fingerprint {compiled['fingerprint']}")
         return prune(events, elapsed) if prune else None
 
-    result = launch(trial_dir, settings.trial_spec(config, slot_threads(settings, resources)),
+    spec = settings.trial_spec(config, slot_threads(settings, resources))
+    if brief:
+        spec.measure = replace(spec.measure, windows=1, precision=0.0)
+    result = launch(trial_dir, spec,
                     cache_dir=cache_dir if cache_dir is not None else settings.cache_dir, should_stop=rule,
                     resources=resources, agents=agents)
     measured = Measurement.from_dict(result)
