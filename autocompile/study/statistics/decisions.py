@@ -101,7 +101,7 @@ def processes_to_decide(ratio: Ratio | None, margin: float, processes: int) -> i
     target = max(abs(li.mu), m - abs(li.mu))  # measurably apart, or tied
     if li.half <= target:
         return 0
-    spread = li.se * math.sqrt(processes)
+    spread = li.se * math.sqrt(processes) * sd_bound(li.df)
     per_process = li.df / processes  # side by side, pooled windows add many df per process
     power = float(special.ndtri(POWER))
     for more in range(1, MAX_MORE + 1):
@@ -110,6 +110,17 @@ def processes_to_decide(ratio: Ratio | None, margin: float, processes: int) -> i
         if (t + power) * spread / math.sqrt(n) < target:
             return more
     return None
+
+
+def sd_bound(df: float) -> float:
+    """The factor on a sample sd of ``df`` degrees of freedom that plans with: its upper confidence bound at level
+    ``0.5 + 0.3 / df``. At face value the sd of a few processes is below the truth more often than not, and plans
+    made from 3 rounds (2 df) decided 60 % of the time against the 80 % named; with this bound they decide 79-93 %,
+    from 5 rounds 80-98 %, from 7 rounds 84-100 % (``tests/test_decision_rules.py``, 0-3 % true differences at
+    1-3 % noise, 1500 studies each). Over about 30 df it is 1 within 2 %."""
+    if df < 1:
+        return 1.0
+    return math.sqrt(df / float(special.chdtri(df, 0.5 + 0.3 / df)))
 
 
 def holm(p_values: Sequence[float | None], alpha: float = ALPHA) -> list[bool]:
