@@ -3,6 +3,7 @@ the code that applies the winner, and where to look next (MLflow UI, optuna-dash
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shlex
@@ -43,6 +44,7 @@ from autocompile.study.records.optuna_store import (
 from autocompile.study.records.record import TrialRecord
 from autocompile.study.statistics.effect import Effect
 from autocompile.trial.timing.compile_artifacts import warm_line
+from autocompile.trial.timing.stats import Noise
 from autocompile.workload.data import rate_label
 
 
@@ -64,7 +66,7 @@ class Report:
     measure_command: str = ""
     commands: dict[str, str] = field(default_factory=dict)
     snippet: str = ""
-    noise: dict[str, Any] | None = None
+    noise: Noise | None = None
     """Run-to-run noise of step time (relative sd across fresh processes), what every ± uses."""
     confirmed: Confirmation | None = None
     """The confirmation phase: winner, candidates, paired intervals vs the baselines (None: not run)."""
@@ -81,7 +83,7 @@ class Report:
     before the search), beside ``phases_wall_s`` (:func:`expected_per_phase`)."""
     warm_start: dict[str, Any] | None = None
     """The winner's compile artifacts and the compile time a warm start with them saved (``warmstart``)."""
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[FailureGroup] = field(default_factory=list)
     """Measured trials that did not complete feasibly, grouped by what ended them (most frequent first)."""
 
     @property
@@ -92,13 +94,14 @@ class Report:
             "counts": self.counts, "best": self.best.as_dict() if self.best else None,
             "baselines": {name: e.as_dict() for name, e in self.baselines.items()}, "speedups": self.speedups,
             "pareto": [e.as_dict() for e in self.pareto], "effects": [e.as_dict() for e in self.effects],
-            "noise": self.noise, "confirmed": self.confirmed.as_dict() if self.confirmed else None,
+            "noise": self.noise.as_dict() if self.noise else None,
+            "confirmed": self.confirmed.as_dict() if self.confirmed else None,
             "verdicts": [e.as_dict() for e in self.verdicts],
             "recommended": self.recommended.as_dict() if self.recommended else None,
             "recommendation_changed": self.recommendation_changed,
             "phases_wall_s": self.phases_wall_s, "phases_expected_s": self.phases_expected_s,
             "warm_start": self.warm_start,
-            "failures": self.failures,
+            "failures": [dataclasses.asdict(g) for g in self.failures],
             "run_dir": self.run_dir, "measure_command": self.measure_command, "commands": self.commands,
         }
 
@@ -142,7 +145,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         best=best, baselines=baselines, speedups=speedups, pareto=pareto_front(complete),
         effects=verdict_effects or knob_effects(complete, compiled_programs(trials), rel_sd), run_dir=str(run_dir),
         commands=look_commands(settings, run_dir) | run_commands(settings, run_dir), confirmed=outcome,
-        noise=noise.as_dict() if noise else None, verdicts=verdict_effects, recommended=recommended,
+        noise=noise, verdicts=verdict_effects, recommended=recommended,
         recommendation_changed=changed, phases_wall_s=phases_wall(trials),
         phases_expected_s=expected_per_phase(study.user_attrs.get(EXPECTED) or {}),
         failures=failure_groups(measured, complete),
@@ -156,7 +159,17 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     return report
 
 
-def failure_groups(measured: list[optuna.trial.FrozenTrial], complete: list[Entry]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class FailureGroup:
+    """Measured trials that did not complete feasibly for one reason."""
+
+    outcome: str
+    """``infeasible``, ``pruned``, or the failure's kind (``oom``, ``crash``...)."""
+    reason: str
+    trials: list[int]
+
+
+def failure_groups(measured: list[optuna.trial.FrozenTrial], complete: list[Entry]) -> list[FailureGroup]:
     """What ended the measured trials that did not complete feasibly: one group per (outcome, reason)."""
     feasible_numbers = {e.number for e in complete}
     groups: dict[tuple[str, str], list[int]] = {}
@@ -172,7 +185,7 @@ def failure_groups(measured: list[optuna.trial.FrozenTrial], complete: list[Entr
             kind = "pruned" if t.state == TrialState.PRUNED else record.measured.failure or "failed"
             why = record.reason or record.measured.reason or ""
         groups.setdefault((kind, " ".join(why.split())[:300]), []).append(t.number)
-    return [{"outcome": kind, "reason": why, "trials": numbers}
+    return [FailureGroup(kind, why, numbers)
             for (kind, why), numbers in sorted(groups.items(), key=lambda g: -len(g[1]))]
 
 
@@ -335,8 +348,8 @@ def no_result_lines(report: Report) -> list[str]:
         return [f"[red]Nothing measured ({report.stop_reason}): no trial finished a measurement."]
     lines = [f"[red]No feasible result: nothing to recommend. What ended the {c['measured']} measured trial(s):"]
     for group in report.failures:
-        numbers = ", ".join(map(str, group["trials"][:8])) + (" ..." if len(group["trials"]) > 8 else "")
-        lines.append(f"  {len(group['trials'])} x {group['outcome']}: {group['reason'] or '(no reason recorded)'} "
+        numbers = ", ".join(map(str, group.trials[:8])) + (" ..." if len(group.trials) > 8 else "")
+        lines.append(f"  {len(group.trials)} x {group.outcome}: {group.reason or '(no reason recorded)'} "
                      f"(trial {numbers})")
     lines.append(f"  Each trial's logs: {report.run_dir}/trials/NNNN/ (stderr.log, result.json)")
     if report.stop_reason == "interrupted":
@@ -344,12 +357,12 @@ def no_result_lines(report: Report) -> list[str]:
     return lines
 
 
-def noise_line(noise: dict[str, Any] | None) -> str:
+def noise_line(noise: Noise | None) -> str:
     if not noise:
         return ("Run-to-run noise: not measured (no configuration ran alone in two fresh processes); each ± below "
                 "(a 95% half-width) uses the windows' spread inside one process and understates it.")
-    return (f"Run-to-run noise of step time, alone: {noise['rel_sd']:.1%} (relative sd across fresh processes, "
-            f"{noise['df']} degrees of freedom: {noise['source']}); the search's ± (95% half-widths) use it.")
+    return (f"Run-to-run noise of step time, alone: {noise.rel_sd:.1%} (relative sd across fresh processes, "
+            f"{noise.df} degrees of freedom: {noise.source}); the search's ± (95% half-widths) use it.")
 
 
 def pareto_table(front: list[Entry]) -> Table:

@@ -113,7 +113,7 @@ def study_note(report: Any) -> str:
     best = report.best
     if best is None:
         groups = getattr(report, "failures", None) or []
-        lines.append("No feasible result." + ("".join(f"\n- {len(g['trials'])} x {g['outcome']}: {g['reason']}"
+        lines.append("No feasible result." + ("".join(f"\n- {len(g.trials)} x {g.outcome}: {g.reason}"
                                                    for g in groups) if groups else " Nothing was measured.")
                      + "\n\nEach trial's reason is in its child run and in `tables/trials.md`.")
     else:

@@ -370,7 +370,7 @@ class MlflowTracker:
                                 for value, suffix in ((gain.step.change, ""), (gain.step.low, "_low"),
                                                       (gain.step.high, "_high")) if value is not None]
         if getattr(report, "noise", None):
-            metrics.append(("noise_rel_sd", report.noise["rel_sd"], step))
+            metrics.append(("noise_rel_sd", report.noise.rel_sd, step))
         self._batch(self.parent_id, metrics, tags=tags)
         self.client.set_terminated(self.parent_id, status="FINISHED")
 
