@@ -126,27 +126,22 @@ def test_compare_takes_a_script_and_its_candidates_are_script_trials() -> None:
     assert all(isinstance(s.trial_spec(c), ScriptSpec) for c in configs)
 
 
-TINY = """
-import torch
-model = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for i in range(40):
-    model(torch.randn(4, 8)).pow(2).mean().backward()
-    opt.step()
-    opt.zero_grad()
-"""
-
-
-@pytest.mark.integration  # 4 torchrun launches of a script (30-60 s on 2 cores)
-def test_compare_a_script_in_fresh_process_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autocompile.study.compare import SCRIPT_ROUNDS, compare
+@pytest.mark.integration  # 4 launches of a script (30-60 s on 2 cores)
+def test_compare_a_script_in_fresh_process_rounds_when_its_candidates_cannot_share_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Module against regional compile switch different units: fresh-process rounds, saying why (candidates that
+    can share time side by side in the script's own process: tests/test_script_sidebyside.py)."""
+    from autocompile.study.compare import compare
+    from tests.test_script_sidebyside import BLOCKS
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "tiny.py").write_text(TINY)
-    s = settings("script.path=tiny.py", "task=compare", "compare.processes=1", *FAST, f"output_root={tmp_path}",
-                 'compare.candidates=["compile.scope=none","compile.scope=module compile.backend=eager"]')
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    s = settings("script.path=blocks.py", "task=compare", "compare.processes=1", *FAST, f"output_root={tmp_path}",
+                 'compare.candidates=["compile.scope=module compile.backend=eager",'
+                 '"compile.scope=regional compile.backend=eager"]')
     report = compare(s, tmp_path / "run").as_dict()  # compare.json
-    assert (report["method"], report["why"]) == ("fresh_processes", SCRIPT_ROUNDS)
+    assert report["method"] == "fresh_processes"
+    assert "the compiled candidates compile different units" in report["why"]
     assert [row["status"] for row in report["candidates"]] == ["ok", "ok"]
     assert len(report["pairs"]) == 1 and report["pairs"][0]["step"]["basis"] == "fresh-process rounds"
     rounds = sorted(p.parent.name for p in (tmp_path / "run" / "compare").glob("*/round0/*/result.json"))

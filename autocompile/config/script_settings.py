@@ -155,6 +155,26 @@ class ScriptSettings:
 
 
 @dataclass
+class ScriptRotation:
+    """Several candidates side by side in one process of the script (``ScriptSpec.rotation``): the agent holds a
+    compiled variant of each unit per candidate, warms each in turn, then switches the active one window by
+    window in rotating order (the fields of :class:`autocompile.config.spec.SideBySideSpec`)."""
+
+    knobs: list[dict[str, Any]]
+    """Each candidate's knobs; what ``prepare()`` applies is the same in all (``ScriptSpec.knobs``)."""
+    labels: list[str]
+    expected: list[str | None]
+    """Each candidate's fingerprint in its own cold process: another one beside the others fails it."""
+    artifacts: list[str | None]
+    window_steps: int = 10
+    min_rounds: int = 12
+    precision: float = 0.01
+    max_timed_s: float = 20.0
+    settle_steps: int = 1
+    shift: int = 0
+
+
+@dataclass
 class ScriptSpec:
     """What one trial of a script runs; written as ``trial.json`` (the agent reads it back)."""
 
@@ -165,6 +185,8 @@ class ScriptSpec:
     measure: MeasureSettings
     device: str = "cpu"
     threads: int = 1
+    rotation: ScriptRotation | None = None
+    """Candidates side by side in this process (None: one configuration, ``knobs``)."""
 
     module = "autocompile.trial.script.agent"
     """Not a worker torchrun runs: the script is (see :meth:`entry`); named for readers of trial specs."""
@@ -200,8 +222,10 @@ class ScriptSpec:
         # The script was checked when the study started; its directory may have moved since (a replay).
         script = ScriptSettings.__new__(ScriptSettings)
         script.__dict__.update(raw.pop("script"))
+        rotation = raw.pop("rotation", None)
         return cls(script=script, workload=Workload(**raw.pop("workload")),
-                   measure=MeasureSettings(**raw.pop("measure")), **raw)
+                   measure=MeasureSettings(**raw.pop("measure")),
+                   rotation=ScriptRotation(**rotation) if rotation else None, **raw)
 
     @property
     def needed_steps(self) -> int:

@@ -367,8 +367,8 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
         launch = OmegaConf.to_object(cfg.launch)
         compare = OmegaConf.to_object(cfg.compare)
         if script.given:
-            # Side by side means several candidates in one process: a script's process runs one configuration
-            # (task=compare runs fresh-process rounds instead).
+            # A script study's phases run fresh-process rounds (task=compare times a script's candidates side by
+            # side in its own process: trial/script/rotation.py).
             study = dataclasses.replace(study, side_by_side=False)
         device = workload.resolved_device()
         if device == "cuda":

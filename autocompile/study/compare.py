@@ -15,7 +15,8 @@ A candidate whose windows changed speed within a process (:func:`autocompile.tri
 named, one line each, and a side-by-side ratio that disagrees with the candidates' cold runs alone beyond
 their noise is reported as that disagreement, not as the answer.
 
-A script (``script.path``) always runs fresh-process rounds: each of its processes runs one configuration.
+A script (``script.path``) is timed side by side inside its own processes: the agent holds every candidate's
+compile of the units it takes over and switches them window by window (:mod:`autocompile.trial.script.rotation`).
 Candidates that cannot share a process (:func:`sidebyside.cannot_share`, or one that failed beside the
 others) are compared in fresh-process rounds instead (one process per candidate and round, paired
 by round), and the output says which ran and why.
@@ -42,7 +43,6 @@ from autocompile.trial.launcher import launch
 from autocompile.trial.timing.stats import change_point, paired_ratio
 
 log = logging.getLogger(__name__)
-SCRIPT_ROUNDS = f"{sidebyside.ONE_CONFIGURATION} (its own loop holds the model): fresh-process rounds"
 
 ALONE_CV = 0.086
 """Least relative sd of one candidate's step time across fresh processes alone, for comparing the cold runs'
@@ -83,7 +83,7 @@ def timed(members: list[sidebyside.Member], settings: Settings, out: Path
           ) -> tuple[str, str, PerProcess, PerProcess]:
     """Side by side when the members can share a process, else fresh-process rounds: (method, why, label
     -> process or round -> step times, and side by side their CPU seconds per step)."""
-    reason = SCRIPT_ROUNDS if settings.script.given else sidebyside.cannot_share(members, settings)
+    reason = sidebyside.cannot_share(members, settings)  # a script's too: its agent switches candidates
     if reason is None:
         results: list[dict[str, Any]] = []
         for p in range(settings.compare.processes):

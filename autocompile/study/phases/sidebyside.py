@@ -13,13 +13,14 @@ import math
 import shutil
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from autocompile.config.choices import compiles
 from autocompile.config.gpus import free_memory
-from autocompile.config.knobs import TrialConfig
+from autocompile.config.knobs import PREPARE_OPENS, TrialConfig
+from autocompile.config.script_settings import ScriptRotation, ScriptSpec
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.spec import SideBySideSpec
@@ -29,7 +30,7 @@ from autocompile.trial.timing.stats import ChangePoint, change_point, deschedule
 
 log = logging.getLogger(__name__)
 ONE_CONFIGURATION = "a script's process runs one configuration"
-"""Why a script (``script.path``) is never timed side by side: its own loop holds the model."""
+"""Why a script's study phases (``script.path``) run fresh-process rounds: not yet wired to side by side."""
 
 MEMORY_SHARE = 0.8
 """Candidates share a process when their cold peaks together stay under this share of what is free."""
@@ -53,6 +54,9 @@ def cannot_share(members: list[Member], settings: Settings, gpu: str | None = No
     own candidate but one, regional compile with per-block checkpointing beside another compiled
     candidate; the fingerprint check catches any other. Not testable without a GPU: CUDA graph trees
     (one memory pool per device, shared by every recorded graph), so those fall back."""
+    script = getattr(settings, "script", None)  # settings stand-ins of tests have no script section
+    if script is not None and script.given and (why := script_cannot_share(members, settings)) is not None:
+        return why
     if settings.device == "cuda":
         from autocompile.trial.program.step import compile_kwargs, uses_cuda_graphs
 
@@ -75,6 +79,34 @@ def cannot_share(members: list[Member], settings: Settings, gpu: str | None = No
         return (f"the candidates' peak memory together ({need / 2**30:.1f} GiB) does not fit "
                 f"({free / 2**30:.1f} GiB free)")
     return None
+
+
+def script_cannot_share(members: list[Member], settings: Settings) -> str | None:
+    """Why a script's candidates cannot share one of its processes (None: they can). The agent switches, per
+    window, which candidate's compile of the same units runs (:mod:`autocompile.trial.script.variants`): what
+    changes only how those units are compiled shares (scope none against one compiled scope, mode, options,
+    dynamic, fullgraph, backend); what is applied once to the script's own objects does not."""
+    if settings.workload.world_size > 1:
+        return ("a script on several ranks: its candidates switch inside one process only (the script wraps "
+                "the compiled model in DDP once)")
+    for key in PREPARE_OPENS:
+        values = sorted({str(m.config.flat().get(key)) for m in members})
+        if len(values) > 1:
+            return (f"{key} differs ({', '.join(values)}): autocompile.prepare applies it once to the script's "
+                    "own objects, outside the compiled forward")
+    compiled = {_units(m.config) for m in members if compiles(m.config.compile.scope)}
+    if len(compiled) > 1:
+        return (f"the compiled candidates compile different units ({'; '.join(sorted(compiled))}): one set of "
+                "units is switched per window")
+    if any("granularity=nested" in u for u in compiled):
+        return "nested compile regions mark every block's forward once, for every candidate"
+    return None
+
+
+def _units(config: TrialConfig) -> str:
+    c = config.compile
+    return f"scope={c.scope}" if c.scope != "regional" else \
+        f"scope=regional, granularity={c.granularity}, rest={c.rest}"
 
 
 def _free_memory(device: str, gpu: str | None = None) -> float | None:
@@ -100,6 +132,22 @@ def spec_for(members: list[Member], settings: Settings, shift: int, threads: int
         settle_steps=c.settle_steps, shift=shift, timeout_s=max(settings.timeout_s(m.config) for m in members))
 
 
+def script_spec_for(members: list[Member], settings: Settings, shift: int, threads: int | None = None,
+                    warm: set[str] | None = None) -> ScriptSpec:
+    """A process of the user's script that times every member side by side (``ScriptSpec.rotation``); the
+    knobs ``prepare()`` applies are the members' one value (:func:`script_cannot_share`)."""
+    model_path = spec_for(members, settings, shift, threads, warm)
+    spec = settings.trial_spec(members[0].config, threads)
+    assert isinstance(spec, ScriptSpec)
+    spec.measure = replace(spec.measure, timeout_s=model_path.timeout_s)
+    spec.rotation = ScriptRotation(
+        knobs=[m.config.flat() for m in members], labels=model_path.labels, expected=model_path.expected,
+        artifacts=model_path.artifacts, window_steps=model_path.window_steps, min_rounds=model_path.min_rounds,
+        precision=model_path.precision, max_timed_s=model_path.max_timed_s, settle_steps=model_path.settle_steps,
+        shift=shift)
+    return spec
+
+
 def run_process(out_dir: Path, members: list[Member], settings: Settings, shift: int,
                 resources: Resources | None = None, agents: Agents | None = None,
                 beat: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -108,7 +156,8 @@ def run_process(out_dir: Path, members: list[Member], settings: Settings, shift:
     resources, agents = resources or Resources(), agents or Agents()
     cache = out_dir / "inductor_cache"
     warm = merge_caches(members, cache)
-    spec = spec_for(members, settings, shift, slot_threads(settings, resources), warm)
+    threads = slot_threads(settings, resources)
+    spec = (script_spec_for if settings.script.given else spec_for)(members, settings, shift, threads, warm)
     log.info("side by side, process %d: %s", shift, ", ".join(m.label for m in members))
 
     def alive(events: list[dict[str, Any]], elapsed: float) -> None:

@@ -52,6 +52,7 @@ from autocompile.trial.program.step import compile_kwargs  # noqa: E402
 from autocompile.trial.script import hooks  # noqa: E402
 from autocompile.trial.script.ending import CannotTakeOver  # noqa: E402
 from autocompile.trial.script.meter import Meter  # noqa: E402
+from autocompile.trial.script.variants import Variants  # noqa: E402
 from autocompile.workload.optim import set_impl  # noqa: E402
 
 _REAL_COMPILE = torch.compile
@@ -80,8 +81,15 @@ class Agent:
 
     def __init__(self, spec: ScriptSpec, trial_dir: Path) -> None:
         self.spec = spec
-        self.setup(spec.knobs, spec.device, calls_prepare(spec.script.path))
-        self.meter: Meter | Watched = Meter(spec, trial_dir, self, BOOT)
+        prepares = calls_prepare(spec.script.path)
+        self.setup(spec.knobs, spec.device, prepares)
+        if spec.rotation is not None:
+            from autocompile.trial.script.rotation import RotationMeter
+
+            self.variants = Variants(spec.rotation, script_env(spec.device, self.world_size, prepares))
+            self.meter: Meter | Watched = RotationMeter(spec, trial_dir, self, BOOT)
+        else:
+            self.meter = Meter(spec, trial_dir, self, BOOT)
 
     def setup(self, knobs: dict[str, Any], device: str, prepares: bool, strict: bool = True) -> None:
         self.rank = int(os.environ.get("RANK", 0))
@@ -96,6 +104,8 @@ class Agent:
         self.prepared: dict[str, Any] = {}
         """What ``autocompile.prepare`` applied, read back from the script's objects (empty: never called)."""
         self.awaiting_ddp: nn.Module | None = None
+        self.variants: Variants | None = None
+        """Side by side (``spec.rotation``): every candidate's variant of what the script compiles."""
         """``ddp.wrap_order=compile_of_ddp``: the prepared model, compiled once the script wraps it in DDP."""
 
     @property
@@ -104,6 +114,10 @@ class Agent:
 
     def install(self) -> None:
         torch._dynamo.config.fail_on_recompile_limit_hit = True  # a hit limit would run the rest eager, silently
+        if self.variants is not None:  # each candidate a cache entry per code object: each its own budget
+            config, n = torch._dynamo.config, len(self.variants.all)
+            config.recompile_limit, config.accumulated_recompile_limit = (
+                config.recompile_limit * n, config.accumulated_recompile_limit * n)
         apply_optimize_ddp(self.config.ddp, self.world_size > 1)  # before the script builds DDP: read in __init__
         # Skipped CUDA graphs are read from inductor's counter, not triton.cudagraph_or_error: it is part of the
         # FX-graph cache key, and the winner's artifacts would miss in the user's own process.
@@ -117,7 +131,7 @@ class Agent:
         self.calls.append({"target": name, "module": isinstance(target, nn.Module), "where": where,
                            "kwargs": {k: repr(v) for k, v in kwargs.items()}})
         if not isinstance(target, nn.Module):
-            if not compiles(self.scope):
+            if not self.compiles_anything:
                 return target  # the eager baseline runs the function as it is
             raise CannotTakeOver(
                 f"the script compiles the function {name} ({where}): compile.scope={self.scope} compiles a model, "
@@ -128,7 +142,9 @@ class Agent:
         if self.taken(target):  # prepare() took it over already, then the script's own torch.compile
             return target
         runner = target
-        if compiles(self.scope):
+        if self.variants is not None:
+            self._compile_variants(target, in_place)
+        elif compiles(self.scope):
             runner = self._compile(target, in_place)
         self.meter.watch(runner, target)
         return target if in_place else runner
@@ -185,8 +201,8 @@ class Agent:
 
     @property
     def compiles_anything(self) -> bool:
-        """Whether the trial compiles anything (``compile.scope`` is not none)."""
-        return compiles(self.scope)
+        """Whether the trial compiles anything (``compile.scope`` is not none; side by side, any candidate)."""
+        return self.variants.compiles_anything if self.variants is not None else compiles(self.scope)
 
     def unmet(self) -> str | None:
         """Why the trial's program did not run as its configuration names (checked after warm-up), or None."""
@@ -223,6 +239,15 @@ class Agent:
         hooks.leave_out_forward([unit for _, unit in targets])
         self.units += targets
         return module
+
+
+    def _compile_variants(self, module: nn.Module, in_place: bool) -> None:
+        """Side by side: every candidate's variant of ``module``'s units, switched per window (in place)."""
+        assert self.variants is not None
+        if isinstance(module, nn.parallel.DistributedDataParallel):
+            raise CannotTakeOver("side by side, the script's candidates share one process: a DDP wrapper is "
+                                 "compiled per process (fresh-process rounds)")
+        self.variants.take_over(module, f"{len(self.meter.models)}:" if self.meter.models else "")
 
 
 class Watched:

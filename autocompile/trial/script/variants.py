@@ -1,0 +1,119 @@
+"""Several candidates of a script in one of its processes: each unit the agent takes over gets one compiled
+variant per candidate, and its ``forward`` becomes a :class:`Switch` that runs the active candidate's.
+
+Each variant is its own ``torch.compile`` call with its own backend object (a :class:`Recorder` per candidate),
+so dynamo keeps a cache entry per candidate on the unit's one code object, and each candidate's graphs land in
+its own :class:`CompileLog` (its coverage and fingerprint, checked against its cold run alone). ``compile.scope
+=none`` is the unit's own forward. Only knobs that change how the same units are compiled vary here (mode,
+options, dynamic, fullgraph, backend, none against one compiled scope): which knobs may, and why the others may
+not, is :func:`autocompile.study.phases.sidebyside.script_cannot_share`.
+
+Torch only: this runs inside the user's processes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch import nn
+
+from autocompile.config.choices import compiles
+from autocompile.config.knob_spec import Env
+from autocompile.config.knobs import TrialConfig
+from autocompile.config.script_settings import ScriptRotation
+from autocompile.trial.program.apply_parts import Compilers, compile_targets, compile_units
+from autocompile.trial.program.graphs import CompileLog, NothingCompiled, PartiallyCompiled, coverage
+from autocompile.trial.program.step import compile_kwargs
+from autocompile.trial.script import hooks
+from autocompile.trial.script.ending import CannotTakeOver
+
+log = logging.getLogger("autocompile.trial.script")
+
+
+class Variant:
+    """One candidate's compile of what the script hands over: its configuration, log, units and names."""
+
+    def __init__(self, label: str, config: TrialConfig) -> None:
+        self.label, self.config = label, config
+        self.log = CompileLog()
+        self.compile_model = Compilers(self.log, compile_kwargs(config.compile))("model")
+        self.units: list[tuple[str, nn.Module]] = []
+        self.compiled: list[str] = []
+
+    @property
+    def scope(self) -> str:
+        return self.config.compile.scope
+
+
+class Switch:
+    """A unit's ``forward`` that runs the active candidate's variant (left out when the unit is pickled)."""
+
+    __slots__ = ("forwards", "variants")
+
+    def __init__(self, forwards: list[Any], variants: Variants) -> None:
+        self.forwards, self.variants = forwards, variants
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forwards[self.variants.active](*args, **kwargs)
+
+
+class Variants:
+    """Every candidate's variant of the units, and which one runs now."""
+
+    def __init__(self, rotation: ScriptRotation, env: Env) -> None:
+        self.all = [Variant(label, TrialConfig.from_flat(knobs, env))
+                    for label, knobs in zip(rotation.labels, rotation.knobs, strict=True)]
+        self.active = 0
+
+    @property
+    def compiles_anything(self) -> bool:
+        return any(compiles(v.scope) for v in self.all)
+
+    def take_over(self, module: nn.Module, prefix: str) -> None:
+        """Compile ``module``'s units once per compiled candidate, each unit's forward a :class:`Switch`."""
+        compiled = [v for v in self.all if compiles(v.scope)]
+        if not compiled:
+            return
+        try:
+            targets = [compile_targets(module, v.config.compile) for v in compiled]
+        except ValueError as exc:  # regional on a model without repeated blocks
+            raise CannotTakeOver(f"compile.scope={compiled[0].scope} on {type(module).__name__}: {exc}") from exc
+        if any([n for n, _ in t] != [n for n, _ in targets[0]] for t in targets):
+            raise CannotTakeOver("side by side, every compiled candidate must compile the same units")
+        for name, unit in targets[0]:
+            own = unit.__dict__.get("forward")
+            forwards = []
+            for v in self.all:
+                if not compiles(v.scope):
+                    forwards.append(unit.forward)  # eager: the unit's own forward
+                    continue
+                compile_units([(f"{prefix}{name}", unit)], v.compile_model, v.log)
+                forwards.append(unit.__dict__["forward"])
+                if own is None:  # back to the class's forward for the next candidate's compile
+                    del unit.__dict__["forward"]
+                else:
+                    unit.forward = own  # type: ignore[method-assign]
+                v.units.append((f"{prefix}{name}", unit))
+                v.compiled.append(f"{prefix}{name}")
+            unit.forward = Switch(forwards, self)  # type: ignore[method-assign]
+        hooks.leave_out_forward([unit for _, unit in targets[0]])
+
+    def program(self, i: int, models: list[nn.Module], calls: int, prepared: dict[str, Any]) -> dict[str, Any]:
+        """Candidate ``i``'s coverage and fingerprint after its warm-up, as its own process reports them
+        (:meth:`autocompile.trial.script.meter.Meter.check_program`), or raise why it did not run compiled."""
+        v = self.all[i]
+        if not compiles(v.scope):
+            return {"coverage": 0.0, "fingerprint": "eager:script" + "".join(
+                f":{k}={val}" for k, val in sorted(prepared.items()))}
+        if not calls or not models:
+            raise NothingCompiled(f"compile.scope={v.scope}, but the script never called torch.compile on a model "
+                                  "(nothing to take over): add model = torch.compile(model) to it")
+        cover = coverage(v.log, models[0], v.units)
+        if not v.log.graphs:
+            raise NothingCompiled(f"{', '.join(v.compiled)} handed to torch.compile, but no graph was compiled "
+                                  "(dynamo skipped every frame)")
+        if cover.missing:
+            raise PartiallyCompiled(f"{', '.join(cover.missing[:6])} handed to torch.compile but ran eager")
+        return {"coverage": cover.fraction,
+                "fingerprint": v.log.fingerprint({"scope": v.scope, "script": True, **prepared})}

@@ -1,0 +1,109 @@
+"""A script's candidates side by side inside its own processes (``task=compare`` of ``script.path``): the agent
+holds every candidate's compile of the script's model and switches them window by window."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_script_cli import settings
+
+BLOCKS = """
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x + self.b(torch.nn.functional.gelu(self.a(x)))
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+torch.manual_seed(0)
+model = torch.compile(Net())
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(100000):  # the agent ends the process once it has measured
+    model(torch.randn(4, 16)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+FAST = ["measure.warmup_steps=2", "measure.windows=2", "measure.window_steps=2", "measure.precision=0",
+        "compare.min_rounds=4", "compare.max_timed_s=0.5", "compare.window_steps=2"]
+MODULE = "compile.scope=module compile.backend=aot_eager"
+
+
+def script_settings(tmp_path: Path, candidates: list[str], *more: str) -> Any:
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    return settings("script.path=blocks.py", "task=compare", *FAST, f"output_root={tmp_path}", *more,
+                    "compare.candidates=[" + ",".join(f'"{c}"' for c in candidates) + "]")
+
+
+def test_a_scripts_compare_times_eager_module_and_module_again_side_by_side_in_its_own_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autocompile.study.compare import compare
+    from autocompile.study.phases import sidebyside
+
+    monkeypatch.chdir(tmp_path)
+    s = script_settings(tmp_path, [MODULE, "compile.scope=none", MODULE], "compare.processes=2")
+    report = compare(s, tmp_path / "run").as_dict()
+    assert (report["method"], report["why"]) == ("side_by_side", "")
+    (out,) = (tmp_path / "run" / "compare").iterdir()
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["cold0", "cold1", "process0", "process1"]
+    results = [json.loads((out / f"process{p}" / "result.json").read_text()) for p in (0, 1)]
+    cold = {0: json.loads((out / "cold0" / "result.json").read_text()),
+            1: json.loads((out / "cold1" / "result.json").read_text())}
+    labels = [f"0: {MODULE}", "1: compile.scope=none", f"2: {MODULE}"]
+    for p, result in enumerate(results):
+        assert result["status"] == "ok" and result["order"] == [[0, 1, 2], [1, 2, 0]][p]  # build order rotated
+        assert [c["label"] for c in result["candidates"]] == labels
+        for c, alone in zip(result["candidates"], (cold[0], cold[1], cold[0]), strict=True):
+            assert c["status"] == "ok", c
+            assert c["fingerprint"] == alone["fingerprint"]  # the program it compiled alone, beside the others
+            assert len(c["step_s_windows"]) == len(c["step_cpu_s_windows"]) == result["rounds"] >= 4
+        assert result["candidates"][0]["coverage"] == 1.0 and result["candidates"][1]["coverage"] == 0.0
+    assert cold[0]["fingerprint"] != "eager:script" == cold[1]["fingerprint"]
+    per = sidebyside.windows(results)  # what the model path's processes give the intervals, read unchanged
+    assert sorted(per) == labels and all(sorted(by_process) == [0, 1] for by_process in per.values())
+    eager, again = report["pairs"]
+    assert (eager["b"], again["b"]) == (1, 2)
+    assert eager["step"]["processes"] == 2 and eager["step"]["basis"] != "fresh-process rounds"
+    assert again["step"]["low"] < 0 < again["step"]["high"]  # A/A: the same candidate twice
+
+
+def test_a_scripts_candidates_that_cannot_share_a_process_say_why() -> None:
+    from autocompile.config.knobs import TrialConfig
+    from autocompile.study.phases.sidebyside import Member, cannot_share
+
+    def why(texts: list[str], *more: str, script: str = "examples/scripts/train_gpt.py") -> str | None:
+        s = settings(f"script.path={script}", *more)
+        members = [Member(t, TrialConfig.from_flat({k: {"True": True}.get(v, v) for k, v in (
+            kv.split("=") for kv in t.split())}, s.env), {}) for t in texts]
+        return cannot_share(members, s)
+
+    # Only how the same units are compiled: mode, options, dynamic, fullgraph, backend, none against module.
+    assert why(["compile.scope=none", "compile.scope=module compile.mode=max-autotune-no-cudagraphs",
+                "compile.scope=module compile.options.shape_padding=True compile.dynamic=True",
+                "compile.scope=module compile.fullgraph=True compile.backend=aot_eager"]) is None
+    assert "compile different units" in why(["compile.scope=module", "compile.scope=regional"])
+    assert "nested compile regions" in why(["compile.scope=none", "compile.scope=regional compile.granularity=nested"])
+    assert "several ranks" in why(["compile.scope=none", "compile.scope=module"], "workload.nproc_per_node=2")
+    prepares = "examples/scripts/train_gpt_prepare.py"  # calls autocompile.prepare: its knobs open
+    assert "optim.impl differs" in why(["optim.impl=foreach", "optim.impl=fused"], script=prepares)
+    assert "ac.policy differs" in why(["ac.policy=none", "ac.policy=block"], script=prepares)
