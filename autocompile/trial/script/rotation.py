@@ -112,7 +112,8 @@ class RotationMeter(Meter):
             self._listening = listening(self.variants.all[nxt].log)
             self._listening.__enter__()
             self.switch_to(nxt, warm=True)
-            self.warm_until = self.steps + max(2, self.spec.measure.warmup_steps)
+            # its compile lets the loader's workers fill their queue again: drained in its warm-up too
+            self.warm_until = self.steps + max(2, self.warmup_target())
             self.progress("candidate_start", candidate=nxt, label=self.rotation.labels[nxt])
             return
         self.timeline["warmup_done"] = time.time()
