@@ -41,6 +41,32 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = (f"{report.longrepr[2]}\nOn CI (CI={os.environ['CI']}) a test skipped for a missing "
                            "service fails: scripts/setup.sh installs it (bash scripts/setup.sh as root).")
 
+def cli_in_process(*args: str) -> tuple[int, str]:
+    """``python -m autocompile ARGS`` in this process (``autocompile.app.main``): its exit code and what it wrote
+    to stderr. For the one-line errors raised before anything starts: a subprocess costs seconds of imports, and
+    the tests that run the real command line (tests/test_cli.py) keep one such case in the default run."""
+    import contextlib
+    import io
+    import signal
+    import sys
+
+    from autocompile.app import main
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}  # main() installs its own
+    argv, err = list(sys.argv), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv[:] = argv
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return code, err.getvalue()
+
+
 TINY_GPT2 = ModelSpec(name="gpt2-tiny", target="autocompile.workload.models.gpt2", vocab_size=128,
                       kwargs={"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 64})
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import cli_in_process
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -19,7 +21,7 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
                           timeout=600)
 
 
-@pytest.mark.parametrize(("args", "says"), [
+BAD_INPUT = [
     ((), "no model given: add +model=NAME"),
     (("+model=gpt3",), "unknown model 'gpt3': choose one of"),
     (("+model=gpt2-tiny", "compile.scoop=module"), "unknown config key 'compile.scoop'"),
@@ -35,12 +37,29 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     (("+model=gpt2-tiny", "workload.optimizer._target_=torch.optim.Adamm"),
      "workload.optimizer._target_='torch.optim.Adamm' does not import"),
     (("+model=gpt2-tiny", "workload.grad_accum_steps=0"), "workload.grad_accum_steps=0 must be >= 1"),
-])
+]
+
+
+# The real command line, a subprocess per case (3-5 s of imports each): the first case in the default run, the rest
+# integration (default run: every case in process, test_bad_input_in_process_is_one_line_naming_the_fix).
+@pytest.mark.parametrize(("args", "says"), [
+    case if i == 0 else pytest.param(*case, marks=pytest.mark.integration) for i, case in enumerate(BAD_INPUT)])
 def test_bad_input_is_one_line_naming_the_fix(args: tuple[str, ...], says: str, tmp_path: Path) -> None:
     result = cli(*args, f"output_root={tmp_path}")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("autocompile: error: "), result.stderr
+    assert says in lines[0]
+    assert not any(tmp_path.iterdir())  # nothing was started
+
+
+@pytest.mark.parametrize(("args", "says"), BAD_INPUT)
+def test_bad_input_in_process_is_one_line_naming_the_fix(args: tuple[str, ...], says: str, tmp_path: Path) -> None:
+    """The same cases through ``autocompile.app.main`` in this process: the same exit, line and nothing started."""
+    code, stderr = cli_in_process(*args, f"output_root={tmp_path}")
+    assert code != 0
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autocompile: error: "), stderr
     assert says in lines[0]
     assert not any(tmp_path.iterdir())  # nothing was started
 

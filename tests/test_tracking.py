@@ -31,6 +31,7 @@ from autocompile.config.knobs import KNOBS
 from autocompile.report.tracking.mlflow_store import mlflow_server
 from autocompile.study.records.record import TrialRecord
 from autocompile.trial.launcher import free_port
+from tests.conftest import cli_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
@@ -216,10 +217,17 @@ def test_multirun_over_http_gives_one_parent_per_job_in_one_experiment(server: s
         assert "tokens_per_s" in kv(child["data"]["metrics"])
 
 
-@pytest.mark.parametrize(("uri", "says"), [
+UNUSABLE_STORES = [
     ("http://127.0.0.1:{port}", "is not reachable (connection refused)"),
     ("sqlite:///{tmp}/a_file/mlflow.db", "cannot be opened for writing"),
-])
+]
+
+
+# A CLI subprocess per store (its imports: 10-20 s on 2 busy cores). Default run: the same checks in process,
+# test_an_unusable_tracking_store_fails_in_process_in_one_line_before_any_trial; a real command line's one-line
+# error: tests/test_cli.py::test_bad_input_is_one_line_naming_the_fix.
+@pytest.mark.integration
+@pytest.mark.parametrize(("uri", "says"), UNUSABLE_STORES)
 def test_an_unusable_tracking_store_fails_in_one_line_before_any_trial(uri: str, says: str, tmp_path: Path) -> None:
     (tmp_path / "a_file").write_text("not a directory")
     uri = uri.format(port=free_port(), tmp=tmp_path)
@@ -227,6 +235,19 @@ def test_an_unusable_tracking_store_fails_in_one_line_before_any_trial(uri: str,
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"autocompile: error: tracking.uri={uri} "), run.stderr
+    assert says in lines[0]
+    assert not list(tmp_path.glob("*/trials"))  # no trial started
+
+
+@pytest.mark.parametrize(("uri", "says"), UNUSABLE_STORES)
+def test_an_unusable_tracking_store_fails_in_process_in_one_line_before_any_trial(uri: str, says: str,
+                                                                                  tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("not a directory")
+    uri = uri.format(port=free_port(), tmp=tmp_path)
+    code, stderr = cli_in_process(*MODEL, "study.n_trials=1", f"tracking.uri={uri}", f"output_root={tmp_path}")
+    assert code != 0
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"autocompile: error: tracking.uri={uri} "), stderr
     assert says in lines[0]
     assert not list(tmp_path.glob("*/trials"))  # no trial started
 
