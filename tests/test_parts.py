@@ -124,10 +124,14 @@ def _frames_per_step(tensor_lr: bool, steps: int = 8) -> list[int]:
 
 
 def test_compiled_optimizer_under_a_schedule_recompiles_every_step_without_the_tensor_lr_recipe() -> None:
-    assert all(new > 0 for new in _frames_per_step(False)[:5])  # a recompile per step (then the limit)
+    assert all(new > 0 for new in _frames_per_step(False, steps=6)[:5])  # a recompile per step (then the limit)
     assert _frames_per_step(True)[1:] == [0] * 6  # with a tensor LR: compiled once, never again
 
 
+# Two real trials, one recompiling to its limit (25-35 s). Default run: the recipe in process,
+# test_compiled_optimizer_under_a_schedule_recompiles_every_step_without_the_tensor_lr_recipe, and a real trial's
+# recompile in its timed part, test_a_shape_change_in_the_timed_part_names_the_guard_that_failed.
+@pytest.mark.integration
 def test_a_trial_with_the_recipe_has_no_recompiles_in_its_timed_part_and_fails_without(
         tmp_path: Path, settings_for: Compose) -> None:
     settings = settings_for("+model=custom", "model._target_=tests.models.tiny_lm", "workload.batch_size=2",
@@ -177,7 +181,9 @@ def test_the_implementation_knob_builds_the_optimizer_with_it(impl: str) -> None
               TrialConfig.from_flat({"optim.impl": "fused"}, Env.detect("cpu", 1, False)))
 
 
-@pytest.mark.parametrize("wrap", ["ddp_of_compiled", "compile_of_ddp"])
+# A two-rank torchrun trial each: compile_of_ddp is integration (default run: ddp_of_compiled, the default order,
+# here; compile_of_ddp in process: test_apply_parts.py::test_compile_of_ddp_compiles_the_wrapper_and_every_weight_...).
+@pytest.mark.parametrize("wrap", ["ddp_of_compiled", pytest.param("compile_of_ddp", marks=pytest.mark.integration)])
 def test_accumulation_and_clipping_under_ddp_keep_ranks_identical(tmp_path: Path, wrap: str) -> None:
     import dataclasses
 
