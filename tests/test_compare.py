@@ -10,17 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, cli_in_process
+
+COMPARE = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
+           "workload.seq_len=[16]", "workload.device=cpu", "workload.threads=1", "measure.windows=2",
+           "measure.window_steps=2", "measure.warmup_steps=2", "measure.max_timed_s=0.5",
+           "+workload.optimizer.foreach=false", "task=compare", "compare.processes=2", "compare.min_rounds=4",
+           "compare.max_timed_s=0.5", "compare.window_steps=2"]
 
 
 def compare_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "autocompile", "+model=custom", "model._target_=tests.models.tiny_lm",
-         "model.vocab_size=64", "workload.batch_size=2", "workload.seq_len=[16]", "workload.device=cpu",
-         "workload.threads=1", "measure.windows=2", "measure.window_steps=2", "measure.warmup_steps=2",
-         "measure.max_timed_s=0.5", "+workload.optimizer.foreach=false", "task=compare", "compare.processes=2",
-         "compare.min_rounds=4", "compare.max_timed_s=0.5", "compare.window_steps=2", f"output_root={tmp_path}",
-         *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "autocompile", *COMPARE, f"output_root={tmp_path}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.integration
@@ -55,9 +56,21 @@ def test_candidates_that_cannot_share_a_process_are_compared_in_fresh_processes(
     assert "not side by side" in done.stdout
 
 
+# Two CLI subprocesses (10-30 s on 2 busy cores). Default run: the same checks in process,
+# test_a_bad_candidate_fails_in_process_before_anything_runs.
+@pytest.mark.integration
 def test_a_bad_candidate_fails_in_one_line_before_anything_runs(tmp_path: Path) -> None:
     done = compare_cli(tmp_path, 'compare.candidates=["compile.scope=none","compile.mode=fastest"]')
     assert done.returncode == 2
     assert "compare.candidates 'compile.mode=fastest'" in done.stderr and not list(tmp_path.iterdir())
     done = compare_cli(tmp_path, 'compare.candidates=["compile.scope=none"]')
     assert done.returncode == 2 and "needs two or more compare.candidates" in done.stderr
+
+
+def test_a_bad_candidate_fails_in_process_before_anything_runs(tmp_path: Path) -> None:
+    code, stderr = cli_in_process(*COMPARE, f"output_root={tmp_path}",
+                                  'compare.candidates=["compile.scope=none","compile.mode=fastest"]')
+    assert code == 2
+    assert "compare.candidates 'compile.mode=fastest'" in stderr and not list(tmp_path.iterdir())
+    code, stderr = cli_in_process(*COMPARE, f"output_root={tmp_path}", 'compare.candidates=["compile.scope=none"]')
+    assert code == 2 and "needs two or more compare.candidates" in stderr

@@ -163,7 +163,7 @@ def test_hanging_trial_is_killed_at_its_timeout_with_nothing_left_alive(tmp_path
 
 
 def test_stop_rule_prunes_a_running_trial(tmp_path: Path) -> None:
-    spec = make_spec({"compile.scope": "none"}, windows=50, window_steps=20)
+    spec = make_spec({"compile.scope": "none"}, model=tiny_lm(), windows=50, window_steps=20)
     seen: list[int] = []
 
     def stop_after_first_window(events: list[dict[str, Any]], elapsed: float) -> str | None:
