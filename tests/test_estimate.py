@@ -273,7 +273,10 @@ def test_after_the_search_side_by_side_processes_count_down(settings_for: Compos
 SUITE = ROOT / "benchmarks" / "results" / "cpu-2core" / "suite"
 LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[[\w.]+\]\[\w+\] - (.*)$")
 TRIAL_ROW = re.compile(r"^│ *\d+ │ ([^│]+)│ (\w+) +│ ([\d,-]+) +│ ([\d.-]+) +│ ([^│]+)│")
-BANDS = {"search": (0.8, 1.35), "confirm": (1.0, 2.2), "verdict": (0.65, 1.15), "total": (0.85, 1.3)}
+# The suite predates brief cold runs and search trials standing in for them (issue 35): its verdict phases ran every
+# neighbour's cold run with full timing, which the estimate of today's phases no longer charges (0.61-0.97 of the
+# recorded verdict phase where the estimate of the old phases gave 0.73-1.10).
+BANDS = {"search": (0.8, 1.35), "confirm": (1.0, 2.2), "verdict": (0.55, 1.15), "total": (0.8, 1.3)}
 FRESH_ROUND_VERDICTS = {"t5-tiny": (0.15, 0.35)}  # verdicts in fresh-process rounds: the total follows them
 FRESH_ROUND_TOTAL = (0.3, 0.55)
 

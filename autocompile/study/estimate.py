@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 from autocompile.config.choices import SIDE_BY_SIDE, compiles
 from autocompile.config.knobs import KNOBS, TrialConfig
 from autocompile.config.settings import Settings
-from autocompile.config.space import BASELINES, SearchSpace
+from autocompile.config.space import BASELINES, SearchSpace, identity
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import (
     EXPECTED,
@@ -237,9 +237,14 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
         return confirm_s, 0.0
     finished = phase_trials(study, "verdict") if not searching else []
     ran_cold = {(t.user_attrs.get("knob"), t.user_attrs.get("value")) for t in finished if t.user_attrs.get("cold_run")}
+    # A neighbour the search measured takes that trial as its cold run (phases.run.reuse_search_runs); the others
+    # run once, one timed window (search trials timed up to measure.max_timed_s more).
+    searched = {t.user_attrs.get("identity") for t in measured_trials(study) if t.state == TrialState.COMPLETE}
+    brief = max(settings.measure.max_timed_s * (1 - 1 / max(settings.measure.windows, 1)), 0.0)
     scopes = [config.flat()["compile.scope"] for _, _, config in found]
-    cold_s = sum(costs.cold_s if compiles(scope) else costs.eager_s
-                 for (key, value, _), scope in zip(found, scopes, strict=True) if (key, value) not in ran_cold)
+    cold_s = sum(max(costs.cold_s - brief, costs.warm_s) if compiles(scope) else max(costs.eager_s - brief, 1.0)
+                 for (key, value, config), scope in zip(found, scopes, strict=True)
+                 if (key, value) not in ran_cold and identity(config, space.env) not in searched)
     rounds_done = {t.user_attrs["round"] for t in finished if not t.user_attrs.get("cold_run")}
     compiled = sum(compiles(scope) for scope in scopes) + trial_compiles(winner)
     verdict_s = cold_s + (processes - len(rounds_done)) * process_s(costs, compiled, settings)
