@@ -44,7 +44,9 @@ def _in_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("knobs", "compiled"), [
     ({"compile.scope": "none"}, []),
-    ({"compile.scope": "module", "compile.backend": "aot_eager"}, ["model"]),
+    # A real script trial each (8-17 s): module is integration (default run: the eager baseline and regional here).
+    pytest.param({"compile.scope": "module", "compile.backend": "aot_eager"}, ["model"],
+                 marks=pytest.mark.integration),
     ({"compile.scope": "regional", "compile.backend": "aot_eager"},
      ["transformer.h.0", "transformer.h.1", "transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head"]),
 ])
@@ -188,7 +190,7 @@ def test_one_process_runs_as_python_starts_it_and_a_budget_ending_mid_precision_
 def test_a_hanging_script_is_killed_at_its_timeout_and_leaves_no_process(tmp_path: Path) -> None:
     script = tmp_path / "hangs_forever.py"
     script.write_text("import time\ntime.sleep(600)\n")
-    measure = MeasureSettings(warmup_steps=2, windows=2, window_steps=2, precision=0.0, timeout_s=8)
+    measure = MeasureSettings(warmup_steps=2, windows=2, window_steps=2, precision=0.0, timeout_s=4)
     result = run(tmp_path, script, "", {"compile.scope": "none"}, measure=measure)
     assert (result["status"], result["failure"]) == ("failed", "timeout")
     assert survivors("hangs_forever.py") == []

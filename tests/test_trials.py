@@ -156,7 +156,7 @@ def test_peak_flops_are_found_from_device_names() -> None:
 
 
 def test_hanging_trial_is_killed_at_its_timeout_with_nothing_left_alive(tmp_path: Path) -> None:
-    spec = make_spec({"compile.scope": "none"}, model=tiny_lm("hang"), nproc=2, timeout_s=10)
+    spec = make_spec({"compile.scope": "none"}, model=tiny_lm("hang"), nproc=2, timeout_s=5)
     result = launch(tmp_path / "hang", spec)
     assert result["status"] == "failed" and result["failure"] == "timeout"
     assert survivors(str((tmp_path / "hang").resolve())) == []
