@@ -30,7 +30,10 @@ def ok(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-@pytest.mark.parametrize("knobs", [{"compile.scope": "none"}, COMPILED], ids=["eager", "compiled"])
+# A real script trial each (9-10 s): the eager baseline is integration (default run: compiled, where the agent also
+# takes the script's torch.compile over).
+@pytest.mark.parametrize("knobs", [pytest.param({"compile.scope": "none"}, marks=pytest.mark.integration), COMPILED],
+                         ids=["eager", "compiled"])
 def test_the_scripts_model_and_optimizer_stay_saveable_under_a_trial(tmp_path: Path, knobs: dict[str, Any]) -> None:
     """pytorch/examples' word_language_model does torch.save(model, f): the agent's hooks pickle to nothing."""
     path = script(tmp_path, f"""
