@@ -96,7 +96,9 @@ def checked(factory: Any, knobs: dict[str, Any]) -> dict[str, Any]:
     return verify(step, model, knobs.get("compile.scope", "module"))
 
 
-@pytest.mark.parametrize("optimizer", [False, True])
+# The compiled optimizer over it is integration (5-6 s; default run: a compiled optimizer's graph verified in a real
+# trial, tests/test_parts.py::test_user_data_loss_optimizer_and_schedule_run_a_trial_ok).
+@pytest.mark.parametrize("optimizer", [False, pytest.param(True, marks=pytest.mark.integration)])
 def test_regional_on_torch_defined_blocks_compiles_every_block(optimizer: bool) -> None:
     program = checked(EncoderLM, {"compile.scope": "regional", "compile.optimizer": optimizer})
     assert program["coverage"] == 1.0

@@ -136,6 +136,11 @@ def test_raising_and_nan_trials_fail_with_their_message(tmp_path: Path) -> None:
     assert nan["status"] == "failed" and nan["failure"] == "nan_loss"
 
 
+# A two-rank torchrun trial (8-18 s). Default run: a raise's reason in a trial's result,
+# test_raising_and_nan_trials_fail_with_their_message; a two-rank trial that fails,
+# test_ranks_that_end_with_different_parameters_fail_the_trial; one rank's failure on two ranks,
+# tests/test_measure.py::test_ranks_drop_a_candidate_that_failed_on_one_rank_together.
+@pytest.mark.integration
 def test_failure_on_one_rank_is_reported(tmp_path: Path) -> None:
     result = launch(tmp_path / "t", make_spec({"compile.scope": "none"}, model=tiny_lm("raise"), nproc=2))
     assert result["status"] == "failed"
