@@ -214,6 +214,7 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
     first run once cold."""
     from autocompile.study.phases.confirm import confirm_plan, neighbours
     from autocompile.study.phases.racing import phase_trials
+    from autocompile.study.phases.run import searched_runs
 
     s, processes = settings.study, settings.compare.processes
     trials = study.get_trials(deepcopy=False)
@@ -239,7 +240,7 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
     ran_cold = {(t.user_attrs.get("knob"), t.user_attrs.get("value")) for t in finished if t.user_attrs.get("cold_run")}
     # A neighbour the search measured takes that trial as its cold run (phases.run.reuse_search_runs); the others
     # run once, one timed window (search trials timed up to measure.max_timed_s more).
-    searched = {t.user_attrs.get("identity") for t in measured_trials(study) if t.state == TrialState.COMPLETE}
+    searched = searched_runs(study)
     brief = max(settings.measure.max_timed_s * (1 - 1 / max(settings.measure.windows, 1)), 0.0)
     scopes = [config.flat()["compile.scope"] for _, _, config in found]
     cold_s = sum(max(costs.cold_s - brief, costs.warm_s) if compiles(scope) else max(costs.eager_s - brief, 1.0)

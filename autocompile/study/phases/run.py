@@ -122,8 +122,7 @@ def reuse_search_runs(study: optuna.Study, winner: FrozenTrial, cold: list[Slot]
     (``cold_from``; its measurement, directory and artifacts; the identical-program check against the winner's
     fingerprint). Returns how many neighbours it spared."""
     won = TrialRecord.of(winner).measured.fingerprint
-    searched = {rec.identity: t for t in reversed(measured_trials(study))
-                if t.state == TrialState.COMPLETE and feasible(t) and (rec := TrialRecord.of(t)).measured.ok}
+    searched = searched_runs(study)
     reused = 0
     for slot, key in zip(cold, identities, strict=True):
         src = searched.get(key)
@@ -140,6 +139,13 @@ def reuse_search_runs(study: optuna.Study, winner: FrozenTrial, cold: list[Slot]
         log.info("verdict %s: its cold run is search trial %d (the same configuration)", slot.label, src.number)
         reused += 1
     return reused
+
+
+def searched_runs(study: optuna.Study) -> dict[str | None, FrozenTrial]:
+    """Configuration identity -> the first complete, feasible search trial that measured it: what can stand in
+    for a verdict neighbour's cold run (and what the estimate does not charge one for)."""
+    return {rec.identity: t for t in reversed(measured_trials(study))
+            if t.state == TrialState.COMPLETE and feasible(t) and (rec := TrialRecord.of(t)).measured.ok}
 
 
 SEARCH_ONLY = ("baseline", "remeasure_of", "retry_of", "candidate", "prune_ratio", "prune_margin", "same_program_as",
