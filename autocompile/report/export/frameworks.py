@@ -21,11 +21,11 @@ import functools
 import json
 import logging
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 import yaml
 
-from autocompile.report.export.gaps import Gap, Winner, optimizer_hyper
+from autocompile.report.export.gaps import Gap, GapDoc, Winner, optimizer_hyper
 from autocompile.report.export.titan_python import torchtitan_python
 from autocompile.report.export.torchtitan import torchtitan_toml
 from autocompile.report.findings.entry import Entry
@@ -37,6 +37,95 @@ ACCELERATE_MIXED_PRECISION = {"none": "no", "bfloat16": "bf16", "float16": "fp16
 ACCELERATE_MODES = ("default", "reduce-overhead", "max-autotune")
 """accelerate 1.15 ``TORCH_DYNAMO_MODES``: the choices of ``accelerate launch --dynamo_mode``. A config file's
 mode reaches ``torch.compile`` unchecked (``ACCELERATE_DYNAMO_MODE``), so torch's other modes work from the file."""
+
+
+class AccelerateFsdp(TypedDict):
+    fsdp_version: int
+    fsdp_auto_wrap_policy: str
+    fsdp_reshard_after_forward: bool
+    fsdp_activation_checkpointing: bool
+
+
+class AccelerateDynamo(TypedDict):
+    dynamo_backend: str
+    dynamo_mode: str
+    dynamo_use_fullgraph: bool
+    dynamo_use_dynamic: bool
+    dynamo_use_regional_compilation: bool
+
+
+class AccelerateBase(TypedDict):
+    compute_environment: str
+    distributed_type: str
+    mixed_precision: str
+    use_cpu: bool
+    num_processes: int
+    num_machines: int
+    machine_rank: int
+    main_training_function: str
+    rdzv_backend: str
+    same_network: bool
+    debug: bool
+
+
+class AccelerateConfig(AccelerateBase, total=False):
+    """``best_config.accelerate.yaml``: an Accelerate ``ClusterConfig``, its FSDP2 and dynamo keys where they apply."""
+
+    fsdp_config: AccelerateFsdp
+    dynamo_config: AccelerateDynamo
+
+
+class TrainerFsdp(TypedDict):
+    version: int
+    auto_wrap_policy: str
+    reshard_after_forward: bool
+    activation_checkpointing: bool
+
+
+class TrainerBase(TypedDict):
+    output_dir: str
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    max_grad_norm: float
+    use_cpu: bool
+    bf16: bool
+    fp16: bool
+
+
+class TrainerArguments(TrainerBase, total=False):
+    """``TrainingArguments`` keyword arguments; the optional ones where the winner and the workload need them.
+    Per-block checkpointing is ``activation_checkpointing`` in transformers 5, ``gradient_checkpointing`` before."""
+
+    tf32: bool
+    optim: str
+    learning_rate: float
+    weight_decay: float
+    adam_epsilon: float
+    adam_beta1: float
+    adam_beta2: float
+    torch_compile: bool
+    torch_compile_backend: str
+    torch_compile_mode: str
+    ddp_find_unused_parameters: bool
+    fsdp: bool
+    fsdp_config: TrainerFsdp
+    activation_checkpointing: bool
+    activation_checkpointing_kwargs: dict[str, bool]
+    gradient_checkpointing: bool
+    gradient_checkpointing_kwargs: dict[str, bool]
+
+
+class TrainerJsonBase(TypedDict):
+    comment: str
+    training_arguments: TrainerArguments
+    environment: dict[str, str]
+    not_expressible: list[GapDoc]
+
+
+class TrainerJson(TrainerJsonBase, total=False):
+    """``best_config.trainer.json``; ``optimizer``: how to pass the study's optimizer where it is not AdamW."""
+
+    optimizer: str
 
 
 class Recommendation(Protocol):
@@ -138,10 +227,10 @@ def fsdp_gaps(w: Winner) -> list[Gap]:
     return gaps
 
 
-def accelerate_config(w: Winner) -> dict[str, Any]:
+def accelerate_config(w: Winner) -> AccelerateConfig:
     """The keys of an Accelerate ``ClusterConfig`` file for the winner."""
     distributed = {"single": "NO", "ddp": "MULTI_GPU" if w.device == "cuda" else "MULTI_CPU", "fsdp2": "FSDP"}
-    config: dict[str, Any] = {
+    config: AccelerateConfig = {
         "compute_environment": "LOCAL_MACHINE", "distributed_type": distributed[w.strategy],
         "mixed_precision": mixed_precision(w), "use_cpu": w.device != "cuda", "num_processes": w.world_size,
         "num_machines": w.nnodes, "machine_rank": 0, "main_training_function": "main", "rdzv_backend": "static",
@@ -178,10 +267,10 @@ def accelerate_yaml(w: Winner) -> str:
     return "\n".join(lines) + "\n" + yaml.safe_dump(accelerate_config(w), sort_keys=False)
 
 
-def trainer_arguments(w: Winner) -> dict[str, Any]:
+def trainer_arguments(w: Winner) -> TrainerArguments:
     """``TrainingArguments`` keyword arguments for the winner and the study's workload."""
     work = w.workload
-    args: dict[str, Any] = {
+    args: TrainerArguments = {
         "output_dir": "trainer_output", "per_device_train_batch_size": int(work.get("batch_size", 8)),
         "gradient_accumulation_steps": int(work.get("grad_accum_steps", 1)),
         # 0 turns the Trainer's clipping (default 1.0) off, as in a study that did not clip.
@@ -234,7 +323,7 @@ def trainer_environment(w: Winner) -> dict[str, str]:
 def trainer_json(w: Winner) -> str:
     """``best_config.trainer.json``: ``TrainingArguments(**doc["training_arguments"])`` with ``environment`` set."""
     target, _ = optimizer_hyper(w.workload)
-    doc: dict[str, Any] = {
+    doc: TrainerJson = {
         "comment": " ".join(line.lstrip("# ") for line in w.header("HF Trainer")) + " Use: "
         "TrainingArguments(**training_arguments) with the environment variables set before the Trainer is built.",
         "training_arguments": trainer_arguments(w), "environment": trainer_environment(w),

@@ -15,7 +15,7 @@ import logging
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from autocompile.config.choices import Scope, compiles
 from autocompile.config.knobs import KNOBS
@@ -24,6 +24,27 @@ from autocompile.study.statistics.effect import Effect
 log = logging.getLogger(__name__)
 
 NOT_MEASURED = "not measured"
+
+
+class GapDoc(TypedDict):
+    """A :class:`Gap` in ``best_config.trainer.json``'s ``not_expressible`` list."""
+
+    knob: str
+    winner: Any
+    instead: Any
+    how: str
+    cost: str
+    step_change: float | None
+    """Rounded to 4 places."""
+
+
+class OptimizerHyper(TypedDict, total=False):
+    """The hyperparameters of the study's optimizer that the exports write (those it has)."""
+
+    lr: float
+    betas: tuple[float, ...] | list[float]
+    eps: float
+    weight_decay: float
 
 
 @dataclass(frozen=True)
@@ -43,7 +64,7 @@ class Gap:
     step_change: float | None = None
     """Relative change of step time going from ``winner`` to ``instead`` (positive = slower); None: not measured."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> GapDoc:
         return {"knob": self.knob, "winner": self.winner, "instead": self.instead, "how": self.how,
                 "cost": self.cost, "step_change": None if self.step_change is None else round(self.step_change, 4)}
 
@@ -145,18 +166,18 @@ def measured_cost(effects: Sequence[Effect], key: str, winner: Any, instead: Any
     return NOT_MEASURED, None
 
 
-def optimizer_hyper(workload: Any) -> tuple[str, dict[str, Any]]:
+def optimizer_hyper(workload: Any) -> tuple[str, OptimizerHyper]:
     """The workload optimizer's dotted target and its hyperparameters: the study's, else the class's defaults."""
     node = dict(workload.get("optimizer") or {})
     target = str(node.pop("_target_", "") or "")
     node.pop("_partial_", None)
-    defaults: dict[str, Any] = {}
+    params: Mapping[str, inspect.Parameter] = {}
     module, _, name = target.rpartition(".")
     try:
         params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
-        defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
     except (ImportError, AttributeError, ValueError, TypeError):
         log.debug("optimizer %r not importable here: only the study's own hyperparameters are exported", target)
-    wanted = ("lr", "betas", "eps", "weight_decay")
-    merged = {**defaults, **node}
-    return target, {k: v for k, v in merged.items() if k in wanted and isinstance(v, int | float | tuple | list)}
+    wanted = OptimizerHyper.__annotations__
+    merged = {**{k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}, **node}
+    return target, cast(OptimizerHyper, {k: v for k, v in merged.items()
+                                         if k in wanted and isinstance(v, int | float | tuple | list)})

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
+from autocompile.config.choices import Knobs
 from autocompile.config.settings import Settings
 from autocompile.report.findings.entry import Entry
 
@@ -49,6 +50,13 @@ RUN = "Run your script with it"
 PREPARE = "Or, where it calls autocompile.prepare"
 
 
+class RunEntries(TypedDict, total=False):
+    """``best_config.yaml``'s commands of a script study (none for a model study)."""
+
+    run: str
+    run_with_prepare: str
+
+
 def run_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
     """How a user runs the script with the winner (none for a study of autocompile's loop): through
     ``best_config.py`` (no line changed), or with the winner named for ``autocompile.prepare``."""
@@ -66,7 +74,7 @@ def run_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
 
 def script_snippet(settings: Settings, best: Entry, command: str, run_dir: Path) -> str:
     r = best.result
-    knobs: dict[str, Any] = best.config
+    knobs: Knobs = best.config
     return SCRIPT_SNIPPET.format(
         script=settings.script.path, study=settings.study.name, number=best.number, tokens=r.tokens_per_s,
         rate=f"{r.unit}/s", step_ms=r.step_s * 1e3, compile_s=r.compile_s, cwd=str(Path.cwd()),
@@ -74,6 +82,11 @@ def script_snippet(settings: Settings, best: Entry, command: str, run_dir: Path)
         knobs="{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in knobs.items()) + "}", args=settings.script.argv())
 
 
-def run_entries(commands: dict[str, str]) -> dict[str, Any]:
+def run_entries(commands: dict[str, str]) -> RunEntries:
     """``best_config.yaml``'s ``run`` (the script with the winner) and ``run_with_prepare``, for a script study."""
-    return {key: commands[name] for key, name in (("run", RUN), ("run_with_prepare", PREPARE)) if name in commands}
+    entries: RunEntries = {}
+    if RUN in commands:
+        entries["run"] = commands[RUN]
+    if PREPARE in commands:
+        entries["run_with_prepare"] = commands[PREPARE]
+    return entries

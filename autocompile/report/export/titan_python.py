@@ -25,10 +25,17 @@ torchtitan at :data:`TITAN_PYTHON_COMMIT` (main, 2026-08-21; no release reads th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from autocompile.report.export.gaps import Gap, Winner, optimizer_hyper
-from autocompile.report.export.torchtitan import IMPLEMENTATIONS, budget, compile_gaps, training_gaps
+from autocompile.report.export.torchtitan import (
+    IMPLEMENTATIONS,
+    Parallelism,
+    budget,
+    compile_gaps,
+    parallelism,
+    training_gaps,
+)
 
 TITAN_PYTHON_COMMIT = "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a"
 """pytorch/torchtitan main on 2026-08-21, whose config code this export was written against and loaded by."""
@@ -39,6 +46,27 @@ BASE_CONFIG = ("torchtitan.models.llama3.config_registry", "llama3_debugmodel", 
 data and tokenizer are your run's, so put yours here."""
 TORCH_ADAMW = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 """``torch.optim.AdamW``'s defaults: written where the study kept them, since torchtitan's differ."""
+
+
+class TrainingBase(TypedDict):
+    num_tokens_per_microbatch_per_dp_rank: int
+    max_context_length: int
+    mixed_precision_param: str
+    max_norm: float
+
+
+class Training(TrainingBase, total=False):
+    """``Trainer.Config.training``'s fields set."""
+
+    num_tokens_per_train_step: int
+    """Where the study accumulated gradients."""
+
+
+class Fields(TypedDict):
+    """The ``Trainer.Config`` sections set field by field (``config.<section>.<field> = ...``), in order."""
+
+    training: Training
+    parallelism: Parallelism
 
 
 def python_gaps(w: Winner) -> list[Gap]:
@@ -57,24 +85,20 @@ def python_gaps(w: Winner) -> list[Gap]:
     return gaps
 
 
-def python_fields(w: Winner) -> dict[str, dict[str, Any]]:
+def python_fields(w: Winner) -> Fields:
     """Each ``Trainer.Config`` section's fields to set, as Python literals' values."""
     work = w.workload
     seq = int(max(work.get("seq_len") or [2048]))
     batch = int(work.get("batch_size", 8))
     shard = w.strategy == "fsdp2"
     bf16 = (w.knob("fsdp.mp_policy", "none") == "bf16") if shard else w.knob("amp.dtype") not in (None, "none")
-    training: dict[str, Any] = {"num_tokens_per_microbatch_per_dp_rank": batch * seq, "max_context_length": seq,
-                                "mixed_precision_param": "bfloat16" if bf16 else "float32",
-                                "max_norm": float(work.get("grad_clip_norm", 0.0) or 0.0) or 1.0}
+    training: Training = {"num_tokens_per_microbatch_per_dp_rank": batch * seq, "max_context_length": seq,
+                          "mixed_precision_param": "bfloat16" if bf16 else "float32",
+                          "max_norm": float(work.get("grad_clip_norm", 0.0) or 0.0) or 1.0}
     accum = int(work.get("grad_accum_steps", 1))
     if accum > 1:
         training["num_tokens_per_train_step"] = batch * seq * w.world_size * accum
-    parallelism: dict[str, Any] = {"data_parallel_replicate_degree": w.world_size if w.strategy == "ddp" else 1,
-                                   "data_parallel_shard_degree": w.world_size if shard else 1}
-    if shard:
-        parallelism["fsdp_reshard_after_forward"] = "always" if w.knob("fsdp.reshard_after_forward", True) else "never"
-    return {"training": training, "parallelism": parallelism}
+    return {"training": training, "parallelism": parallelism(w)}
 
 
 def optimizer_line(w: Winner) -> str | None:

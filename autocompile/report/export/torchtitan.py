@@ -16,7 +16,7 @@ compiled). Since PR #2386 (Feb 2026) a torchtitan run is a Python function retur
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 from autocompile.report.export.gaps import Gap, Winner, optimizer_hyper
 
@@ -26,6 +26,77 @@ TORCHTITAN_RELEASE = "0.2.2"
 OPTIMIZERS = {"torch.optim.AdamW": "AdamW", "torch.optim.Adam": "Adam"}
 """torchtitan's ``build_optimizers``: the optimizer names it builds, by the study's optimizer target."""
 IMPLEMENTATIONS = {"for_loop": "for-loop", "foreach": "foreach", "fused": "fused"}
+
+
+class TrainingBase(TypedDict):
+    local_batch_size: int
+    seq_len: int
+    """The longest of the study's sequence lengths."""
+    mixed_precision_param: str
+    mixed_precision_reduce: str
+
+
+class Training(TrainingBase, total=False):
+    """``[training]``."""
+
+    max_norm: float
+    """Where the study clipped gradients."""
+    global_batch_size: int
+    """Where the study accumulated gradients."""
+
+
+class DataParallel(TypedDict):
+    data_parallel_replicate_degree: int
+    data_parallel_shard_degree: int
+
+
+class Parallelism(DataParallel, total=False):
+    """``[parallelism]`` (the TOML and the Python config alike)."""
+
+    fsdp_reshard_after_forward: str
+    """``always`` or ``never``: FSDP2 winners only."""
+
+
+class Checkpointing(TypedDict):
+    """``[activation_checkpoint]``."""
+
+    mode: str
+
+
+class CompileEnable(TypedDict):
+    enable: bool
+
+
+class CompileSection(CompileEnable, total=False):
+    """``[compile]``: ``components`` and ``backend`` when the winner compiles."""
+
+    components: list[str]
+    backend: str
+
+
+class OptimizerSection(TypedDict, total=False):
+    """``[optimizer]``: ``implementation`` always; the rest for an optimizer torchtitan builds (Adam, AdamW)."""
+
+    name: str
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    implementation: str
+
+
+class SectionsBase(TypedDict):
+    training: Training
+    parallelism: Parallelism
+    activation_checkpoint: Checkpointing
+    compile: CompileSection
+
+
+class Sections(SectionsBase, total=False):
+    """The TOML's sections, in the file's order."""
+
+    optimizer: OptimizerSection
 
 
 def torchtitan_gaps(w: Winner) -> list[Gap]:
@@ -97,7 +168,7 @@ def training_gaps(w: Winner) -> list[Gap]:
     return gaps
 
 
-def torchtitan_sections(w: Winner) -> dict[str, dict[str, Any]]:
+def torchtitan_sections(w: Winner) -> Sections:
     """The TOML sections, each key one of ``job_config.py``'s at :data:`TORCHTITAN_COMMIT`."""
     work = w.workload
     shard = w.strategy == "fsdp2"
@@ -106,42 +177,53 @@ def torchtitan_sections(w: Winner) -> dict[str, dict[str, Any]]:
     else:
         param = "float32" if w.knob("amp.dtype") == "none" else "bfloat16"
     seq_len = work.get("seq_len") or [2048]
-    training: dict[str, Any] = {"local_batch_size": int(work.get("batch_size", 8)), "seq_len": int(max(seq_len)),
-                                "mixed_precision_param": param, "mixed_precision_reduce": "float32"}
+    training: Training = {"local_batch_size": int(work.get("batch_size", 8)), "seq_len": int(max(seq_len)),
+                          "mixed_precision_param": param, "mixed_precision_reduce": "float32"}
     if float(work.get("grad_clip_norm", 0.0)) > 0:
         training["max_norm"] = float(work["grad_clip_norm"])
     accum = int(work.get("grad_accum_steps", 1))
     if accum > 1:  # torchtitan accumulates gradients up to the global batch
         training["global_batch_size"] = training["local_batch_size"] * w.world_size * accum
-    parallelism: dict[str, Any] = {"data_parallel_replicate_degree": w.world_size if w.strategy == "ddp" else 1,
-                                   "data_parallel_shard_degree": w.world_size if shard else 1}
-    if shard:
-        parallelism["fsdp_reshard_after_forward"] = "always" if w.knob("fsdp.reshard_after_forward", True) else "never"
-    sections = {"training": training, "parallelism": parallelism,
-                "activation_checkpoint": {"mode": "full" if w.knob("ac.policy") == "block" else "none"},
-                "compile": {"enable": w.compiled}}
+    sections: Sections = {"training": training, "parallelism": parallelism(w),
+                          "activation_checkpoint": {"mode": "full" if w.knob("ac.policy") == "block" else "none"},
+                          "compile": {"enable": w.compiled}}
     if w.compiled:
-        sections["compile"] |= {"components": ["model"], "backend": str(w.knob("compile.backend"))}
+        sections["compile"]["components"] = ["model"]
+        sections["compile"]["backend"] = str(w.knob("compile.backend"))
     optimizer = optimizer_section(w)
     if optimizer:
         sections["optimizer"] = optimizer
     return sections
 
 
-def optimizer_section(w: Winner) -> dict[str, Any]:
+def parallelism(w: Winner) -> Parallelism:
+    """``[parallelism]``: DDP replicates, FSDP2 shards (and reshards after forward, or not)."""
+    shard = w.strategy == "fsdp2"
+    section: Parallelism = {"data_parallel_replicate_degree": w.world_size if w.strategy == "ddp" else 1,
+                            "data_parallel_shard_degree": w.world_size if shard else 1}
+    if shard:
+        section["fsdp_reshard_after_forward"] = "always" if w.knob("fsdp.reshard_after_forward", True) else "never"
+    return section
+
+
+def optimizer_section(w: Winner) -> OptimizerSection:
     """``[optimizer]``: the study's optimizer and ``optim.impl`` (the device's default where it is ``default``)."""
     target, hyper = optimizer_hyper(w.workload)
     impl = w.knob("optim.impl")
     implementation = IMPLEMENTATIONS.get(impl) or ("foreach" if w.device == "cuda" else "for-loop")
     if target not in OPTIMIZERS:
         return {"implementation": implementation}
-    section: dict[str, Any] = {"name": OPTIMIZERS[target]}
+    section: OptimizerSection = {"name": OPTIMIZERS[target]}
     if "lr" in hyper:
         section["lr"] = float(hyper["lr"])
     if "betas" in hyper:
         section["beta1"], section["beta2"] = (float(b) for b in hyper["betas"])
-    section |= {k: float(hyper[k]) for k in ("eps", "weight_decay") if k in hyper}
-    return section | {"implementation": implementation}
+    if "eps" in hyper:
+        section["eps"] = float(hyper["eps"])
+    if "weight_decay" in hyper:
+        section["weight_decay"] = float(hyper["weight_decay"])
+    section["implementation"] = implementation
+    return section
 
 
 def torchtitan_toml(w: Winner) -> str:
