@@ -24,7 +24,7 @@ from autocompile.report.export.frameworks import write_framework_configs
 from autocompile.report.export.script_snippet import run_commands, run_entries
 from autocompile.report.export.snippet import snippet
 from autocompile.report.findings.entry import Entry
-from autocompile.report.findings.search_effects import Z95, knob_effects
+from autocompile.report.findings.search_effects import Z95, CompiledProgram, knob_effects
 from autocompile.report.race_table import print_confirmed
 from autocompile.report.view import console as make_console
 from autocompile.study.phases.confirm import recommended as recommended_trial
@@ -220,7 +220,7 @@ def phases_wall(trials: list[optuna.trial.FrozenTrial]) -> dict[str, float]:
     return {name: end - start for name, (start, end) in spans.items()}
 
 
-def compiled_programs(trials: list[optuna.trial.FrozenTrial]) -> list[dict[str, Any]]:
+def compiled_programs(trials: list[optuna.trial.FrozenTrial]) -> list[CompiledProgram]:
     """Configuration and fingerprint of every trial that compiled something and got its values,
     those stopped as the same program as an earlier trial included."""
     records = [TrialRecord.of(t) for t in trials if t.state == TrialState.COMPLETE]

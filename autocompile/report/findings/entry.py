@@ -7,12 +7,26 @@ snippet read the typed entry.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from optuna.trial import FrozenTrial
 
+from autocompile.config.choices import Knobs
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.record import Measurement, TrialRecord
+
+
+class EntryDoc(TypedDict):
+    """An :class:`Entry` in ``summary.json`` (``best``, ``baselines``, ``pareto``, ``recommended``)."""
+
+    number: int
+    name: str
+    config: Knobs
+    baseline: str | None
+    result: dict[str, Any]
+    """``Measurement.to_dict()``: the measurement's fields that are set."""
+    time_to_train_s: float
+    trial_dir: str | None
 
 
 @dataclass
@@ -23,7 +37,7 @@ class Entry:
     """Its Optuna trial number."""
     name: str
     """Its knobs that differ from the defaults, for people."""
-    config: dict[str, Any]
+    config: Knobs
     """Its active knobs, by dotted key (what ``best_config.*`` applies)."""
     baseline: str | None
     """``eager``, ``compile``... when it is a queued baseline."""
@@ -40,7 +54,7 @@ class Entry:
         return cls(trial.number, record.name, record.config, record.baseline, record.measured,
                    objective.time_to_train(record.measured), record.trial_dir)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> EntryDoc:
         """As ``summary.json`` keeps it."""
         return {"number": self.number, "name": self.name, "config": self.config, "baseline": self.baseline,
                 "result": self.result.to_dict(), "time_to_train_s": self.time_to_train_s,

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import TypedDict
 
+from autocompile.config.choices import Knobs, KnobValue
 from autocompile.config.knobs import KNOBS
 from autocompile.report.findings.entry import Entry
 from autocompile.study.statistics.effect import Effect
@@ -28,7 +29,14 @@ Z95 = 1.96
 """Standard uncertainties in a 95% half-width (normal: the pooled noise has many degrees of freedom)."""
 
 
-def knob_effects(measured: list[Entry], programs: list[dict[str, Any]] | None = None,
+class CompiledProgram(TypedDict):
+    """A configuration that compiled, and the fingerprint of what it compiled (``summary.compiled_programs``)."""
+
+    config: Knobs
+    fingerprint: str
+
+
+def knob_effects(measured: list[Entry], programs: list[CompiledProgram] | None = None,
                  noise: float = 0.0) -> list[Effect]:
     """``measured``: one entry per complete trial (its active knobs and measurement);
     ``programs``: ``config`` and ``fingerprint`` of every configuration that compiled (those stopped as
@@ -50,7 +58,7 @@ def knob_effects(measured: list[Entry], programs: list[dict[str, Any]] | None = 
     return effects
 
 
-def identical_program(programs: list[dict[str, Any]], key: str, reference: Any, value: Any) -> int:
+def identical_program(programs: list[CompiledProgram], key: str, reference: KnobValue, value: KnobValue) -> int:
     """Matched pairs (differing in ``key`` only) that compiled one program; 0 unless every pair did."""
     refs = {_rest(p["config"], key): p["fingerprint"] for p in programs if p["config"].get(key) == reference}
     pairs = [(p["fingerprint"], refs[_rest(p["config"], key)]) for p in programs
@@ -58,11 +66,11 @@ def identical_program(programs: list[dict[str, Any]], key: str, reference: Any, 
     return len(pairs) if pairs and all(a == b for a, b in pairs) else 0
 
 
-def _rest(config: dict[str, Any], key: str) -> tuple:
+def _rest(config: Knobs, key: str) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in config.items() if k != key))
 
 
-def matched_effect(measured: list[Entry], key: str, reference: Any, value: Any,
+def matched_effect(measured: list[Entry], key: str, reference: KnobValue, value: KnobValue,
                    noise: float = 0.0) -> tuple | None:
     refs = {_rest(m.config, key): m.result for m in measured if m.config.get(key) == reference}
     ratios, noises, compile_deltas = [], [], []
