@@ -15,7 +15,7 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
@@ -25,9 +25,12 @@ from autocompile.study.records.record import TrialRecord
 from autocompile.study.statistics.effect import Effect
 from autocompile.workload.data import rate_label
 
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    from matplotlib.figure import Figure
+
 log = logging.getLogger(__name__)
 
-Row = dict[str, Any]
 TRIAL_COLUMNS = ("trial", "name", "state", "baseline", "tokens_per_s", "step_ms", "step_cv", "compile_s",
                  "time_to_train_s", "objective", "peak_memory_mb", "graph_breaks", "recompiles", "duplicate_of",
                  "reason")
@@ -37,9 +40,53 @@ VERDICT_COLUMNS = ("question", "knob", "value", "reference", "step_change", "unc
 STATE_COLOURS = {"COMPLETE": "#1f77b4", "PRUNED": "#ff7f0e", "FAIL": "#d62728"}
 
 
-def trial_rows(trials: Sequence[FrozenTrial], horizon_steps: int) -> list[Row]:
+class TrialRowBase(TypedDict):
+    trial: int
+    name: str
+    state: str
+    """Optuna's: ``COMPLETE``, ``PRUNED`` or ``FAIL``."""
+    baseline: str
+    tokens_per_s: float | None
+    """This and the other numbers: None unless the trial completed with a measurement."""
+    throughput_unit: str
+    step_ms: float | None
+    step_cv: float | None
+    compile_s: float | None
+    time_to_train_s: float | None
+    objective: float | None
+    peak_memory_mb: float | None
+    graph_breaks: int | None
+    recompiles: int | None
+    duplicate_of: int | None
+    reason: str
+
+
+class TrialRow(TrialRowBase, total=False):
+    """One finished trial in ``trials.csv/.md`` and the plots (:func:`trial_rows`)."""
+
+    run_id: str
+    """Its MLflow child run, set by the tracker before it writes the tables."""
+
+
+class VerdictRow(TypedDict):
+    """One verdict in ``knob_verdicts.csv/.md``: an :class:`Effect`'s columns (:data:`VERDICT_COLUMNS`)."""
+
+    question: str
+    knob: str
+    value: Any
+    reference: Any
+    step_change: float
+    uncertainty: float
+    compile_change_s: float
+    pairs: int
+    matched: bool
+    measurable: bool
+    verdict: str
+
+
+def trial_rows(trials: Sequence[FrozenTrial], horizon_steps: int) -> list[TrialRow]:
     """One flat row per finished trial, in trial order."""
-    rows = []
+    rows: list[TrialRow] = []
     for t in sorted(trials, key=lambda t: t.number):
         if t.state not in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
             continue
@@ -75,7 +122,13 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _markdown(columns: Sequence[str], rows: Sequence[Row], title: str) -> str:
+def verdict_row(e: Effect) -> VerdictRow:
+    return {"question": e.question, "knob": e.knob, "value": e.value, "reference": e.reference,
+            "step_change": e.step_change, "uncertainty": e.uncertainty, "compile_change_s": e.compile_change_s,
+            "pairs": e.pairs, "matched": e.matched, "measurable": e.measurable, "verdict": e.verdict}
+
+
+def _markdown(columns: Sequence[str], rows: Sequence[TrialRow] | Sequence[VerdictRow], title: str) -> str:
     def esc(value: Any) -> str:
         return _cell(value).replace("|", "\\|").replace("\n", " ")
 
@@ -84,17 +137,17 @@ def _markdown(columns: Sequence[str], rows: Sequence[Row], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _csv(path: Path, columns: Sequence[str], rows: Sequence[Row]) -> None:
+def _csv(path: Path, columns: Sequence[str], rows: Sequence[TrialRow] | Sequence[VerdictRow]) -> None:
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
         writer.writeheader()
         writer.writerows({c: row.get(c) for c in columns} for row in rows)
 
 
-def write_tables(rows: Sequence[Row], effects: Sequence[Effect], out_dir: Path) -> list[Path]:
+def write_tables(rows: Sequence[TrialRow], effects: Sequence[Effect], out_dir: Path) -> list[Path]:
     """``trials.csv/.md`` (every trial, failures with their reason) and ``knob_verdicts.csv/.md``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    verdicts = [e.as_dict() for e in effects]
+    verdicts = [verdict_row(e) for e in effects]
     _csv(out_dir / "trials.csv", (*TRIAL_COLUMNS, "run_id"), rows)
     _csv(out_dir / "knob_verdicts.csv", VERDICT_COLUMNS, verdicts)
     (out_dir / "trials.md").write_text(_markdown(TRIAL_COLUMNS, rows, "Trials"))
@@ -137,7 +190,7 @@ def study_note(report: Any) -> str:
     return "\n\n".join(lines)[:20000]
 
 
-def _best_so_far(rows: Sequence[Row], maximize: bool) -> list[tuple[int, float]]:
+def _best_so_far(rows: Sequence[TrialRow], maximize: bool) -> list[tuple[int, float]]:
     best: float | None = None
     out = []
     for row in rows:
@@ -149,7 +202,7 @@ def _best_so_far(rows: Sequence[Row], maximize: bool) -> list[tuple[int, float]]
     return out
 
 
-def measured(rows: Sequence[Row]) -> list[Row]:
+def measured(rows: Sequence[TrialRow]) -> list[TrialRow]:
     """Complete trials with a measurement of their own (a dedupe copy would sit on its original)."""
     return [r for r in rows if r["tokens_per_s"] is not None and r["duplicate_of"] is None]
 
@@ -164,14 +217,14 @@ def _effect_colour(e: Effect) -> str:
     return "#2ca02c" if e.step_change < 0 else "#d62728"
 
 
-def matplotlib_figures(rows: Sequence[Row], pareto: Sequence[int], effects: Sequence[Effect],
-                       objective: str, maximize: bool) -> dict[str, Any]:
+def matplotlib_figures(rows: Sequence[TrialRow], pareto: Sequence[int], effects: Sequence[Effect],
+                       objective: str, maximize: bool) -> dict[str, Figure]:
     """Three static figures: ``pareto``, ``knob_effects``, ``history`` (matplotlib, no pyplot state)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     complete = measured(rows)
-    figs: dict[str, Any] = {}
+    figs: dict[str, Figure] = {}
 
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.add_subplot()
@@ -236,13 +289,13 @@ def matplotlib_figures(rows: Sequence[Row], pareto: Sequence[int], effects: Sequ
     return figs
 
 
-def plotly_figures(rows: Sequence[Row], pareto: Sequence[int], effects: Sequence[Effect],
-                   objective: str, maximize: bool) -> dict[str, Any]:
+def plotly_figures(rows: Sequence[TrialRow], pareto: Sequence[int], effects: Sequence[Effect],
+                   objective: str, maximize: bool) -> dict[str, go.Figure]:
     """The same three figures, interactive: hover shows each trial's name, numbers and reason."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    def hover(r: Row) -> str:
+    def hover(r: TrialRow) -> str:
         parts = [f"<b>#{r['trial']}</b> {r['name']}", f"state: {r['state']}"]
         parts += [f"{k}: {_cell(r[k])}" for k in ("tokens_per_s", "step_ms", "compile_s", "objective")
                   if r[k] is not None]
@@ -294,7 +347,7 @@ def plotly_figures(rows: Sequence[Row], pareto: Sequence[int], effects: Sequence
     return {"pareto": pf, "knob_effects": ef, "history": hf}
 
 
-def write_plots(rows: Sequence[Row], pareto: Sequence[int], effects: Sequence[Effect],
+def write_plots(rows: Sequence[TrialRow], pareto: Sequence[int], effects: Sequence[Effect],
                 directions: Sequence[StudyDirection], objective: str, out_dir: Path) -> list[Path]:
     """PNG per figure and one ``plots.html`` holding all three, interactive and self-contained (works offline)."""
     out_dir.mkdir(parents=True, exist_ok=True)
