@@ -3,13 +3,12 @@ the code that applies the winner, and where to look next (MLflow UI, optuna-dash
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import optuna
 import yaml
@@ -23,7 +22,7 @@ from autocompile.config.space import SearchSpace
 from autocompile.report.export.frameworks import write_framework_configs
 from autocompile.report.export.script_snippet import run_commands, run_entries
 from autocompile.report.export.snippet import snippet
-from autocompile.report.findings.entry import Entry
+from autocompile.report.findings.entry import Entry, EntryDoc, FailureGroup, FailureGroupDoc, failure_groups
 from autocompile.report.findings.search_effects import Z95, CompiledProgram, knob_effects
 from autocompile.report.race_table import print_confirmed
 from autocompile.report.view import console as make_console
@@ -48,6 +47,46 @@ from autocompile.trial.timing.stats import Noise
 from autocompile.workload.data import rate_label
 
 
+class Speedup(TypedDict):
+    """The best trial over one baseline in the search (:func:`speedup`)."""
+
+    step_speedup: float
+    noise: float
+    """The 95% half-width of ``step_speedup``."""
+    time_to_train_speedup: float
+
+
+class SummaryDoc(TypedDict):
+    """``summary.json``: :attr:`Report.summary`, the report's fields as JSON."""
+
+    study: str
+    model: str
+    objective: str
+    horizon_steps: int
+    stop_reason: str
+    wall_s: float
+    counts: dict[str, int]
+    best: EntryDoc | None
+    baselines: dict[str, EntryDoc]
+    speedups: dict[str, Speedup]
+    pareto: list[EntryDoc]
+    effects: list[dict[str, Any]]
+    """``Effect.as_dict()``, and so ``verdicts``."""
+    noise: dict[str, float | int | str] | None
+    confirmed: dict[str, Any] | None
+    """``Confirmation.as_dict()``."""
+    verdicts: list[dict[str, Any]]
+    recommended: EntryDoc | None
+    recommendation_changed: str
+    phases_wall_s: dict[str, float]
+    phases_expected_s: dict[str, float]
+    warm_start: dict[str, Any] | None
+    failures: list[FailureGroupDoc]
+    run_dir: str
+    measure_command: str
+    commands: dict[str, str]
+
+
 @dataclass
 class Report:
     study_name: str
@@ -59,7 +98,7 @@ class Report:
     counts: dict[str, int]
     best: Entry | None
     baselines: dict[str, Entry]
-    speedups: dict[str, dict[str, float]]
+    speedups: dict[str, Speedup]
     pareto: list[Entry]
     effects: list[Effect]
     run_dir: str = ""
@@ -87,7 +126,7 @@ class Report:
     """Measured trials that did not complete feasibly, grouped by what ended them (most frequent first)."""
 
     @property
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> SummaryDoc:
         return {
             "study": self.study_name, "model": self.model, "objective": self.objective,
             "horizon_steps": self.horizon_steps, "stop_reason": self.stop_reason, "wall_s": self.wall_s,
@@ -101,7 +140,7 @@ class Report:
             "recommendation_changed": self.recommendation_changed,
             "phases_wall_s": self.phases_wall_s, "phases_expected_s": self.phases_expected_s,
             "warm_start": self.warm_start,
-            "failures": [dataclasses.asdict(g) for g in self.failures],
+            "failures": [g.as_dict() for g in self.failures],
             "run_dir": self.run_dir, "measure_command": self.measure_command, "commands": self.commands,
         }
 
@@ -159,36 +198,6 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     return report
 
 
-@dataclass(frozen=True)
-class FailureGroup:
-    """Measured trials that did not complete feasibly for one reason."""
-
-    outcome: str
-    """``infeasible``, ``pruned``, or the failure's kind (``oom``, ``crash``...)."""
-    reason: str
-    trials: list[int]
-
-
-def failure_groups(measured: list[optuna.trial.FrozenTrial], complete: list[Entry]) -> list[FailureGroup]:
-    """What ended the measured trials that did not complete feasibly: one group per (outcome, reason)."""
-    feasible_numbers = {e.number for e in complete}
-    groups: dict[tuple[str, str], list[int]] = {}
-    for t in measured:
-        if t.number in feasible_numbers:
-            continue
-        record = TrialRecord.of(t)
-        if t.state == TrialState.COMPLETE:
-            kind = "infeasible"
-            why = ", ".join(f"{k} over its limit" for k, v in (record.constraints or {}).items() if v > 0)
-            why = why or record.numerics or ""
-        else:
-            kind = "pruned" if t.state == TrialState.PRUNED else record.measured.failure or "failed"
-            why = record.reason or record.measured.reason or ""
-        groups.setdefault((kind, " ".join(why.split())[:300]), []).append(t.number)
-    return [FailureGroup(kind, why, numbers)
-            for (kind, why), numbers in sorted(groups.items(), key=lambda g: -len(g[1]))]
-
-
 def expected_per_phase(kept: dict[str, dict[str, float]]) -> dict[str, float]:
     """Each phase's expected seconds as it started (``study.estimate.remember``): the search's before it, the
     confirmation's after the search, the verdicts' after the confirmation (or after the search without one);
@@ -237,7 +246,7 @@ def look_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
     return commands
 
 
-def speedup(best: Entry, base: Entry, noise: float = 0.0) -> dict[str, float]:
+def speedup(best: Entry, base: Entry, noise: float = 0.0) -> Speedup:
     """Best over a baseline in the search (one fresh process each): steady-state speedup with the 95%
     half-width of its noise (``noise``), and time-to-train speedup. ``noise`` (argument) is the study's
     run-to-run relative sd of alone processes; each side has it, so the ratio's is sqrt(2) x it (the

@@ -6,19 +6,23 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import optuna
 from optuna.trial import FrozenTrial
 
 from autocompile.config.settings import Settings
-from autocompile.report.summary import build_report, print_report, write_artifacts
+from autocompile.report.summary import SummaryDoc, build_report, print_report, write_artifacts
 from autocompile.report.tracking.runs import NoTracker, tracker_for
 from autocompile.report.view import StudyView
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.observers import Outcome
 
 log = logging.getLogger(__name__)
+
+
+class NoSummary(TypedDict):
+    """The summary of an interrupted study whose report could not be built: an empty document."""
 
 
 class Watch:
@@ -44,7 +48,7 @@ class Watch:
         with self.lock:
             self.tracker.log_trial(trial)
 
-    def report(self, outcome: Outcome) -> dict[str, Any]:
+    def report(self, outcome: Outcome) -> SummaryDoc | NoSummary:
         """The summary: built from the study, written next to it, printed, and logged to the parent run. An
         interrupted study's report may be incomplete: it warns instead of failing."""
         try:
