@@ -1,13 +1,16 @@
 """One trial as an MLflow child run: its tags (state, phase, fingerprint, reason, the Markdown note the UI
-shows) and its metrics (the measurement, its histories, time to train, speedups over the baselines)."""
+shows) and its metrics (the measurement, its histories, time to train, speedups over the baselines); and the
+keys of the workload params every run carries and of the tags the study's parent run ends with."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from optuna.trial import FrozenTrial
 
+from autocompile.config.gpus import gpu_name
 from autocompile.study.records.objective import time_to_train
 from autocompile.study.records.record import Measurement, TrialRecord
 from autocompile.trial.launcher import read_progress
@@ -22,15 +25,50 @@ RECORD_TAGS = ("baseline", "duplicate_of", "retry_of", "round", "label", "compil
                "numerics")
 """Record fields that become ``autocompile.<field>`` tags when set."""
 
+WorkloadParams = TypedDict("WorkloadParams", {
+    "model": str, "workload.batch_size": int, "workload.seq_len": str, "workload.world_size": int,
+    "workload.device": str, "objective.kind": str})
+"""The params of the parent and of every child run that say which workload it measured."""
+ChildTagsAlways = TypedDict("ChildTagsAlways", {
+    "optuna.trial_number": int, "autocompile.study": str, "optuna.state": str, "status": str, "torch": str,
+    "device_name": str, "world_size": int, "autocompile.phase": str, "mlflow.note.content": str})
+ChildTagsWhenSet = TypedDict("ChildTagsWhenSet", {
+    "autocompile.fingerprint": str, "autocompile.baseline": str, "autocompile.duplicate_of": int,
+    "autocompile.retry_of": int, "autocompile.round": int, "autocompile.label": str, "autocompile.compile_cache": str,
+    "autocompile.same_program_as": int, "autocompile.numerics": str, "reason": str, "failure": str,
+    "mlflow.parentRunId": str}, total=False)
+"""The record's fields of :data:`RECORD_TAGS` that are set, and the parent run's id (set by the tracker)."""
+
+
+class ChildTags(ChildTagsAlways, ChildTagsWhenSet):
+    """A child run's tags (:func:`child_tags`)."""
+
+
+ParentTags = TypedDict("ParentTags", {
+    "stop_reason": str, "mlflow.note.content": str, "best_trial": int, "best_config": str, "best_run_id": str,
+    "confirmed_trial": int, "confirmed_config": str, "confirmed_conclusion": str}, total=False)
+"""The tags the study's parent run ends with: ``stop_reason`` and the note always, ``best_*`` when a trial
+completed, ``confirmed_*`` when the confirmation found a winner."""
+
+
+def local_environment(device: str) -> dict[str, Any]:
+    """torch and device as the tuner sees them: for trials that ended before the worker reported its own."""
+    import torch
+
+    name = platform.processor() or platform.machine()
+    if device == "cuda" and torch.cuda.is_available():
+        name = gpu_name()  # without a CUDA context in the tuner (config/gpus.py)
+    return {"torch": torch.__version__, "device_name": name}
+
 
 def child_tags(trial: FrozenTrial, record: TrialRecord, env: dict[str, Any], study_name: str,
-               world_size: int) -> dict[str, Any]:
+               world_size: int) -> ChildTags:
     """The run's tags: Optuna's state and number, the record's phase and fields, reason, failure, note."""
     result = record.measured
     status = result.status or trial.state.name.lower()
-    tags = {TRIAL_TAG: trial.number, STUDY_TAG: study_name, "optuna.state": trial.state.name, "status": status,
-            "torch": env.get("torch", ""), "device_name": env.get("device_name", ""),
-            "world_size": env.get("world_size", world_size), "autocompile.phase": record.phase}
+    tags: ChildTags = {TRIAL_TAG: trial.number, STUDY_TAG: study_name, "optuna.state": trial.state.name,
+                       "status": status, "torch": env.get("torch", ""), "device_name": env.get("device_name", ""),
+                       "world_size": env.get("world_size", world_size), "autocompile.phase": record.phase}
     if result.fingerprint:
         tags["autocompile.fingerprint"] = result.fingerprint  # equal tags: the same compiled program
     tags |= {f"autocompile.{key}": getattr(record, key) for key in RECORD_TAGS if getattr(record, key) is not None}

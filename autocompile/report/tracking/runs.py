@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import re
 import socket
 import tempfile
@@ -41,11 +40,18 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autocompile.config.gpus import gpu_name
 from autocompile.config.knobs import KNOBS
 from autocompile.config.settings import Settings
 from autocompile.config.spec import PARTS
-from autocompile.report.tracking.child_run import STUDY_TAG, TRIAL_TAG, child_metrics, child_tags
+from autocompile.report.tracking.child_run import (
+    STUDY_TAG,
+    TRIAL_TAG,
+    ParentTags,
+    WorkloadParams,
+    child_metrics,
+    child_tags,
+    local_environment,
+)
 from autocompile.report.tracking.mlflow_store import artifact_location, open_client
 from autocompile.study.records.optuna_store import file_lock, is_orphaned, journal_file, owner, pid_namespace
 from autocompile.study.records.record import Measurement, TrialRecord
@@ -64,7 +70,6 @@ LOG_GRACE_S = 600
 """A trial another live tuner finished is left to it for this long (it logs its own trials)."""
 
 
-
 def experiment_name(settings: Settings) -> str:
     """One experiment per model: its studies (workloads, multirun jobs) side by side."""
     return settings.tracking.experiment or f"autocompile/{settings.model.name}"
@@ -78,16 +83,6 @@ def resolved_config(text: str) -> str:
         return OmegaConf.to_yaml(OmegaConf.create(text), resolve=True)
     except Exception:  # noqa: BLE001 - resolvers not registered in this process: the raw config still says it all
         return text
-
-
-def local_environment(device: str) -> dict[str, Any]:
-    """torch and device as the tuner sees them: for trials that ended before the worker reported its own."""
-    import torch
-
-    name = platform.processor() or platform.machine()
-    if device == "cuda" and torch.cuda.is_available():
-        name = gpu_name()  # without a CUDA context in the tuner (config/gpus.py)
-    return {"torch": torch.__version__, "device_name": name}
 
 
 def logged_elsewhere(trial: FrozenTrial) -> bool:
@@ -181,7 +176,7 @@ class MlflowTracker:
         self.study.set_user_attr(PARENT_ATTR, run.info.run_id)
         return run.info.run_id, experiment_id
 
-    def workload_params(self) -> dict[str, Any]:
+    def workload_params(self) -> WorkloadParams:
         s, w = self.settings, self.settings.workload
         return {"model": s.model.name, "workload.batch_size": w.batch_size,
                 "workload.seq_len": ",".join(map(str, w.seq_len)), "workload.world_size": w.world_size,
@@ -234,7 +229,7 @@ class MlflowTracker:
     # -- one child run per trial -----------------------------------------------------------------------
 
     def _batch(self, run_id: str, metrics: list[tuple[str, float, int]] = (), params: dict[str, Any] | None = None,
-               tags: dict[str, Any] | None = None, timestamp_ms: int | None = None) -> None:
+               tags: ParentTags | None = None, timestamp_ms: int | None = None) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
         now = timestamp_ms or int(time.time() * 1000)
@@ -349,7 +344,7 @@ class MlflowTracker:
         counts = report.counts
         step = counts.get("trials", len(trials))  # one point per (resumed) session: the best as the study grew
         metrics = [(f"n_{k}", v, step) for k, v in counts.items() if k in ("trials", "complete", "pruned", "failed")]
-        tags: dict[str, Any] = {"stop_reason": report.stop_reason, "mlflow.note.content": study_note(report)}
+        tags: ParentTags = {"stop_reason": report.stop_reason, "mlflow.note.content": study_note(report)}
         best = report.best
         if best is not None:
             metrics += [("best_tokens_per_s", best.result.tokens_per_s, step),
