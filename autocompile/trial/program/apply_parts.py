@@ -16,14 +16,14 @@ import functools
 import types
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import torch
 from torch import nn
 
-from autocompile.config.choices import UNIT_SCOPES, compiles
+from autocompile.config.choices import UNIT_SCOPES, Backend, DdpOptimize, compiles
 from autocompile.config.knobs import AcKnobs, AmpKnobs, CompileKnobs, DdpKnobs, FsdpKnobs, OptimKnobs, PlacementKnobs
-from autocompile.trial.program.graphs import CompileLog, Recorder
+from autocompile.trial.program.graphs import CompileLog, Options, Recorder
 from autocompile.workload import units
 from autocompile.workload.optim import (
     OptimizerLike,
@@ -38,15 +38,78 @@ Unit = tuple[str, nn.Module]
 Context = Callable[[], AbstractContextManager[Any]]
 
 AMP_DTYPES = {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
-OPTIMIZE_DDP = {"ddp_optimizer": True, "no_optimization": False, "python_reducer": "python_reducer"}
+OPTIMIZE_DDP: dict[DdpOptimize, bool | Literal["python_reducer"]] = {
+    "ddp_optimizer": True, "no_optimization": False, "python_reducer": "python_reducer"}
 """Scopes that compile the model's own units; only these also compile the optimizer, clipping or autograd apart."""
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.nn.parallel.distributed import _MixedPrecision
+
+
+class _CompileArgs(TypedDict):
+    backend: Backend
+    fullgraph: bool
+    dynamic: bool | None
+
+
+class CompileKwargs(_CompileArgs, total=False):
+    """``torch.compile``'s keyword arguments for one configuration (``step.compile_kwargs``): ``mode`` or
+    ``options``, never both (together they raise), neither for the default mode or another backend."""
+
+    mode: str
+    options: Options
+    """The mode's own options with ``compile.options.*`` merged over them."""
+
+
+class DynamoSettings(TypedDict, total=False):
+    """Process-global dynamo settings a step was built under (``torch._dynamo.config.patch(**settings)``)."""
+
+    optimize_ddp: bool | Literal["python_reducer"]
+    """``ddp.optimize``: set only when the step is distributed."""
+
+
+class DdpKwargs(TypedDict, total=False):
+    """``DistributedDataParallel``'s keyword arguments, passed through ``apply(ddp_kwargs=...)`` (the torch in
+    use decides which it takes)."""
+
+    device_ids: list[int] | list[torch.device] | None
+    output_device: int | torch.device | None
+    dim: int
+    broadcast_buffers: bool | None
+    init_sync: bool
+    process_group: ProcessGroup | None
+    bucket_cap_mb: float | None
+    find_unused_parameters: bool
+    check_reduction: bool
+    gradient_as_bucket_view: bool
+    static_graph: bool
+    delay_all_reduce_named_params: list[tuple[str, nn.Parameter]] | None
+    param_to_hook_all_reduce: nn.Parameter | None
+    mixed_precision: _MixedPrecision | None
+    device_mesh: DeviceMesh | None
+    skip_all_reduce_unused_params: bool
+
+
+class _FsdpArgs(TypedDict):
+    mesh: DeviceMesh
+    reshard_after_forward: bool
+
+
+class FsdpKwargs(_FsdpArgs, total=False):
+    """``fully_shard``'s keyword arguments under ``parallel.strategy=fsdp2`` (:func:`apply_fsdp`)."""
+
+    mp_policy: MixedPrecisionPolicy
+    """``fsdp.mp_policy=bf16`` only."""
 
 
 class Compilers:
     """``torch.compile`` for one role (``model``, ``optimizer``, ``clip``, ``autograd``, ``train_step``) with
     that role's :class:`Recorder` as backend, every graph noted in one :class:`CompileLog`."""
 
-    def __init__(self, log: CompileLog, kwargs: dict[str, Any], memory_budget: float | None = None) -> None:
+    def __init__(self, log: CompileLog, kwargs: CompileKwargs, memory_budget: float | None = None) -> None:
         self.log, self.kwargs, self.memory_budget = log, kwargs, memory_budget
 
     def __call__(self, role: str, **overrides: Any) -> Callable[[Any], Any]:
@@ -129,7 +192,7 @@ def inner_autocast(amp: AmpKnobs, scope: str) -> torch.dtype | None:
     return AMP_DTYPES[amp.dtype] if scope == "train_step" and autocast_inside(amp, scope) else None
 
 
-def apply_optimize_ddp(ddp: DdpKnobs, distributed: bool) -> dict[str, Any]:
+def apply_optimize_ddp(ddp: DdpKnobs, distributed: bool) -> DynamoSettings:
     """Set ``torch._dynamo.config.optimize_ddp`` (``ddp.optimize``) and return it as the step's process-global
     settings. Before the model is wrapped: DDP reads it in ``__init__`` (python reducer), dynamo when it
     compiles DDP graphs."""
@@ -169,7 +232,7 @@ def compile_units(targets: list[Unit], compile_model: Callable[[Any], Any], log:
 
 
 def apply_ddp(model: nn.Module, compile_model: Callable[[Any], Any], compile_of_ddp: bool,
-              ddp_kwargs: dict[str, Any] | None) -> tuple[nn.Module, nn.parallel.DistributedDataParallel]:
+              ddp_kwargs: DdpKwargs | None) -> tuple[nn.Module, nn.parallel.DistributedDataParallel]:
     """Wrap the model in DDP; ``compile_of_ddp`` compiles the wrapper (dynamo then splits its graph at bucket
     boundaries as ``optimize_ddp`` says). Returns what the forward runs through and the DDP module."""
     ddp = nn.parallel.DistributedDataParallel(model, **(ddp_kwargs or {}))
@@ -190,7 +253,7 @@ def apply_fsdp(model: nn.Module, targets: list[Unit], fsdp: FsdpKnobs, device: t
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
-    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": fsdp.reshard_after_forward}
+    kwargs: FsdpKwargs = {"mesh": mesh, "reshard_after_forward": fsdp.reshard_after_forward}
     if fsdp.mp_policy == "bf16":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     model.to(device)

@@ -18,7 +18,7 @@ import torch
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.spec import TrialSpec
-from autocompile.trial.program.graphs import listening, verify
+from autocompile.trial.program.graphs import Program, listening, verify
 from autocompile.trial.program.step import TrainStep, apply
 from autocompile.workload.infer import model_facts
 from autocompile.workload.models import build
@@ -138,8 +138,9 @@ class Built:
     """Steps run so far: step ``i`` trains on batch ``i``, whatever ran in this process before."""
     warm_s: list[float] = field(default_factory=list)
     """Wall seconds of each warm-up step."""
-    program: dict[str, Any] = field(default_factory=dict)
-    """What :func:`autocompile.trial.program.graphs.verify` found after the warm-up: coverage, fingerprint."""
+    program: Program = field(default_factory=dict)  # type: ignore[assignment]
+    """What :func:`autocompile.trial.program.graphs.verify` found after the warm-up: coverage, fingerprint (empty
+    until :func:`warm_up` has run)."""
     staged: list[tuple[Any, Any]] = field(default_factory=list)
     """Batches made before the warm-up, on the device (:func:`stage`); empty: ``data`` is called each step."""
 

@@ -24,13 +24,27 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
 
+from autocompile.config.choices import KnobValue
+
+Options = dict[str, str | int | bool | Callable[..., Any]]
+"""``torch.compile(options=...)``: inductor settings by name (the type ``torch.compile`` declares)."""
 MODEL_ROLES = ("model", "train_step")
 """Roles whose graphs run the model's forward: they count towards its compiled coverage."""
+
+
+class Program(TypedDict):
+    """What the warm-up compiled (:func:`verify`, and the script meter's check): the trial's ``compiled_coverage``
+    and ``fingerprint``, and the ``compiled`` progress event."""
+
+    coverage: float
+    """Share of the model's weights inside graphs that ran compiled (0.0: eager)."""
+    fingerprint: str
+    """:meth:`CompileLog.fingerprint`, or ``eager:...`` naming what shapes an eager program."""
 
 
 @dataclass
@@ -71,7 +85,7 @@ class CompileLog:
     def roles(self) -> set[str]:
         return {g.role for g in self.graphs}
 
-    def fingerprint(self, extra: dict[str, Any]) -> str:
+    def fingerprint(self, extra: dict[str, KnobValue]) -> str:
         """One hash of what was compiled, plus ``extra``: what shapes the eager rest of the step."""
         bypassed = _counter("inductor", "fxgraph_cache_bypass")
         parts = {
@@ -145,7 +159,7 @@ class Recorder:
     """A ``torch.compile`` backend that records each graph and hands it to the real backend."""
 
     def __init__(self, log: CompileLog, role: str, backend: str, mode: str | None = None,
-                 options: dict[str, Any] | None = None, dynamic: bool | None = None,
+                 options: Options | None = None, dynamic: bool | None = None,
                  memory_budget: float | None = None) -> None:
         self.log, self.role = log, role
         self.memory_budget = memory_budget
@@ -265,7 +279,7 @@ class PartiallyCompiled(RuntimeError):
     """Some units handed to ``torch.compile`` ran eager: the trial would time another program."""
 
 
-def verify(step: Any, model: nn.Module, scope: str) -> dict[str, Any]:
+def verify(step: Any, model: nn.Module, scope: str) -> Program:
     """After warm-up: every unit handed to ``torch.compile`` ran inside a graph and every other compiled
     part (optimizer, compiled autograd) produced one, or raise naming what did not. Returns the share
     of weights compiled and the program's fingerprint. ``step`` is a ``step.TrainStep``."""

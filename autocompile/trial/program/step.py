@@ -24,11 +24,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autocompile.config.choices import MEMORY_BUDGETS, compiles
+from autocompile.config.choices import MEMORY_BUDGETS, KnobValue, compiles
 from autocompile.config.knobs import CompileKnobs, TrialConfig
 from autocompile.trial.program.apply_parts import (
+    CompileKwargs,
     Compilers,
     Context,
+    DdpKwargs,
+    DynamoSettings,
     apply_ac,
     apply_autocast,
     apply_compiled_update,
@@ -70,7 +73,7 @@ class TrainStep:
     """Other compiled parts (``optimizer``, ``autograd``) that must each produce a graph."""
     log: CompileLog = field(default_factory=CompileLog)
     """Every graph the backends received."""
-    eager_parts: dict[str, Any] = field(default_factory=dict)
+    eager_parts: dict[str, KnobValue] = field(default_factory=dict)
     """What shapes the code that runs outside graphs, for the program's fingerprint."""
     optimizer: torch.optim.Optimizer | None = None
     """The optimizer the step updates (built here when ``apply`` got a factory): save it with checkpoints."""
@@ -79,7 +82,7 @@ class TrainStep:
     sharded: list[str] = field(default_factory=list)
     """Modules ``fully_shard`` wrapped (``model`` for the root): their all-gather, reshard and reduce-scatter hooks
     run eagerly around the compiled code (FSDP2 wraps them in ``dynamo.disable``)."""
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: DynamoSettings = field(default_factory=DynamoSettings)
     """Process-global dynamo settings this step was built under (``optimize_ddp``): a process that runs
     several steps side by side patches them around each one's calls."""
 
@@ -87,9 +90,9 @@ class TrainStep:
         return self.fn(inputs, targets)
 
 
-def compile_kwargs(knobs: CompileKnobs) -> dict[str, Any]:
+def compile_kwargs(knobs: CompileKnobs) -> CompileKwargs:
     """``torch.compile`` arguments; mode and options are merged since both together raise."""
-    kwargs: dict[str, Any] = {"backend": knobs.backend, "fullgraph": knobs.fullgraph, "dynamic": knobs.dynamic}
+    kwargs: CompileKwargs = {"backend": knobs.backend, "fullgraph": knobs.fullgraph, "dynamic": knobs.dynamic}
     if knobs.backend != "inductor":
         return kwargs
     extra = {k: v for k, v in asdict(knobs.options).items() if v is not None}
@@ -102,7 +105,7 @@ def compile_kwargs(knobs: CompileKnobs) -> dict[str, Any]:
     return kwargs
 
 
-def uses_cuda_graphs(kwargs: dict[str, Any]) -> bool:
+def uses_cuda_graphs(kwargs: CompileKwargs) -> bool:
     """Whether inductor will record CUDA graphs (``reduce-overhead``, ``max-autotune``...)."""
     if kwargs["backend"] != "inductor":
         return False
@@ -112,7 +115,7 @@ def uses_cuda_graphs(kwargs: dict[str, Any]) -> bool:
     return bool(options.get("triton.cudagraphs", False))
 
 
-def marks_cuda_graph_steps(kwargs: dict[str, Any], scope: str, device: torch.device) -> bool:
+def marks_cuda_graph_steps(kwargs: CompileKwargs, scope: str, device: torch.device) -> bool:
     """Whether each call starts a new CUDA-graph generation: something is compiled for CUDA in a mode whose
     graph trees reuse output memory on the next replay."""
     return device.type == "cuda" and compiles(scope) and uses_cuda_graphs(kwargs)
@@ -134,7 +137,7 @@ def apply(
     *,
     device: str | torch.device = "cpu",
     distributed: bool | None = None,
-    ddp_kwargs: dict[str, Any] | None = None,
+    ddp_kwargs: DdpKwargs | None = None,
     lr_schedule: ScheduleLike = None,
     grad_clip_norm: float = 0.0,
     grad_accum_steps: int = 1,
@@ -325,7 +328,7 @@ def _process_group_of_many() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _sharding(config: TrialConfig, sharded: bool) -> dict[str, Any]:
+def _sharding(config: TrialConfig, sharded: bool) -> dict[str, KnobValue]:
     """What FSDP2 adds to the eager part of the program (the fingerprint's): the strategy and what changes its
     communication or dtypes. Not ``fsdp.order``: the hooks run around the compiled units in either order."""
     if not sharded:
