@@ -36,7 +36,7 @@ BOOT = time.time()
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from autocompile.config.choices import compiles  # noqa: E402
+from autocompile.config.choices import Knobs, compiles  # noqa: E402
 from autocompile.config.knobs import TrialConfig  # noqa: E402
 from autocompile.config.script_settings import TRIAL_VAR, ScriptSpec, calls_prepare, script_env  # noqa: E402
 from autocompile.trial.program.apply_parts import (  # noqa: E402
@@ -50,7 +50,7 @@ from autocompile.trial.program.apply_parts import (  # noqa: E402
 from autocompile.trial.program.graphs import CompileLog  # noqa: E402
 from autocompile.trial.program.step import compile_kwargs  # noqa: E402
 from autocompile.trial.script import hooks  # noqa: E402
-from autocompile.trial.script.ending import CannotTakeOver  # noqa: E402
+from autocompile.trial.script.ending import CannotTakeOver, CompileCall, Prepared  # noqa: E402
 from autocompile.trial.script.meter import Meter  # noqa: E402
 from autocompile.trial.script.variants import Variants  # noqa: E402
 from autocompile.workload.optim import set_impl  # noqa: E402
@@ -91,7 +91,7 @@ class Agent:
         else:
             self.meter = Meter(spec, trial_dir, self, BOOT)
 
-    def setup(self, knobs: dict[str, Any], device: str, prepares: bool, strict: bool = True) -> None:
+    def setup(self, knobs: Knobs, device: str, prepares: bool, strict: bool = True) -> None:
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.config = TrialConfig.from_flat(knobs, script_env(device, self.world_size, prepares), strict=strict)
@@ -99,9 +99,9 @@ class Agent:
         self.compile_model = Compilers(self.log, compile_kwargs(self.config.compile))("model")
         self.units: list[tuple[str, nn.Module]] = []
         self.compiled: list[str] = []
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[CompileCall] = []
         """Every ``torch.compile`` call of the script: what it compiled, from where, with which arguments."""
-        self.prepared: dict[str, Any] = {}
+        self.prepared: Prepared = {}
         """What ``autocompile.prepare`` applied, read back from the script's objects (empty: never called)."""
         self.awaiting_ddp: nn.Module | None = None
         self.variants: Variants | None = None
@@ -191,10 +191,10 @@ class Agent:
         ddp._compiled_call_impl = self.compile_model(ddp._call_impl)  # type: ignore[assignment]
         self.meter.watch(ddp, ddp.module)
 
-    def prepared_knobs(self) -> dict[str, Any]:
+    def prepared_knobs(self) -> Knobs:
         """The knobs ``prepare`` applied that change the program (part of its fingerprint)."""
         c = self.config
-        knobs = {"ac.policy": c.ac.policy, "optim.impl": c.optim.impl}
+        knobs: Knobs = {"ac.policy": c.ac.policy, "optim.impl": c.optim.impl}
         if self.world_size > 1:
             knobs["ddp.wrap_order"] = c.ddp.wrap_order
         return knobs if self.prepared else {}
@@ -207,7 +207,7 @@ class Agent:
     def unmet(self) -> str | None:
         """Why the trial's program did not run as its configuration names (checked after warm-up), or None."""
         c = self.config
-        opened = {k: v for k, v in (("ac.policy", c.ac.policy), ("optim.impl", c.optim.impl)) if v != "none"
+        opened: Knobs = {k: v for k, v in (("ac.policy", c.ac.policy), ("optim.impl", c.optim.impl)) if v != "none"
                   and v != "default"}
         if compiles_ddp(c.ddp, self.scope, self.world_size > 1):
             opened["ddp.wrap_order"] = c.ddp.wrap_order
@@ -267,7 +267,7 @@ class WinnerAgent(Agent):
     """The winner's knobs applied to the script's ``torch.compile`` calls (and its ``prepare``) exactly as its
     trial applied them, in the user's own run: no timing, no early end, no recompile-limit failure."""
 
-    def __init__(self, knobs: dict[str, Any], prepares: bool, device: str | None = None, strict: bool = True) -> None:
+    def __init__(self, knobs: Knobs, prepares: bool, device: str | None = None, strict: bool = True) -> None:
         self.spec = None  # type: ignore[assignment]
         self.setup(knobs, device or ("cuda" if torch.cuda.is_available() else "cpu"), prepares, strict)
         self.meter = Watched()
@@ -278,7 +278,7 @@ class WinnerAgent(Agent):
         nn.Module.compile = _module_compile  # type: ignore[method-assign]
 
 
-def run_winner(script: str, argv: list[str], knobs: dict[str, Any]) -> None:
+def run_winner(script: str, argv: list[str], knobs: Knobs) -> None:
     """Run ``script`` with ``argv`` as ``python script ...`` would, its compile taken over by ``knobs`` (a
     study's winner): what ``best_config.py`` of a script study calls, in each process torchrun starts."""
     global _AGENT
@@ -352,7 +352,7 @@ def agent() -> Agent | None:
     return _AGENT
 
 
-def prepare_winner(model: nn.Module, optimizer: Any, knobs: dict[str, Any], device: str, where: str) -> list[str]:
+def prepare_winner(model: nn.Module, optimizer: Any, knobs: Knobs, device: str, where: str) -> list[str]:
     """``autocompile.prepare`` with a winner in the user's own run (no trial, no agent installed): the knobs
     applied as a trial of a script that calls ``prepare`` applies them; knobs of another kind of study that do
     not apply to a script are dropped. Returns the names compiled."""

@@ -9,19 +9,54 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 import torch.distributed as dist
 
 from autocompile.config.script_settings import ScriptSpec
 from autocompile.config.spec import write_json_atomic
+from autocompile.trial.program.graphs import Program
 from autocompile.trial.script.ranks import distributed, reduce_max
 from autocompile.trial.script.windows import Windows
 from autocompile.trial.timing.compile_artifacts import save_artifacts
 from autocompile.trial.timing.readings import CudaGraphsSkipped, dynamo_compile_times
 from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.worker import classify, environment, exit_now, peak_memory, short_reason
+
+
+class Memory(TypedDict):
+    """The result's peak memory fields: the timed part's and the warm-up's (the largest rank's)."""
+
+    peak_memory_bytes: int
+    warmup_peak_memory_bytes: int
+    memory_source: str
+
+
+class CompileCall(TypedDict):
+    """One ``torch.compile`` call of the script (the result's ``script.compile_calls``)."""
+
+    target: str
+    """The qualified name of what it compiled."""
+    module: bool
+    where: str
+    """``train.py:120``."""
+    kwargs: dict[str, str]
+    """Its keyword arguments, each as ``repr``."""
+
+
+class Prepared(TypedDict, total=False):
+    """What ``autocompile.prepare`` applied, read back from the script's objects (the result's
+    ``script.prepared``): every key, or none when the script never called it."""
+
+    where: str
+    optimizer: str | None
+    """The optimizer's class name (None: none given)."""
+    foreach: list[bool | None]
+    """Each parameter group's ``foreach`` and ``fused`` (``optim.impl``)."""
+    fused: list[bool | None]
+    checkpointed: list[str]
+    """The blocks ``ac.policy=block`` checkpointed."""
 
 
 class CannotTakeOver(RuntimeError):
@@ -48,7 +83,7 @@ class Ending:
     optimizers_built: int
     unit: str | None
     losses: list[torch.Tensor]
-    program: dict[str, Any] | None
+    program: Program | None
     warmup_peak: int
     memory_source: str
     before_s: float
@@ -86,34 +121,35 @@ class Ending:
         timing = self.windows.timing(self.world_size, self.unit, len(self.windows.warm_s))
         before_s, before_compile_s = reduce_max([self.before_s, self.before_compile_s])
         timing["compile_s"] += before_compile_s  # what dynamo compiled for an evaluation before the first step
-        return TrialResult(**{
-            "status": "ok",
-            "compiled": list(self.agent.compiled),
+        program = self.program
+        return TrialResult(
+            status="ok",
+            compiled=list(self.agent.compiled),
             **timing,
-            "dynamo_compile_s": dynamo_compile_times(),
-            "throughput_unit": self.unit or ("backward() calls" if self.step_kind == "backward" else "optimizer steps"),
+            dynamo_compile_s=dynamo_compile_times(),
+            throughput_unit=self.unit or ("backward() calls" if self.step_kind == "backward" else "optimizer steps"),
             **self.memory(device),
-            "graph_count": counters["stats"]["unique_graphs"],
-            "graph_breaks": sum(counters["graph_break"].values()),
-            "graph_break_reasons": {short_reason(k): v for k, v in counters["graph_break"].items()},
-            "recompiles_timed": 0,
-            "compiled_coverage": (self.program or {}).get("coverage"),
-            "fingerprint": (self.program or {}).get("fingerprint"),
-            "losses": [float(x) for x in torch.stack(self.losses).cpu().tolist()] if self.losses else None,
-            "mfu": None,
-            "flops_per_token": None,
-            "compile_artifacts": save_artifacts(self.trial_dir) if self.rank == 0 and compiled else None,
-            "artifacts_loaded": None,
-            "script": {"path": self.spec.script.path, "args": self.spec.script.args, "optimizer_steps": self.steps,
-                       "step": self.step_kind, "compile_calls": self.agent.calls, "losses_seen": bool(self.losses),
-                       "prepared": self.agent.prepared, "before_first_step_s": before_s,
-                       "excluded_before_first_step_s": max(0.0, before_s - before_compile_s),
-                       "loader_queue_drained_steps": self.queued, **self.windows.loader()},
-            "timeline": self.timeline,
-            "environment": environment(device, self.rank, torch.get_num_threads()),
-        })
+            graph_count=counters["stats"]["unique_graphs"],
+            graph_breaks=sum(counters["graph_break"].values()),
+            graph_break_reasons={short_reason(k): v for k, v in counters["graph_break"].items()},
+            recompiles_timed=0,
+            compiled_coverage=program["coverage"] if program is not None else None,
+            fingerprint=program["fingerprint"] if program is not None else None,
+            losses=[float(x) for x in torch.stack(self.losses).cpu().tolist()] if self.losses else None,
+            mfu=None,
+            flops_per_token=None,
+            compile_artifacts=save_artifacts(self.trial_dir) if self.rank == 0 and compiled else None,
+            artifacts_loaded=None,
+            script={"path": self.spec.script.path, "args": self.spec.script.args, "optimizer_steps": self.steps,
+                    "step": self.step_kind, "compile_calls": self.agent.calls, "losses_seen": bool(self.losses),
+                    "prepared": self.agent.prepared, "before_first_step_s": before_s,
+                    "excluded_before_first_step_s": max(0.0, before_s - before_compile_s),
+                    "loader_queue_drained_steps": self.queued, **self.windows.loader()},
+            timeline=self.timeline,
+            environment=environment(device, self.rank, torch.get_num_threads()),
+        )
 
-    def memory(self, device: torch.device) -> dict[str, Any]:
+    def memory(self, device: torch.device) -> Memory:
         """Peak memory of the timed part and of the warm-up (the largest rank's)."""
         steady, warm = (int(v) for v in reduce_max([float(peak_memory(device)), float(self.warmup_peak)]))
         return {"peak_memory_bytes": steady, "warmup_peak_memory_bytes": warm, "memory_source": self.memory_source}

@@ -37,7 +37,7 @@ from torch import nn
 
 from autocompile.config.script_settings import ScriptSpec
 from autocompile.trial.program.build import append_progress
-from autocompile.trial.program.graphs import NothingCompiled, PartiallyCompiled, coverage, listening
+from autocompile.trial.program.graphs import NothingCompiled, PartiallyCompiled, Program, coverage, listening
 from autocompile.trial.script import hooks
 from autocompile.trial.script.ending import CannotTakeOver, Ending
 from autocompile.trial.script.ranks import agree, device_of, sync
@@ -78,7 +78,7 @@ class Meter(Ending):
         self.last = 0.0
         self.waited, self.queued = 0.0, 0
         self.windows = Windows(spec.measure)
-        self.program: dict[str, Any] | None = None
+        self.program: Program | None = None
         self.warmup_peak, self.memory_source = 0, ""
         self.finished = False
         self._listening = listening(agent.log)

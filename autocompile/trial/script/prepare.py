@@ -26,9 +26,12 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from autocompile.config.choices import Knobs
 
 log = logging.getLogger(__name__)
 WINNER_VAR = "AUTOCOMPILE_BEST_CONFIG"
@@ -51,7 +54,7 @@ def prepare(model: nn.Module, optimizer: Any = None, *, best_config: str | os.Pa
     return model if optimizer is None else (model, optimizer)
 
 
-def winner_knobs(path: Path) -> dict[str, Any]:
+def winner_knobs(path: Path) -> Knobs:
     """The ``knobs`` of a study's ``best_config.yaml``."""
     import yaml
 
@@ -61,7 +64,7 @@ def winner_knobs(path: Path) -> dict[str, Any]:
     return knobs
 
 
-def apply_winner(model: nn.Module, knobs: dict[str, Any], optimizer: Any = None) -> list[str]:
+def apply_winner(model: nn.Module, knobs: Knobs, optimizer: Any = None) -> list[str]:
     """Apply ``knobs`` to ``model`` (and ``optimizer``) in place; returns the names of the units compiled."""
     unsupported = {k: v for k, v in knobs.items() if (k in NOT_YET and v != NOT_YET[k])
                    or (k == "compile.scope" and v == "train_step")}  # the step is the script's own code

@@ -23,7 +23,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -50,6 +50,28 @@ from autocompile.trial.timing.worker import exit_now
 log = logging.getLogger("autocompile.trial.script")
 
 
+class _Status(TypedDict):
+    status: str
+    """``ok`` or ``failed``."""
+
+
+class Outcome(_Status, total=False):
+    """A candidate's entry in the result's ``candidates``: its program after the warm-up (``ok``), or why it
+    failed; its windows once timed; ``label`` in the result only."""
+
+    label: str
+    coverage: float
+    fingerprint: str
+    compiled: list[str]
+    failure: str
+    reason: str
+    step_s_windows: list[float]
+    step_cpu_s_windows: list[float]
+    step_s: float | None
+    stalled_windows: int
+    losses: list[float] | None
+
+
 class RotationMeter(Meter):
     """The meter of a side-by-side process of a script: warm-ups in turn, then windows in rotating order."""
 
@@ -62,7 +84,7 @@ class RotationMeter(Meter):
         self.warming = 0
         """Position in ``order`` of the candidate warming up."""
         self.warm_until: int | None = None
-        self.outcome: dict[int, dict[str, Any]] = {}
+        self.outcome: dict[int, Outcome] = {}
         self.own_losses: dict[int, list[torch.Tensor]] = {i: [] for i in self.order}
         self.step_windows: dict[int, list[float]] = {}
         self.cpu_windows: dict[int, list[float]] = {}

@@ -18,12 +18,12 @@ from typing import Any
 
 from torch import nn
 
-from autocompile.config.choices import compiles
+from autocompile.config.choices import Knobs, compiles
 from autocompile.config.knob_spec import Env
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.script_settings import ScriptRotation
 from autocompile.trial.program.apply_parts import Compilers, compile_targets, compile_units
-from autocompile.trial.program.graphs import CompileLog, NothingCompiled, PartiallyCompiled, coverage
+from autocompile.trial.program.graphs import CompileLog, NothingCompiled, PartiallyCompiled, Program, coverage
 from autocompile.trial.program.step import compile_kwargs
 from autocompile.trial.script import hooks
 from autocompile.trial.script.ending import CannotTakeOver
@@ -99,7 +99,7 @@ class Variants:
             unit.forward = Switch(forwards, self)  # type: ignore[method-assign]
         hooks.leave_out_forward([unit for _, unit in targets[0]])
 
-    def program(self, i: int, models: list[nn.Module], calls: int, prepared: dict[str, Any]) -> dict[str, Any]:
+    def program(self, i: int, models: list[nn.Module], calls: int, prepared: Knobs) -> Program:
         """Candidate ``i``'s coverage and fingerprint after its warm-up, as its own process reports them
         (:meth:`autocompile.trial.script.meter.Meter.check_program`), or raise why it did not run compiled."""
         v = self.all[i]

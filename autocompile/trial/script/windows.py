@@ -11,7 +11,7 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from autocompile.config.spec import MeasureSettings
 from autocompile.trial.script.ranks import rank0_says, reduce_max
@@ -23,6 +23,41 @@ MAX_REWARM = 3
 """Windows thrown away for compiling before the trial fails as never reaching a steady state."""
 LOADER_BOUND = 0.5
 """A window in which the script waited for its data loader this share of the time or more is loader-bound."""
+
+
+class Window(TypedDict):
+    """A timed window's ``window`` progress event."""
+
+    window: int
+    seconds: float
+    step_s: float
+
+
+class Timing(TypedDict):
+    """The result's timing fields (``TrialResult``'s of the same names), every rank's slowest windows."""
+
+    compile_s: float
+    first_step_s: float
+    warmup_step_s: list[float]
+    step_s: float
+    step_s_windows: list[float]
+    step_cpu_s_windows: list[float]
+    step_s_cv: float
+    timed_precision: float | None
+    timed_s: float
+    windows: int
+    tokens_per_s: float
+    tokens_per_s_windows: list[float]
+    rewarm_steps: int
+    warmup_steps: int
+    window_steps: int
+
+
+class Loader(TypedDict):
+    """The script's wait for its data loader (part of the result's ``script``)."""
+
+    loader_wait_s_windows: list[float]
+    loader_bound: bool
 
 
 @dataclass
@@ -55,7 +90,7 @@ class Windows:
     def open(self, step: int, items: int, frames: int, waited: float) -> None:
         self.mark = Mark(step, time.perf_counter(), items, frames, time.process_time(), waited)
 
-    def close(self, step: int, items: int, compiled: float, waited: float) -> dict[str, Any] | None:
+    def close(self, step: int, items: int, compiled: float, waited: float) -> Window | None:
         """Close the open window at ``step``; ``compiled``: frames dynamo compiled in it (every rank's largest).
         Returns the window's progress record, or None when it was warm-up after all."""
         mark = self.mark
@@ -86,7 +121,7 @@ class Windows:
             return False
         return rank0_says(sum(self.window_s) < m.max_timed_s and relative_half_width(self.window_s) > m.precision)
 
-    def timing(self, world_size: int, unit: str | None, warmup: int) -> dict[str, Any]:
+    def timing(self, world_size: int, unit: str | None, warmup: int) -> Timing:
         """The result's timing fields: every rank's slowest window, the median step, compile time as the
         warm-up's excess over steady-state steps (``warmup`` steps, and the re-timed windows)."""
         per_window = self.measure.window_steps
@@ -117,7 +152,7 @@ class Windows:
             "window_steps": per_window,
         }
 
-    def loader(self) -> dict[str, Any]:
+    def loader(self) -> Loader:
         """How long each window waited for the script's data loader, and whether that bounds its speed."""
         waited = reduce_max(self.window_waited)
         shares = [w / t for w, t in zip(waited, reduce_max(self.window_s), strict=True)]
