@@ -146,10 +146,10 @@ def hydra_main(cfg: DictConfig) -> Any:
             from autocompile.study.measure import measure
 
             name, result = measure(settings, run_dir)
-            console().print(measurement_table(result, name))
-            if result.get("status") != "ok":
+            console().print(measurement_table(result.to_json(), name))
+            if not result.ok:
                 sys.exit(1)
-            return result
+            return result.to_json()
         if settings.task == "compare":
             from autocompile.report.compare_table import print_comparison
             from autocompile.study.compare import compare

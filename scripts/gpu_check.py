@@ -212,7 +212,7 @@ def bench(args: argparse.Namespace, stage: Stage, deadline: float, out_dir: Path
             cache, row["cache"] = None, "cold"
         log(f"{c.name}: {', '.join(f'{k}={v}' for k, v in {**c.knobs, **row['workload']}.items())} "
             f"(at most {timeout:.0f} s)")
-        result = launch(work / "trials" / c.name, spec, cache_dir=cache)
+        result = launch(work / "trials" / c.name, spec, cache_dir=cache).to_json()  # the record kept
         row |= {"status": result["status"], "timeout_s": round(timeout), "result": result}
         if result["status"] != "ok":
             row["reason"] = f"{result.get('failure', result['status'])}: {result.get('reason', '')}"

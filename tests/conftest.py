@@ -13,7 +13,7 @@ import pytest
 
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
-from autocompile.trial.launcher import launch
+from autocompile.trial.launcher import Spec, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSING_SERVICE = "missing service: "
@@ -87,10 +87,15 @@ def make_spec(knobs: dict[str, Any], *, model: ModelSpec = TINY_GPT2, nproc: int
                      device=device, threads=1)
 
 
+def launched(trial_dir: Path, spec: Spec, **kwargs: Any) -> dict[str, Any]:
+    """Launch one trial; what it recorded: its ``result.json`` mapping, the record the tests check key by key."""
+    return launch(trial_dir, spec, **kwargs).to_json()
+
+
 def run_trials(root: Path, specs: list[TrialSpec], parallel: int = 2) -> list[dict[str, Any]]:
-    """Launch trials two at a time (one thread each on this 2-core machine); results in order."""
+    """Launch trials two at a time (one thread each on this 2-core machine); their records in order."""
     with ThreadPoolExecutor(parallel) as pool:
-        futures = [pool.submit(launch, root / f"trial{i:03d}", spec) for i, spec in enumerate(specs)]
+        futures = [pool.submit(launched, root / f"trial{i:03d}", spec) for i, spec in enumerate(specs)]
         return [f.result() for f in futures]
 
 

@@ -10,8 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autocompile.study.records.optuna_store import counted
-from autocompile.trial.launcher import launch
-from tests.conftest import make_spec, tiny_lm
+from tests.conftest import launched, make_spec, tiny_lm
 from tests.test_identity import FIXED, reload, study_with
 from tests.test_tuner import tune_cli
 
@@ -108,7 +107,7 @@ def test_the_timed_part_runs_until_the_stated_precision_or_its_cap(tmp_path: Pat
     loose.measure.precision, loose.measure.max_timed_s = 0.5, 30.0
     tight = make_spec({"compile.scope": "none"}, model=model, windows=2, window_steps=2)
     tight.measure.precision, tight.measure.max_timed_s = 1e-9, 0.3
-    a, b = launch(tmp_path / "loose", loose), launch(tmp_path / "tight", tight)
+    a, b = launched(tmp_path / "loose", loose), launched(tmp_path / "tight", tight)
     assert a["status"] == b["status"] == "ok", (a.get("reason"), b.get("reason"))
     assert a["timed_precision"] <= 0.5 and a["windows"] >= 2
     assert b["timed_precision"] > 1e-9 and b["timed_s"] >= 0.3  # stopped by the cap, precision reported

@@ -21,14 +21,13 @@ from autocompile.config.spec import SideBySideSpec, TrialSpec, Workload
 from autocompile.report.export.frameworks import accelerate_yaml, trainer_arguments
 from autocompile.report.export.snippet import snippet
 from autocompile.report.export.torchtitan import torchtitan_toml
-from autocompile.trial.launcher import launch
 from autocompile.trial.program import build as build_module
 from autocompile.trial.program.build import stage
 from autocompile.trial.timing import worker
 from autocompile.trial.timing.clock import LAZY_WINDOWS, WindowClock
 from autocompile.trial.timing.readings import classify, peak_flops
 from autocompile.workload.data import SyntheticTokens
-from tests.conftest import ROOT, make_spec, tiny_lm
+from tests.conftest import ROOT, launched, make_spec, tiny_lm
 from tests.test_frameworks import make_winner
 from tests.test_report import best_entry
 
@@ -133,7 +132,7 @@ def test_ranks_drop_a_candidate_that_failed_on_one_rank_together(tmp_path: Path)
              make_spec(eager, model=tiny_lm(), nproc=2)]
     spec = SideBySideSpec(specs, ["a", "nan_on_rank1", "b"], min_rounds=2, max_timed_s=0.5, window_steps=2,
                           timeout_s=120)
-    result = launch(tmp_path / "sbs", spec)
+    result = launched(tmp_path / "sbs", spec)
     assert result["status"] == "ok", result
     a, failed, b = result["candidates"]
     assert failed["status"] == "failed" and failed["failure"] == "nan_loss", failed

@@ -13,11 +13,10 @@ import torch
 
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import Workload
-from autocompile.trial.launcher import launch
 from autocompile.trial.program.step import apply
 from autocompile.workload.losses import cross_entropy
 from autocompile.workload.parts import knob_facts
-from tests.conftest import assert_ok, run_trials
+from tests.conftest import assert_ok, launched, run_trials
 from tests.conftest import tiny_lm as tiny_lm_spec
 from tests.jobs import FAST_MEASURE, Compose, falls, run_job
 from tests.models import tiny_lm
@@ -193,7 +192,7 @@ def test_accumulation_and_clipping_under_ddp_keep_ranks_identical(tmp_path: Path
                      model=tiny_lm_spec(), nproc=2)
     spec = dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, grad_accum_steps=2,
                                                                   grad_clip_norm=1.0))
-    result = launch(tmp_path / "t", spec)
+    result = launched(tmp_path / "t", spec)
     assert_ok(result)
     first, second = result["param_checksums"]
     assert first == second and result["window_steps"] % 2 == 0  # DDP no_sync on the first micro-batch of each step

@@ -11,7 +11,7 @@ import pytest
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.study.search.numerics import REFERENCE_KNOBS, ensure_reference, numerics, reference
-from autocompile.trial.launcher import launch
+from tests.conftest import launched
 
 TINY = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
         "workload.seq_len=[16]", "workload.device=cpu", "workload.threads=1", "measure.windows=2",
@@ -35,7 +35,7 @@ def test_a_reference_out_of_memory_in_fp32_is_measured_checkpointed_with_the_sam
     assert numerics(ref).startswith("checked against eager fp32 with per-block activation checkpointing")
     # Checkpointing recomputes the same numbers: the losses of the job without a memory limit, bit for bit.
     plain = settings_for(*TINY)
-    unlimited = launch(tmp_path / "unlimited", plain.trial_spec(TrialConfig.from_flat(REFERENCE_KNOBS, plain.env)))
+    unlimited = launched(tmp_path / "unlimited", plain.trial_spec(TrialConfig.from_flat(REFERENCE_KNOBS, plain.env)))
     assert unlimited["status"] == "ok"
     steps = min(len(unlimited["losses"]), len(ref["losses"]))  # each ran as many steps as its timing needed
     assert steps >= 4 and unlimited["losses"][:steps] == ref["losses"][:steps]

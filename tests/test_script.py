@@ -16,8 +16,7 @@ import pytest
 from autocompile.config.knobs import KnobError, TrialConfig
 from autocompile.config.script_settings import ScriptSettings, ScriptSpec, calls_prepare, script_env
 from autocompile.config.spec import MeasureSettings, Workload
-from autocompile.trial.launcher import launch
-from tests.conftest import ROOT, assert_rates, survivors
+from tests.conftest import ROOT, assert_rates, launched, survivors
 
 GPT = "examples/scripts/train_gpt.py"
 SMALL = "--n_layer=2 --n_embd=32 --n_head=2 --block_size=16 --batch_size=2 --eval_interval=4 --eval_iters=1"
@@ -34,7 +33,7 @@ def script_spec(path: str | Path, args: str, knobs: dict[str, Any], *, nproc: in
 
 
 def run(tmp_path: Path, path: str | Path, args: str, knobs: dict[str, Any], **kw: Any) -> dict[str, Any]:
-    return launch(tmp_path / "trial", script_spec(path, args, knobs, **kw))
+    return launched(tmp_path / "trial", script_spec(path, args, knobs, **kw))
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from autocompile.trial.timing.result import TrialResult
 from tests.test_script_cli import settings
 
 BLOCKS = """
@@ -77,9 +78,10 @@ def test_a_scripts_compare_times_eager_module_and_module_again_side_by_side_in_i
             assert c["status"] == "ok", c
             assert c["fingerprint"] == alone["fingerprint"]  # the program it compiled alone, beside the others
             assert len(c["step_s_windows"]) == len(c["step_cpu_s_windows"]) == result["rounds"] >= 4
-        assert result["candidates"][0]["coverage"] == 1.0 and result["candidates"][1]["coverage"] == 0.0
+        assert [c["compiled_coverage"] for c in result["candidates"][:2]] == [1.0, 0.0]
     assert cold[0]["fingerprint"] != "eager:script" == cold[1]["fingerprint"]
-    per = sidebyside.windows(results)  # what the model path's processes give the intervals, read unchanged
+    # What the model path's processes give the intervals, read unchanged.
+    per = sidebyside.windows([TrialResult.from_json(r) for r in results])
     assert sorted(per) == labels and all(sorted(by_process) == [0, 1] for by_process in per.values())
     eager, again = report["pairs"]
     assert (eager["b"], again["b"]) == (1, 2)
@@ -94,7 +96,7 @@ def test_a_scripts_candidates_that_cannot_share_a_process_say_why() -> None:
     def why(texts: list[str], *more: str, script: str = "examples/scripts/train_gpt.py") -> str | None:
         s = settings(f"script.path={script}", *more)
         members = [Member(t, TrialConfig.from_flat({k: {"True": True}.get(v, v) for k, v in (
-            kv.split("=") for kv in t.split())}, s.env), {}) for t in texts]
+            kv.split("=") for kv in t.split())}, s.env), TrialResult()) for t in texts]
         return cannot_share(members, s)
 
     # Only how the same units are compiled: mode, options, dynamic, fullgraph, backend, none against module.

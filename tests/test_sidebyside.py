@@ -3,6 +3,7 @@ rounds, the interval widens when processes disagree, and what cannot share a pro
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
@@ -19,8 +20,8 @@ from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.phases.racing import study_noise
 from autocompile.study.records.objective import Objective
 from autocompile.study.statistics.intervals import Paired, break_even, paired_windows, time_to_train
-from autocompile.trial.launcher import launch
-from tests.conftest import make_spec, tiny_lm
+from autocompile.trial.timing.result import TrialResult
+from tests.conftest import launched, make_spec, tiny_lm
 
 EAGER = {"compile.scope": "none"}
 MODULE = {"compile.scope": "module", "compile.backend": "aot_eager"}
@@ -32,12 +33,12 @@ def side_by_side(tmp_path: Path, knobs: list[dict], *, model=None, expected=None
     spec = SideBySideSpec([make_spec(k, model=model) for k in knobs], [f"c{i}" for i in range(len(knobs))],
                           expected=expected or [], min_rounds=kw.pop("min_rounds", 4),
                           max_timed_s=kw.pop("max_timed_s", 1.0), window_steps=kw.pop("window_steps", 2), **kw)
-    return launch(tmp_path / "sbs", spec)
+    return launched(tmp_path / "sbs", spec)
 
 
 @pytest.mark.integration
 def test_each_candidate_runs_its_own_program_with_identical_weights_and_rounds_stay_aligned(tmp_path: Path) -> None:
-    alone = {name: launch(tmp_path / name, make_spec(k, model=tiny_lm()))
+    alone = {name: launched(tmp_path / name, make_spec(k, model=tiny_lm()))
              for name, k in (("module", MODULE), ("regional", REGIONAL))}
     result = side_by_side(tmp_path, [EAGER, MODULE, REGIONAL],
                           expected=[None, alone["module"]["fingerprint"], alone["regional"]["fingerprint"]])
@@ -156,9 +157,9 @@ def test_one_cache_per_process_holds_every_candidates_cold_cache_once(tmp_path: 
     for name, entry in (("a", "fxgraph/ab/key1"), ("b", "fxgraph/cd/key2")):
         (tmp_path / name / "inductor_cache" / entry).parent.mkdir(parents=True)
         (tmp_path / name / "inductor_cache" / entry).write_text(name)
-    members = [Member("a", config, {"trial_dir": str(tmp_path / "a")}),
-               Member("a again", config, {"trial_dir": str(tmp_path / "a")}),  # an A/A comparison
-               Member("b", config, {"trial_dir": str(tmp_path / "b")}), Member("eager", config, {})]
+    members = [Member("a", config, TrialResult(trial_dir=str(tmp_path / "a"))),
+               Member("a again", config, TrialResult(trial_dir=str(tmp_path / "a"))),  # an A/A comparison
+               Member("b", config, TrialResult(trial_dir=str(tmp_path / "b"))), Member("eager", config, TrialResult())]
     cache = tmp_path / "process0" / "inductor_cache"
     assert merge_caches(members, cache) == {"a", "a again", "b"}
     assert (cache / "fxgraph/ab/key1").read_text() == "a" and (cache / "fxgraph/cd/key2").read_text() == "b"
@@ -185,7 +186,7 @@ def test_regional_with_block_checkpointing_does_not_share_a_process_with_another
     env = Env.detect("cpu", 1, False)
 
     def member(label: str, knobs: dict) -> Member:
-        return Member(label, TrialConfig.from_flat(knobs, env), {"peak_memory_bytes": 1})
+        return Member(label, TrialConfig.from_flat(knobs, env), TrialResult(peak_memory_bytes=1))
 
     wrapped = member("wrapped", {"compile.scope": "regional", "ac.policy": "block"})
     settings = type("S", (), {"device": "cpu"})()
@@ -200,20 +201,22 @@ def test_a_candidate_left_alone_beside_failed_neighbours_is_told_not_timed() -> 
     from autocompile.study.phases import sidebyside as study_sidebyside
     from autocompile.study.phases.together import failure
 
-    result = {"status": "ok", "candidates": [
+    result = TrialResult.from_json({"status": "ok", "candidates": [
         {"label": "winner", "status": "ok", "fingerprint": "7ce5", "step_s": None, "step_s_windows": []},
         {"label": "fsdp.reshard_after_forward=False", "status": "failed", "failure": "not_same_program",
          "reason": "NotSameProgram: compiled program 452e beside the other candidates"},
         {"label": "fsdp.mp_policy=bf16", "status": "failed", "failure": "recompile_limit",
-         "reason": "FailOnRecompileLimitHit: Hard failure due to fail_on_recompile_limit_hit"}]}
+         "reason": "FailOnRecompileLimitHit: Hard failure due to fail_on_recompile_limit_hit"}]})
     shared = study_sidebyside.not_shared([result])
-    winner, neighbour, _ = (failure(c, result, shared) for c in result["candidates"])
-    assert winner is not None and winner["failure"] == "not_timed" and "not_same_program" in winner["reason"]
-    assert neighbour == {"failure": "not_same_program", "reason": result["candidates"][1]["reason"]}
-    timed = {**result["candidates"][0], "step_s": 0.02, "step_s_windows": [0.02, 0.02]}
+    assert result.candidates is not None
+    winner, neighbour, _ = (failure(c, result, shared) for c in result.candidates)
+    assert winner is not None and winner.failure == "not_timed" and "not_same_program" in (winner.reason or "")
+    assert neighbour is not None and (neighbour.failure, neighbour.reason) == (
+        "not_same_program", result.candidates[1].reason)
+    timed = dataclasses.replace(result.candidates[0], step_s=0.02, step_s_windows=[0.02, 0.02])
     assert failure(timed, result, shared) is None
-    assert failure(timed, {"status": "failed", "failure": "timeout", "reason": "killed"}, shared) == {
-        "failure": "timeout", "reason": "killed"}
+    killed = failure(timed, TrialResult(status="failed", failure="timeout", reason="killed"), shared)
+    assert killed is not None and (killed.failure, killed.reason) == ("timeout", "killed")
 
 
 @pytest.mark.parametrize("programs", [1, 12])
@@ -258,7 +261,7 @@ def test_blocks_run_at_two_lengths_compile_beside_each_other_as_they_do_alone(tm
     it compiled a static one first. Each candidate's warm-up now starts from a fresh shape state."""
     model = tiny_lm("two_lengths")
     fullgraph = {**REGIONAL, "compile.fullgraph": True}
-    alone = [launch(tmp_path / f"alone{i}", make_spec(k, model=model))["fingerprint"]
+    alone = [launched(tmp_path / f"alone{i}", make_spec(k, model=model))["fingerprint"]
              for i, k in enumerate((REGIONAL, fullgraph))]
     result = side_by_side(tmp_path, [REGIONAL, fullgraph], model=model, expected=alone)
     assert [c["status"] for c in result["candidates"]] == ["ok", "ok"], result["candidates"]

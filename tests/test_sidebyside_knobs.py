@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from autocompile.config.spec import SideBySideSpec
-from autocompile.trial.launcher import launch
-from tests.conftest import TINY_GPT2, make_spec
+from tests.conftest import TINY_GPT2, launched, make_spec
 
 AOT = {"compile.backend": "aot_eager"}
 # One candidate per knob value the CPU space offers beside the defaults, all in one process.
@@ -27,11 +26,11 @@ CANDIDATES: list[dict[str, Any]] = [
 
 def fingerprints_alone_and_together(tmp_path: Path, candidates: list[dict[str, Any]]) -> tuple[list, list]:
     specs = [make_spec(k, model=TINY_GPT2) for k in candidates]
-    alone = [launch(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
+    alone = [launched(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
     assert all(r["status"] == "ok" for r in alone), [(r.get("failure"), r.get("reason")) for r in alone]
     spec = SideBySideSpec(specs, [f"c{i}" for i in range(len(specs))], expected=[r["fingerprint"] for r in alone],
                           min_rounds=2, max_timed_s=1.0, window_steps=2)
-    together = launch(tmp_path / "together", spec)
+    together = launched(tmp_path / "together", spec)
     assert together["status"] == "ok", together
     return alone, together["candidates"]
 
@@ -54,10 +53,10 @@ def test_regional_with_block_checkpointing_compiles_another_program_beside_anoth
     # beside another compiled candidate (even an identical one) it is not, and the check says so.
     wrapped = {"compile.scope": "regional", "ac.policy": "block", **AOT}
     specs = [make_spec(k, model=TINY_GPT2) for k in ({"compile.scope": "module", **AOT}, wrapped)]
-    alone = [launch(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
+    alone = [launched(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
     spec = SideBySideSpec(specs, ["module", "wrapped"], expected=[r["fingerprint"] for r in alone], min_rounds=2,
                           max_timed_s=1.0, window_steps=2)
-    module, beside = launch(tmp_path / "together", spec)["candidates"]
+    module, beside = launched(tmp_path / "together", spec)["candidates"]
     assert module["status"] == "ok" and beside["failure"] == "not_same_program"
     assert alone[1]["fingerprint"] in beside["reason"]
 
@@ -82,11 +81,11 @@ def test_ddp_reducers_each_run_their_own_program_on_two_ranks(tmp_path: Path) ->
                    **AOT},
                   {"compile.scope": "module", "ddp.wrap_order": "compile_of_ddp", **AOT}]
     specs = [make_spec(k, model=TINY_GPT2, nproc=2) for k in candidates]
-    alone = [launch(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
+    alone = [launched(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
     assert all(r["status"] == "ok" for r in alone), [(r.get("failure"), r.get("reason")) for r in alone]
     spec = SideBySideSpec(specs, ["ddp_optimizer", "python_reducer", "compile_of_ddp"],
                           expected=[r["fingerprint"] for r in alone], min_rounds=2, max_timed_s=1.0, window_steps=2)
-    together = launch(tmp_path / "together", spec)
+    together = launched(tmp_path / "together", spec)
     assert together["status"] == "ok", together
     assert [c["status"] for c in together["candidates"]] == ["ok"] * 3, together["candidates"]
     assert len({len(c["step_s_windows"]) for c in together["candidates"]}) == 1  # ranks agreed on every round

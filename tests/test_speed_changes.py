@@ -21,6 +21,7 @@ from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.records.objective import Objective
 from autocompile.study.statistics.intervals import Paired
 from autocompile.trial.timing import worker
+from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.sidebyside_worker import rounds_done
 from autocompile.trial.timing.stats import change_point
 from tests.conftest import make_spec
@@ -175,9 +176,9 @@ def nanogpt_report(settings_for: Any) -> Comparison:
     members, per, cpu = [], {}, {}
     for i, config in enumerate(settings.candidate_configs()):
         label = f"{i}: {config.compile.scope}"
-        members.append(sidebyside.Member(label, config, {
-            "status": "ok", "step_s": alone[str(i)], "compile_s": 10.0 * i, "trial_dir": f"/cold{i}",
-            "step_s_windows": [alone[str(i)]] * 5}))
+        members.append(sidebyside.Member(label, config, TrialResult(
+            status="ok", step_s=alone[str(i)], compile_s=10.0 * i, trial_dir=f"/cold{i}",
+            step_s_windows=[alone[str(i)]] * 5)))
         shift = (6, 21 / 12) if i < 2 else (None, 1.0)
         per[label] = {p: series(rng, 22, 0.02, *shift) if i < 2 else [0.009] * 22 for p in range(2)}
         cpu[label] = {p: [1.9 * w for w in per[label][p]] for p in range(2)}

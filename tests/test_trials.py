@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from autocompile.config.knobs import Env, KnobError, TrialConfig
-from autocompile.trial.launcher import launch
 from autocompile.trial.timeline import wall_split
-from tests.conftest import assert_ok, assert_rates, make_spec, run_trials, survivors, tiny_lm
+from tests.conftest import assert_ok, assert_rates, launched, make_spec, run_trials, survivors, tiny_lm
 
 FAST = {"compile.backend": "eager"}
 
@@ -101,7 +100,7 @@ def test_a_trials_throughput_counts_every_rank_every_shape_and_whole_accumulated
     time: a dropped rank or a shape counted twice is a factor, not noise."""
     spec = make_spec({"compile.scope": "none"}, model=tiny_lm(), nproc=2, seq_len=[8, 16])
     spec = dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, grad_accum_steps=2))
-    result = launch(tmp_path / "trial", spec)
+    result = launched(tmp_path / "trial", spec)
     assert result["status"] == "ok", result.get("reason")
     assert result["environment"]["world_size"] == 2 and result["throughput_unit"] == "tokens"
     assert result["window_steps"] == 2 and result["windows"] == 2  # lcm(2 shapes, 2 micro-batches)
@@ -142,13 +141,13 @@ def test_raising_and_nan_trials_fail_with_their_message(tmp_path: Path) -> None:
 # tests/test_measure.py::test_ranks_drop_a_candidate_that_failed_on_one_rank_together.
 @pytest.mark.integration
 def test_failure_on_one_rank_is_reported(tmp_path: Path) -> None:
-    result = launch(tmp_path / "t", make_spec({"compile.scope": "none"}, model=tiny_lm("raise"), nproc=2))
+    result = launched(tmp_path / "t", make_spec({"compile.scope": "none"}, model=tiny_lm("raise"), nproc=2))
     assert result["status"] == "failed"
     assert "boom from the test model" in result["reason"]
 
 
 def test_ranks_that_end_with_different_parameters_fail_the_trial(tmp_path: Path) -> None:
-    result = launch(tmp_path / "t", make_spec({"compile.scope": "none"}, model=tiny_lm("diverge"), nproc=2))
+    result = launched(tmp_path / "t", make_spec({"compile.scope": "none"}, model=tiny_lm("diverge"), nproc=2))
     assert result["status"] == "failed" and result["failure"] == "ranks_diverged", result.get("reason")
 
 
@@ -162,7 +161,7 @@ def test_peak_flops_are_found_from_device_names() -> None:
 
 def test_hanging_trial_is_killed_at_its_timeout_with_nothing_left_alive(tmp_path: Path) -> None:
     spec = make_spec({"compile.scope": "none"}, model=tiny_lm("hang"), nproc=2, timeout_s=5)
-    result = launch(tmp_path / "hang", spec)
+    result = launched(tmp_path / "hang", spec)
     assert result["status"] == "failed" and result["failure"] == "timeout"
     assert survivors(str((tmp_path / "hang").resolve())) == []
 
@@ -176,6 +175,6 @@ def test_stop_rule_prunes_a_running_trial(tmp_path: Path) -> None:
         seen.append(len(windows))
         return "slower than the best after window 1" if windows else None
 
-    result = launch(tmp_path / "p", spec, should_stop=stop_after_first_window)
+    result = launched(tmp_path / "p", spec, should_stop=stop_after_first_window)
     assert result["status"] == "pruned" and result["reason"] == "slower than the best after window 1"
     assert max(seen) >= 1

@@ -17,9 +17,8 @@ from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import Workload
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.record import Measurement, set_attrs
-from autocompile.trial.launcher import launch
 from autocompile.trial.timing.compile_artifacts import TRIAL_FILE
-from tests.conftest import ROOT, assert_ok, make_spec, tiny_lm
+from tests.conftest import ROOT, assert_ok, launched, make_spec, tiny_lm
 
 TINY = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
         "workload.seq_len=[16]", "workload.device=cpu", "workload.threads=1", "tracking.enabled=false"]
@@ -110,7 +109,7 @@ def test_a_trial_leaves_no_torchelastic_directory_in_the_temporary_directory(
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))  # torchrun's tempfile.mkdtemp(prefix="torchelastic_") lands here
-    result = launch(tmp_path / "trial", make_spec({"compile.scope": "none"}, model=tiny_lm()))
+    result = launched(tmp_path / "trial", make_spec({"compile.scope": "none"}, model=tiny_lm()))
     assert_ok(result)
     assert list(tmp.glob("torchelastic_*")) == []
     assert (tmp_path / "trial" / "torchrun").is_dir()  # torchrun's per-rank logs stay with the trial

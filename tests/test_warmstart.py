@@ -16,10 +16,10 @@ from optuna.trial import TrialState, create_trial
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.study.records.record import Measurement, user_attrs
-from autocompile.study.search.warmstart import take_home, warm_start
+from autocompile.study.search.warmstart import Winner, take_home, warm_start
 from autocompile.trial.launcher import launch
 from autocompile.trial.timing.compile_artifacts import ARTIFACTS, warm_line
-from tests.conftest import ROOT, assert_ok
+from tests.conftest import ROOT, assert_ok, launched
 from tests.jobs import FAST_MEASURE, Compose
 
 COUNTERS = """
@@ -76,7 +76,7 @@ def test_the_winners_artifacts_make_a_fresh_process_compile_from_its_cache(tmp_p
     settings = settings_for("+model=custom", "model._target_=tests.models.tiny_lm", "workload.batch_size=2",
                             "workload.seq_len=[16]", *FAST_MEASURE)
     config = TrialConfig.from_flat({"compile.scope": "module"}, settings.env)  # inductor
-    cold = launch(tmp_path / "trials" / "0000", settings.trial_spec(config))
+    cold = launched(tmp_path / "trials" / "0000", settings.trial_spec(config))
     assert_ok(cold)
     kept = cold["compile_artifacts"]
     assert kept["bytes"] > 0 and kept["entries"].get("inductor", 0) >= 1, kept
@@ -102,7 +102,6 @@ def test_the_winners_artifacts_make_a_fresh_process_compile_from_its_cache(tmp_p
 
 def test_an_eager_or_aot_eager_winner_has_nothing_to_take_home(tmp_path: Path, settings_for: Compose) -> None:
     settings = settings_for("+model=custom", "model._target_=tests.models.tiny_lm", *FAST_MEASURE)
-    best = {"number": 3, "config": {}, "result": {"compile_artifacts": None, "compile_s": 1.0}}
-    assert take_home(settings, best, tmp_path, launch) is None
+    assert take_home(settings, Winner(3, {}, 1.0, None), tmp_path, launch) is None
     assert not (tmp_path / ARTIFACTS).exists()
     assert "no compile artifacts" in warm_line(None)

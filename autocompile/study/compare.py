@@ -29,7 +29,6 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
 from autocompile.config.compare_settings import label
@@ -40,6 +39,7 @@ from autocompile.study.comparison import ComparePair, CompareRow, Comparison, Fa
 from autocompile.study.phases import sidebyside
 from autocompile.study.statistics.intervals import Paired, break_even, paired_windows, t_quantile, time_to_train
 from autocompile.trial.launcher import launch
+from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.stats import change_point, paired_ratio
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def compare(settings: Settings, run_dir: Path) -> Comparison:
     texts = [label(t) for t in settings.compare.candidates]
     out = run_dir / "compare" / time.strftime("%Y%m%d-%H%M%S")
     started = time.time()
-    cold: dict[str, dict[str, Any]] = {}
+    cold: dict[str, TrialResult] = {}
     members = []
     for i, (text, config) in enumerate(zip(texts, configs, strict=True)):
         key = repr(sorted(config.flat().items()))
@@ -65,8 +65,8 @@ def compare(settings: Settings, run_dir: Path) -> Comparison:
             log.info("cold run of candidate %d (%s): compile time, peak memory, program", i, text)
             cold[key] = launch(out / f"cold{i}", settings.trial_spec(config), cache_dir=settings.cache_dir)
         members.append(sidebyside.Member(f"{i}: {text}", config, cold[key]))
-    failed = [m for m in members if m.cold.get("status") != "ok"]
-    ok = [m for m in members if m.cold.get("status") == "ok"]
+    failed = [m for m in members if not m.cold.ok]
+    ok = [m for m in members if m.cold.ok]
     walls = {"cold_s": time.time() - started}
     method, why, per, cpu = "none", "fewer than two candidates ran", {}, {}
     if len(ok) >= 2:
@@ -85,24 +85,23 @@ def timed(members: list[sidebyside.Member], settings: Settings, out: Path
     -> process or round -> step times, and side by side their CPU seconds per step)."""
     reason = sidebyside.cannot_share(members, settings)  # a script's too: its agent switches candidates
     if reason is None:
-        results: list[dict[str, Any]] = []
+        results: list[TrialResult] = []
         for p in range(settings.compare.processes):
             results.append(sidebyside.run_process(out / f"process{p}", members, settings, shift=p))
             if (reason := sidebyside.not_shared(results)) is not None:
                 break  # the rest would fail alike
         if reason is None:
-            return (SIDE_BY_SIDE, "", sidebyside.windows(results),
-                    sidebyside.windows(results, "step_cpu_s_windows"))
+            return SIDE_BY_SIDE, "", sidebyside.windows(results), sidebyside.windows(results, cpu=True)
     log.warning("fresh-process rounds instead of side by side: %s", reason)
     rounds: dict[str, dict[int, list[float]]] = {}
     for r in range(settings.compare.processes):
         for k in range(len(members)):
             m = members[(k + r) % len(members)]  # each candidate opens a round in turn
-            cache = Path(m.cold["trial_dir"]) / "inductor_cache"
+            cache = Path(m.cold.trial_dir or "") / "inductor_cache"
             result = launch(out / f"round{r}" / m.label.split(":")[0], settings.trial_spec(m.config),
                             cache_dir=cache if cache.is_dir() else None)
-            if result.get("status") == "ok":
-                rounds.setdefault(m.label, {})[r] = [result["step_s"]]
+            if result.ok and result.step_s is not None:
+                rounds.setdefault(m.label, {})[r] = [result.step_s]
     return FRESH_PROCESSES, reason, rounds, {}
 
 
@@ -167,10 +166,9 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
     for m in members:
         steps = per.get(m.label)
         rows.append(CompareRow(
-            m.label, m.config.active(env), describe(m.config, env), m.cold.get("status"), m.cold.get("reason"),
-            sidebyside.step_s(steps, cpu.get(m.label)) if steps else None, m.cold.get("step_s"),
-            m.cold.get("compile_s"), m.cold.get("peak_memory_bytes"), m.cold.get("fingerprint"),
-            m.cold.get("throughput_unit", "tokens"), m.cold.get("trial_dir")))
+            m.label, m.config.active(env), describe(m.config, env), m.cold.status, m.cold.reason,
+            sidebyside.step_s(steps, cpu.get(m.label)) if steps else None, m.cold.step_s, m.cold.compile_s,
+            m.cold.peak_memory_bytes, m.cold.fingerprint, m.cold.throughput_unit or "tokens", m.cold.trial_dir))
     pairs = []
     base = rows[0]
     alone_cv, alone_df = alone_noise(per)
@@ -195,17 +193,17 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
         if method == SIDE_BY_SIDE else []
     seen = set()
     for m in members:  # a cold run that changed speed: its alone step time blends two speeds
-        cold = m.cold.get("step_s_windows") or []
-        if m.cold.get("status") != "ok" or m.cold.get("trial_dir") in seen:
+        cold = m.cold.step_s_windows or []
+        if not m.cold.ok or m.cold.trial_dir in seen:
             continue
-        seen.add(m.cold.get("trial_dir"))
-        if (c := change_point(cold, m.cold.get("step_cpu_s_windows"))) is not None:
+        seen.add(m.cold.trial_dir)
+        if (c := change_point(cold, m.cold.step_cpu_s_windows)) is not None:
             changes.append(c.text(m.label, "its cold run alone"))
     model = ("log window step time = candidate + process effect + window noise; windows paired within rounds, "
              "a random effect per process (see docs/measuring.md)") if method == SIDE_BY_SIDE else \
         "one fresh process per candidate and round, paired by round"
     return Comparison(method, why, settings.compare.processes, model, rows, pairs, alone_cv, walls, changes,
-                      [Failed(m.label, m.cold.get("reason")) for m in failed])
+                      [Failed(m.label, m.cold.reason) for m in failed])
 
 
 def verdict(step: Paired, b: str, a: str, pays: str | None) -> str:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from autocompile.config.knobs import TrialConfig, describe
 from autocompile.config.settings import Settings
 from autocompile.trial.launcher import launch
+from autocompile.trial.timing.result import TrialResult
 
 log = logging.getLogger(__name__)
 
 
-def measure(settings: Settings, run_dir: Path) -> tuple[str, dict[str, Any]]:
+def measure(settings: Settings, run_dir: Path) -> tuple[str, TrialResult]:
     """Measure the command line's configuration once; its name and the worker's result (the app prints it)."""
     env = settings.env
     config = TrialConfig.from_flat(settings.fixed_knobs, env)

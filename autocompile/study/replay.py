@@ -40,12 +40,12 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from autocompile.config.choices import Knobs
 from autocompile.config.knobs import describe
 from autocompile.config.sections import ObjectiveSettings, StudySettings
 from autocompile.config.space import SearchSpace, identity
@@ -56,6 +56,7 @@ from autocompile.study.records.record import Measurement, set_attrs
 from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, race
 from autocompile.study.statistics.intervals import CompileSpread
 from autocompile.study.tuner import queue_baselines
+from autocompile.trial.timing.result import ProgressEvent
 
 WARMUP_STEPS = 3
 """Warm-up steps before the first timed window (the workers' default burst: 3 warm-up + 5 x 5 timed)."""
@@ -142,7 +143,7 @@ class Told:
     """One configuration's search trial, as the study recorded it."""
 
     state: TrialState
-    config: dict[str, Any]
+    config: Knobs
     baseline: str | None
     fingerprint: str
     measured: Measurement | None = None
@@ -159,12 +160,13 @@ class Told:
         return time_to_train(m.compile_s, m.step_s, horizon)
 
 
-def first_window_events(compile_s: float, window_step_s: float) -> list[dict[str, Any]]:
+def first_window_events(compile_s: float, window_step_s: float) -> list[ProgressEvent]:
     """The launcher's events up to a trial's first timed window: what the stop rule reads (the warm-up's
     first step carries the compile)."""
     warm = [compile_s + window_step_s] + [window_step_s] * (WARMUP_STEPS - 1)
-    return [{"event": "warmup_start", "time": 0.0}, *({"event": "warmup_step", "seconds": w} for w in warm),
-            {"event": "window", "step_s": window_step_s}]
+    return [ProgressEvent(event="warmup_start", time=0.0),
+            *(ProgressEvent(event="warmup_step", seconds=w) for w in warm),
+            ProgressEvent(event="window", step_s=window_step_s)]
 
 
 def pruned_by_tuner(objective: Objective, told: dict[str, Told], compile_s: float, window_step_s: float,
@@ -243,7 +245,7 @@ def answer(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, table: 
     return key, t.state, wall
 
 
-def measure(objective: Objective, told: dict[str, Told], row: Row, config: dict[str, Any], baseline: str | None,
+def measure(objective: Objective, told: dict[str, Told], row: Row, config: Knobs, baseline: str | None,
             noise: Noise, rng: np.random.Generator, horizon: int, prune: bool) -> Told:
     """One search trial of ``row``: failed, pruned by the tuner's rule, or its noisy measurement."""
     if not row.ok:

@@ -33,13 +33,14 @@ import psutil
 from autocompile.config.script_settings import ScriptSpec
 from autocompile.config.sections import Resources
 from autocompile.config.spec import SideBySideSpec, TrialSpec, write_json_atomic
+from autocompile.trial.timing.result import ProgressEvent, TrialResult
 
 log = logging.getLogger(__name__)
 
 Spec = TrialSpec | SideBySideSpec | ScriptSpec
 """What a launch runs: one configuration (the trial worker), several side by side, or the user's script."""
 
-StopRule = Callable[[list[dict[str, Any]], float], "str | tuple[str, str] | None"]
+StopRule = Callable[[list[ProgressEvent], float], "str | tuple[str, str] | None"]
 """Called while a trial runs with its progress events and seconds since launch; a reason stops it
 as pruned, a ``(status, reason)`` pair with that status (``same_program``)."""
 
@@ -176,7 +177,7 @@ def launch(
     agents: Agents = Agents(),
     poll_s: float = 0.25,
     interrupt: threading.Event = INTERRUPT,
-) -> dict[str, Any]:
+) -> TrialResult:
     """Run the trial to its end, its timeout, or until ``should_stop`` says why not; return the result.
 
     Raises Interrupted once ``interrupt`` is set (the trial's tree killed first, or nothing started),
@@ -232,40 +233,39 @@ def launch(
 
 
 def _record(trial_dir: Path, procs: list[subprocess.Popen[bytes]], stopped: tuple[str, str] | None,
-            started: float, resources: Resources) -> dict[str, Any]:
+            started: float, resources: Resources) -> TrialResult:
     """The trial's result.json, written whatever ended it."""
-    wall_s = time.time() - started
     result = collect(trial_dir, procs[0].returncode if procs else None, stopped)
-    result["wall_s"] = wall_s
-    result["trial_dir"] = str(trial_dir)
+    result.wall_s = time.time() - started
+    result.trial_dir = str(trial_dir)
     if resources.cpus or resources.gpus:
-        result["resources"] = {"cpus": list(resources.cpus), "gpus": list(resources.gpus)}
-    write_json_atomic(trial_dir / "result.json", result)
+        result.resources = {"cpus": list(resources.cpus), "gpus": list(resources.gpus)}
+    write_json_atomic(trial_dir / "result.json", result.to_json())
     return result
 
 
-def collect(trial_dir: Path, returncode: int | None, stopped: tuple[str, str] | None) -> dict[str, Any]:
+def collect(trial_dir: Path, returncode: int | None, stopped: tuple[str, str] | None) -> TrialResult:
     """The trial's outcome from what it left behind; a rank's own error beats a torn-down rank 0."""
     if stopped is not None:
         kind, why = stopped
         if kind in ("pruned", "interrupted", "same_program"):
             # What it compiled before it was stopped, if it got that far.
             compiled = next((e for e in read_progress(trial_dir) if e["event"] == "compiled"), {})
-            return {"status": kind, "reason": why, **{k: compiled[k] for k in ("fingerprint",) if k in compiled}}
-        return {"status": "failed", "failure": "timeout", "reason": why}
+            return TrialResult(status=kind, reason=why, fingerprint=compiled.get("fingerprint"))
+        return TrialResult(status="failed", failure="timeout", reason=why)
     path = trial_dir / "result.json"
-    result = json.loads(path.read_text()) if path.exists() else None
+    result = TrialResult.from_json(json.loads(path.read_text())) if path.exists() else None
     errors = sorted(trial_dir.glob("error.rank*.json"))
-    if errors and (result is None or result.get("status") != "ok"):
-        return json.loads(errors[0].read_text())
+    if errors and (result is None or not result.ok):
+        return TrialResult.from_json(json.loads(errors[0].read_text()))
     if result is not None:
         return result
     tail = (trial_dir / "stderr.log").read_text(errors="replace").strip().splitlines()[-3:]
-    return {"status": "failed", "failure": "crash",
-            "reason": f"exit code {returncode}, no result written: " + " | ".join(tail)[-800:]}
+    return TrialResult(status="failed", failure="crash",
+                       reason=f"exit code {returncode}, no result written: " + " | ".join(tail)[-800:])
 
 
-def read_progress(trial_dir: Path) -> list[dict[str, Any]]:
+def read_progress(trial_dir: Path) -> list[ProgressEvent]:
     path = trial_dir / "progress.jsonl"
     if not path.exists():
         return []

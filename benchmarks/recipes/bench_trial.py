@@ -63,7 +63,7 @@ def main() -> int:
         runs = []
         for r in range(args.repeats):
             spec = dataclasses.replace(base, knobs=config.flat())
-            result = launch(root / f"c{i}-r{r}", spec)
+            result = launch(root / f"c{i}-r{r}", spec).to_json()
             if result["status"] != "ok":
                 print(f"{describe(config, env)} repeat {r}: {result['status']}: {result.get('reason')}")
                 continue

@@ -15,7 +15,6 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from autocompile.config.choices import compiles
 from autocompile.config.gpus import free_memory
@@ -26,6 +25,7 @@ from autocompile.config.settings import Settings
 from autocompile.config.spec import SideBySideSpec
 from autocompile.trial.launcher import Agents, launch
 from autocompile.trial.slots import slot_threads
+from autocompile.trial.timing.result import ProgressEvent, TrialResult
 from autocompile.trial.timing.stats import ChangePoint, change_point, descheduled
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class Member:
 
     label: str
     config: TrialConfig
-    cold: dict[str, Any]
+    cold: TrialResult
     """Its cold single-candidate trial's result: fingerprint, compile artifacts, peak memory, compile time."""
 
 
@@ -73,7 +73,7 @@ def cannot_share(members: list[Member], settings: Settings, gpu: str | None = No
         # the next one's program (even an identical candidate's).
         return (f"{', '.join(wrapped)} compile(s) per-block checkpoint wrappers, whose dynamo state other "
                 "compiled candidates in the process change")
-    need = sum(float(m.cold.get("peak_memory_bytes") or 0) for m in members)
+    need = sum(float(m.cold.peak_memory_bytes or 0) for m in members)
     free = _free_memory(settings.device, gpu)
     if free and need > MEMORY_SHARE * free:
         return (f"the candidates' peak memory together ({need / 2**30:.1f} GiB) does not fit "
@@ -126,8 +126,8 @@ def spec_for(members: list[Member], settings: Settings, shift: int, threads: int
     warm = warm or set()
     return SideBySideSpec(
         candidates=[settings.trial_spec(m.config, threads) for m in members], labels=[m.label for m in members],
-        expected=[m.cold.get("fingerprint") for m in members],
-        artifacts=[None if m.label in warm else (m.cold.get("compile_artifacts") or {}).get("path") for m in members],
+        expected=[m.cold.fingerprint for m in members],
+        artifacts=[None if m.label in warm else (m.cold.compile_artifacts or {}).get("path") for m in members],
         window_steps=c.window_steps, min_rounds=c.min_rounds, precision=c.precision, max_timed_s=c.max_timed_s,
         settle_steps=c.settle_steps, shift=shift, timeout_s=max(settings.timeout_s(m.config) for m in members))
 
@@ -150,7 +150,7 @@ def script_spec_for(members: list[Member], settings: Settings, shift: int, threa
 
 def run_process(out_dir: Path, members: list[Member], settings: Settings, shift: int,
                 resources: Resources | None = None, agents: Agents | None = None,
-                beat: Callable[[], None] | None = None) -> dict[str, Any]:
+                beat: Callable[[], None] | None = None) -> TrialResult:
     """One fresh process timing every member; its ``result.json`` (``candidates`` in members' order).
     ``beat`` is called while it runs (the members' trial heartbeats: a long process is never found stale)."""
     resources, agents = resources or Resources(), agents or Agents()
@@ -160,7 +160,7 @@ def run_process(out_dir: Path, members: list[Member], settings: Settings, shift:
     spec = (script_spec_for if settings.script.given else spec_for)(members, settings, shift, threads, warm)
     log.info("side by side, process %d: %s", shift, ", ".join(m.label for m in members))
 
-    def alive(events: list[dict[str, Any]], elapsed: float) -> None:
+    def alive(events: list[ProgressEvent], elapsed: float) -> None:
         if beat is not None:
             beat()
 
@@ -182,8 +182,8 @@ def merge_caches(members: list[Member], cache: Path) -> set[str]:
     cache.mkdir(parents=True)
     merged: set[Path] = set()
     for m in members:
-        src = Path(m.cold.get("trial_dir") or "") / "inductor_cache"
-        if not m.cold.get("trial_dir") or not src.is_dir():
+        src = Path(m.cold.trial_dir or "") / "inductor_cache"
+        if not m.cold.trial_dir or not src.is_dir():
             continue
         found.add(m.label)
         if src.resolve() not in merged:  # an A/A comparison names one cold run twice
@@ -192,14 +192,14 @@ def merge_caches(members: list[Member], cache: Path) -> set[str]:
     return found
 
 
-def windows(results: list[dict[str, Any]], key: str = "step_s_windows") -> dict[str, dict[int, list[float]]]:
-    """label -> process -> window step times, from each process's result (``key="step_cpu_s_windows"``: their
-    CPU seconds per step, where the process recorded them)."""
+def windows(results: list[TrialResult], cpu: bool = False) -> dict[str, dict[int, list[float]]]:
+    """label -> process -> window step times, from each process's result (``cpu``: their CPU seconds per step,
+    where the process recorded them)."""
     found: dict[str, dict[int, list[float]]] = {}
     for p, result in enumerate(results):
-        for c in result.get("candidates", []):
-            if c.get("status") == "ok" and c.get(key):
-                found.setdefault(c["label"], {})[p] = c[key]
+        for c in result.candidates or []:
+            if c.ok and c.label and (seconds := c.step_cpu_s_windows if cpu else c.step_s_windows):
+                found.setdefault(c.label, {})[p] = seconds
     return found
 
 
@@ -216,14 +216,14 @@ def speed_changes(per: dict[str, dict[int, list[float]]], cpu: dict[str, dict[in
     return found
 
 
-def not_shared(results: list[dict[str, Any]]) -> str | None:
+def not_shared(results: list[TrialResult]) -> str | None:
     """A process or candidate that failed beside the others (the reason), or None."""
     for p, result in enumerate(results):
-        if result.get("status") != "ok":
-            return f"process {p} failed: {result.get('failure')}: {result.get('reason', '')[:200]}"
-        for c in result["candidates"]:
-            if c.get("status") != "ok":
-                return f"{c['label']} failed beside the others ({c.get('failure')}: {c.get('reason', '')[:200]})"
+        if not result.ok:
+            return f"process {p} failed: {result.failure}: {(result.reason or '')[:200]}"
+        for c in result.candidates or []:
+            if not c.ok:
+                return f"{c.label} failed beside the others ({c.failure}: {(c.reason or '')[:200]})"
     return None
 
 

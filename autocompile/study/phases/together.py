@@ -33,6 +33,7 @@ from autocompile.study.records.optuna_store import METHOD
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
 from autocompile.study.search.tell import begin, tell_measured
 from autocompile.trial.timing.compile_artifacts import TRIAL_FILE
+from autocompile.trial.timing.result import TrialResult
 
 log = logging.getLogger(__name__)
 
@@ -51,27 +52,28 @@ def set_method(study: optuna.Study, phase: str, name: str, why: str = "") -> Non
         log.warning("%s phase: fresh-process rounds instead of side by side: %s", phase, why)
 
 
-def cold_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+def cold_of(trial: optuna.trial.FrozenTrial) -> TrialResult:
     """What a member needs of its cold single-candidate run: program, artifacts, peak memory, compile time."""
     record = TrialRecord.of(trial)
-    result = record.measured.to_dict()
-    result["trial_dir"] = record.trial_dir
+    result = TrialResult.from_json(record.measured.to_dict())
+    result.trial_dir = record.trial_dir
     artifacts = Path(record.trial_dir or "") / TRIAL_FILE
     if artifacts.is_file():
-        result["compile_artifacts"] = {"path": str(artifacts)}
+        result.compile_artifacts = {"path": str(artifacts)}
     return result
 
 
-def failure(candidate: dict[str, Any], result: dict[str, Any], shared: str | None) -> dict[str, Any] | None:
-    """Why a candidate of a side-by-side process has no step time (``failure``, ``reason``), or None: it failed,
+def failure(candidate: TrialResult, result: TrialResult, shared: str | None) -> Measurement | None:
+    """Why a candidate of a side-by-side process has no step time (a failed measurement), or None: it failed,
     the process failed, or it was ready but every other candidate failed beside it, so no round had two
     candidates to time (its ``step_s`` is None)."""
-    if candidate.get("status") == "ok" and result.get("status") == "ok":
-        if candidate.get("step_s") is not None:
+    if candidate.ok and result.ok:
+        if candidate.step_s is not None:
             return None
-        return {"failure": "not_timed", "reason": f"not timed: no other candidate was left beside it ({shared})"}
-    return {"failure": candidate.get("failure") or result.get("failure"),
-            "reason": candidate.get("reason") or result.get("reason", "")}
+        return Measurement(status="failed", failure="not_timed",
+                           reason=f"not timed: no other candidate was left beside it ({shared})")
+    return Measurement(status="failed", failure=candidate.failure or result.failure,
+                       reason=candidate.reason or result.reason or "")
 
 
 def process_dir(run_dir: Path, phase: str, r: int) -> Path:
@@ -103,18 +105,18 @@ def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: Sea
     result = sidebyside.run_process(out, members, settings, shift=r, resources=resources, agents=agents,
                                     beat=beat_all)
     shared = sidebyside.not_shared([result])
-    for trial, member, c in zip(trials, members, result.get("candidates") or [{}] * len(trials), strict=True):
+    outcomes = result.candidates or [TrialResult(status="failed")] * len(trials)
+    for trial, member, c in zip(trials, members, outcomes, strict=True):
         failed = failure(c, result, shared)
-        if failed is not None:
-            tell_measured(study, trial, objective, Measurement(status="failed", **failed))
+        if failed is not None or c.step_s is None:
+            tell_measured(study, trial, objective, failed or Measurement(status="failed"))
             continue
-        cold = Measurement.from_dict(member.cold)
+        cold = Measurement.of(member.cold)
         items_per_step = cold.tokens_per_s * cold.step_s  # a step's tokens (or samples), as measured alone
         tell_measured(study, trial, objective, Measurement(
-            status="ok", step_s=c["step_s"], step_s_windows=c["step_s_windows"],
-            step_cpu_s_windows=c.get("step_cpu_s_windows"),
-            tokens_per_s=items_per_step / c["step_s"], losses=c["losses"], fingerprint=c["fingerprint"],
-            compiled=c["compiled"], compiled_coverage=c.get("coverage"), throughput_unit=result.get("throughput_unit"),
-            compile_s=cold.compile_s, peak_memory_bytes=cold.peak_memory_bytes, wall_s=result.get("wall_s"),
-            side_by_side={"round": r, "rounds": result["rounds"], "window_steps": result["window_steps"]}))
+            status="ok", step_s=c.step_s, step_s_windows=c.step_s_windows, step_cpu_s_windows=c.step_cpu_s_windows,
+            tokens_per_s=items_per_step / c.step_s, losses=c.losses, fingerprint=c.fingerprint,
+            compiled=c.compiled, compiled_coverage=c.compiled_coverage, throughput_unit=result.throughput_unit,
+            compile_s=cold.compile_s, peak_memory_bytes=cold.peak_memory_bytes, wall_s=result.wall_s,
+            side_by_side={"round": r, "rounds": result.rounds or 0, "window_steps": result.window_steps or 0}))
     return shared

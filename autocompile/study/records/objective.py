@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -22,6 +21,7 @@ from autocompile.config.settings import ObjectiveSettings
 from autocompile.study.records.record import Measurement, TrialRecord
 from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, prune_margin
 from autocompile.trial.launcher import StopRule
+from autocompile.trial.timing.result import ProgressEvent
 
 DIRECTIONS = {
     "time_to_train": ["minimize"],
@@ -95,7 +95,7 @@ class Objective:
             evidence.update(ratio=ratio, margin=margin)  # the tuner keeps both: a near miss is measured again
             return reason
 
-        def rule(events: list[dict[str, Any]], elapsed: float) -> str | None:
+        def rule(events: list[ProgressEvent], elapsed: float) -> str | None:
             started = next((e for e in events if e["event"] == "warmup_start"), None)
             if started is None:
                 return None

@@ -24,7 +24,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.settings import ConfigError, Settings
-from autocompile.study.records.record import TrialRecord
+from autocompile.study.records.record import Owner, TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +175,8 @@ def _dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def owner() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "pidns": pid_namespace()}
+def owner() -> Owner:
+    return Owner(host=socket.gethostname(), pid=os.getpid(), pidns=pid_namespace())
 
 
 def pid_namespace() -> int | None:

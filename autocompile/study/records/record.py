@@ -13,9 +13,10 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar
 
 from autocompile.config.choices import FRESH_PROCESSES, Knobs, Method
+from autocompile.trial.timing.result import Environment, TrialResult
 
 T = TypeVar("T")
 
@@ -79,7 +80,7 @@ class Measurement:
     """Loss per step, warm-up included: the numerics check compares them with the eager reference."""
     tokens_per_s_windows: list[float] | None = None
     """Throughput of each timed window."""
-    environment: dict[str, Any] | None = None
+    environment: Environment | None = None
     """torch, device name, world size, threads... of rank 0."""
     fingerprint: str | None = None
     """Hash of the captured graphs: equal fingerprints, the same compiled program."""
@@ -107,6 +108,11 @@ class Measurement:
         """From a stored ``result`` attribute, or the worker's whole result (only the kept keys are read)."""
         return _from_mapping(cls, data or {})
 
+    @classmethod
+    def of(cls, result: TrialResult) -> Measurement:
+        """From a process's whole result (the fields kept on the trial)."""
+        return cls.from_dict(result.to_json())
+
     def to_dict(self) -> dict[str, Any]:
         return _to_mapping(self)
 
@@ -119,9 +125,13 @@ class Measurement:
         return self.throughput_unit or "tokens"
 
 
-def compact(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The worker's result as it is kept on the trial (``result`` attribute)."""
-    return Measurement.from_dict(result).to_dict()
+class Owner(TypedDict):
+    """The process that runs a trial (the ``owner`` user attribute): another tuner finds a trial whose owner died."""
+
+    host: str
+    pid: int
+    pidns: int | None
+    """The pid namespace (containers on one host share its hostname, not its pids)."""
 
 
 WARM_CACHES = ("warm", "shared warm")
@@ -140,7 +150,7 @@ class TrialRecord:
     """The configuration's identity within the workload (equal identities, the same configuration)."""
     name: str = ""
     """The knobs that differ from their defaults, for people."""
-    owner: dict[str, Any] | None = None
+    owner: Owner | None = None
     """The tuner process that runs it: ``host``, ``pid``, ``pidns`` (found dead by pid on this host)."""
     baseline: str | None = None
     """``eager``, ``compile``... for a queued baseline (and its repeats), else None."""

@@ -17,29 +17,59 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import optuna
 
+from autocompile.config.choices import Knobs
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.study.records.optuna_store import REFERENCE
 from autocompile.trial.launcher import launch
+from autocompile.trial.timing.result import TrialResult
 
 log = logging.getLogger(__name__)
 
 REFERENCE_KNOBS = {"compile.scope": "none", "amp.dtype": "none", "ac.policy": "none"}
-KEPT = ("status", "failure", "reason", "losses", "step_s", "step_s_cv", "tokens_per_s", "trial_dir", "wall_s")
+
+
+class Reference(TypedDict, total=False):
+    """The numerics reference as the study keeps it (the ``reference`` study attribute): what its run measured,
+    what it is (``basis``, ``knobs``) and the attempts that ran out of memory before it."""
+
+    status: str
+    failure: str | None
+    reason: str | None
+    losses: list[float] | None
+    """Loss per step: every trial's losses are compared with these."""
+    step_s: float | None
+    step_s_cv: float | None
+    tokens_per_s: float | None
+    trial_dir: str | None
+    wall_s: float | None
+    basis: str
+    """What it is: eager fp32, or the fallback it took (checkpointed, then mixed precision)."""
+    knobs: Knobs
+    out_of_memory: list[OutOfMemory]
+
+
+class OutOfMemory(TypedDict):
+    """An attempt at the reference that ran out of memory."""
+
+    basis: str
+    reason: str | None
+
+
 FP32 = "eager fp32"
 
 
-def reference(study: optuna.Study) -> dict[str, Any] | None:
+def reference(study: optuna.Study) -> Reference | None:
     """The study's measured reference, if it has one that succeeded."""
-    ref = study.user_attrs.get(REFERENCE)
+    ref: Reference | None = study.user_attrs.get(REFERENCE)
     return ref if ref and ref.get("status") == "ok" else None
 
 
-def numerics(ref: dict[str, Any] | None) -> str:
+def numerics(ref: Reference | None) -> str:
     """A trial's ``numerics``: ``checked`` (against eager fp32), against what else, or why unchecked."""
     if ref is None:
         return "unchecked: no eager reference"
@@ -47,7 +77,7 @@ def numerics(ref: dict[str, Any] | None) -> str:
     return "checked" if what == FP32 else f"checked against {what}"
 
 
-def attempts(settings: Settings) -> list[tuple[str, str, dict[str, Any]]]:
+def attempts(settings: Settings) -> list[tuple[str, str, Knobs]]:
     """(directory name, basis, knobs) in the order they are tried: each later one saves memory the earlier
     did not. One that does not apply to this model (no repeated blocks to checkpoint) is left out."""
     dtype = settings.fixed_knobs.get("amp.dtype")
@@ -65,26 +95,29 @@ def attempts(settings: Settings) -> list[tuple[str, str, dict[str, Any]]]:
     return found
 
 
-def ensure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -> dict[str, Any] | None:
+def ensure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -> Reference | None:
     """Measure the reference unless the study has it (a resumed study, another tuner); after an out-of-memory,
     the next of :func:`attempts`."""
     if (found := reference(study)) is not None:
         return found
-    failed: list[dict[str, Any]] = []
-    result: dict[str, Any] = {}
+    failed: list[OutOfMemory] = []
+    result = TrialResult(status="failed", reason="no reference to measure")
     for name, what, knobs in attempts(settings):
         config = TrialConfig.from_flat(knobs, settings.env, strict=False)
         log.info("measuring the numerics reference (%s) in %s", what, run_dir / name)
         result = launch(run_dir / name, settings.trial_spec(config), cache_dir=settings.cache_dir)
-        if result.get("status") == "ok" or result.get("failure") != "oom":
+        if result.ok or result.failure != "oom":
             break
-        failed.append({"basis": what, "reason": result.get("reason")})
-        log.warning("the numerics reference (%s) ran out of memory: %s", what, result.get("reason"))
-    kept = {k: result[k] for k in KEPT if k in result}
-    study.set_user_attr(REFERENCE, {**kept, "basis": what, "knobs": knobs, "out_of_memory": failed})
-    if result.get("status") != "ok":
+        failed.append(OutOfMemory(basis=what, reason=result.reason))
+        log.warning("the numerics reference (%s) ran out of memory: %s", what, result.reason)
+    kept = Reference(status=result.status, basis=what, knobs=knobs, out_of_memory=failed)
+    for key in ("failure", "reason", "losses", "step_s", "step_s_cv", "tokens_per_s", "trial_dir", "wall_s"):
+        if (value := getattr(result, key)) is not None:
+            kept[key] = value  # type: ignore[literal-required]
+    study.set_user_attr(REFERENCE, kept)
+    if not result.ok:
         log.warning("the numerics reference failed (%s): trials are marked 'unchecked' and none can win",
-                    result.get("reason"))
+                    result.reason)
         return None
     if failed:
         log.warning("the numerics reference is %s: every trial's losses are compared with it", what)

@@ -30,6 +30,7 @@ from autocompile.study.search.numerics import numerics, reference
 from autocompile.study.search.warmstart import drop_cache
 from autocompile.trial.launcher import Agents, StopRule, launch
 from autocompile.trial.slots import slot_threads
+from autocompile.trial.timing.result import ProgressEvent
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def measure_and_tell(study: optuna.Study, trial: optuna.Trial, config: TrialConf
     if view is not None:
         view.running(trial.number, TrialRecord.of(trial).name, trial_dir)
 
-    def rule(events: list[dict[str, Any]], elapsed: float) -> str | tuple[str, str] | None:
+    def rule(events: list[ProgressEvent], elapsed: float) -> str | tuple[str, str] | None:
         beat()
         compiled = next((e for e in events if e["event"] == "compiled"), None) if twin_of else None
         if compiled and (twin := twin_of(compiled["fingerprint"])) is not None:  # type: ignore[misc]
@@ -92,7 +93,7 @@ def measure_and_tell(study: optuna.Study, trial: optuna.Trial, config: TrialConf
     result = launch(trial_dir, spec,
                     cache_dir=cache_dir if cache_dir is not None else settings.cache_dir, should_stop=rule,
                     resources=resources, agents=agents)
-    measured = Measurement.from_dict(result)
+    measured = Measurement.of(result)
     evidence = getattr(prune, "evidence", None)
     if measured.status == "pruned" and evidence:  # kept before the tell: a near miss is measured again
         set_attrs(trial, prune_ratio=evidence["ratio"], prune_margin=evidence["margin"])

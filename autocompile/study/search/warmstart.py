@@ -17,60 +17,73 @@ import dataclasses
 import logging
 import os
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autocompile.config.choices import Knobs
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.study.records.optuna_store import WARM_START
 from autocompile.study.records.record import TrialRecord
-from autocompile.trial.launcher import launch
-from autocompile.trial.timing.compile_artifacts import ARTIFACTS, TRIAL_FILE
+from autocompile.trial.launcher import Spec, launch
+from autocompile.trial.timing.compile_artifacts import ARTIFACTS, TRIAL_FILE, WarmStart
+from autocompile.trial.timing.result import TrialResult
 
 log = logging.getLogger(__name__)
 
 
-def take_home(settings: Settings, best: dict[str, Any] | None, run_dir: Path, launch: Any) -> dict[str, Any] | None:
+@dataclass
+class Winner:
+    """What the warm start needs of the winner: its trial, knobs, cold compile time and saved artifacts."""
+
+    number: int
+    config: Knobs
+    cold_compile_s: float
+    artifacts: str | None
+    """Its ``compile_artifacts.bin`` (None: an eager winner, or a backend that keeps none)."""
+
+
+def take_home(settings: Settings, best: Winner, run_dir: Path, launch: Callable[[Path, Spec], TrialResult]
+              ) -> WarmStart | None:
     """Copy the winner's artifacts next to ``best_config.py`` and measure a warm start of it.
 
     ``launch(trial_dir, spec)`` runs a trial (``launcher.launch``); ``settings`` are the study's.
     Returns cold and warm compile seconds and the saving, or None when the winner has no artifacts."""
-    artifacts = ((best or {}).get("result") or {}).get("compile_artifacts")
-    if not artifacts or not Path(artifacts["path"]).is_file():
+    if not best.artifacts or not Path(best.artifacts).is_file():
         return None
     target = run_dir / ARTIFACTS
-    shutil.copyfile(artifacts["path"], target)
-    config = TrialConfig.from_flat(best["config"], settings.env, strict=False)
+    shutil.copyfile(best.artifacts, target)
+    config = TrialConfig.from_flat(best.config, settings.env, strict=False)
     spec = settings.trial_spec(config)
     spec = dataclasses.replace(spec, measure=dataclasses.replace(spec.measure, artifacts=str(target.resolve())))
-    log.info("measuring a warm start of trial %s with %s", best["number"], target)
+    log.info("measuring a warm start of trial %s with %s", best.number, target)
     result = launch(run_dir / "warm_start", spec)
-    cold = best["result"]["compile_s"]
-    if result.get("status") != "ok":
-        return {"artifacts": str(target), "trial": best["number"], "cold_compile_s": cold, "status": "failed",
-                "reason": result.get("reason")}
-    warm = result["compile_s"]
-    return {"artifacts": str(target), "trial": best["number"], "status": "ok", "cold_compile_s": cold,
-            "warm_compile_s": warm, "saved_s": cold - warm, "loaded": result.get("artifacts_loaded"),
-            "trial_dir": result.get("trial_dir")}
+    cold = best.cold_compile_s
+    if not result.ok or result.compile_s is None:
+        return WarmStart(artifacts=str(target), trial=best.number, cold_compile_s=cold, status="failed",
+                         reason=result.reason)
+    warm = result.compile_s
+    return WarmStart(artifacts=str(target), trial=best.number, status="ok", cold_compile_s=cold,
+                     warm_compile_s=warm, saved_s=cold - warm, loaded=result.artifacts_loaded,
+                     trial_dir=result.trial_dir)
 
 
 def warm_start(study: optuna.Study, settings: Settings, winner: FrozenTrial | None,
-               run_dir: Path) -> dict[str, Any] | None:
+               run_dir: Path) -> WarmStart | None:
     """The winner's warm start, measured once per winner (a resumed study keeps the measurement); kept as the
     study's ``warm_start`` attribute, which the report reads."""
-    done = study.user_attrs.get(WARM_START)
+    done: WarmStart | None = study.user_attrs.get(WARM_START)
     if winner is None or (done and done.get("trial") == winner.number):
         return done if winner is not None else None
     record = TrialRecord.of(winner)
-    best = {"number": winner.number, "config": record.config, "result": record.measured.to_dict()}
     # The trial keeps its numbers, not its files: the artifacts lie in its directory (worker: save_artifacts).
     saved = Path(record.trial_dir or "/nonexistent") / TRIAL_FILE
-    if saved.is_file():
-        best["result"]["compile_artifacts"] = {"path": str(saved)}
+    best = Winner(winner.number, record.config, record.measured.compile_s or 0.0,
+                  str(saved) if saved.is_file() else None)
     found = take_home(settings, best, run_dir, launch)
     if found is not None:
         study.set_user_attr(WARM_START, found)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+from autocompile.trial.timing.result import Artifacts
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ ARTIFACTS = "best_config.artifacts.bin"
 TRIAL_FILE = "compile_artifacts.bin"
 
 
-def save_artifacts(trial_dir: Path) -> dict[str, Any] | None:
+def save_artifacts(trial_dir: Path) -> Artifacts | None:
     """Write this process's compile artifacts to the trial directory; None when there are none."""
     import torch
 
@@ -41,7 +43,7 @@ def save_artifacts(trial_dir: Path) -> dict[str, Any] | None:
     return {"path": str(path), "bytes": len(data), "entries": {k: len(v) for k, v in _entries(info).items()}}
 
 
-def load_artifacts(path: str) -> dict[str, Any]:
+def load_artifacts(path: str) -> Artifacts:
     """Load artifacts before anything compiles; what was loaded, by kind."""
     import torch
 
@@ -53,7 +55,28 @@ def _entries(info: Any) -> dict[str, list[Any]]:
     return dict(getattr(info, "artifacts", None) or {})
 
 
-def warm_line(warm: dict[str, Any] | None) -> str:
+class WarmStart(TypedDict):
+    """The winner's warm start as the study keeps it (``study/search/warmstart.py``; the ``warm_start`` study
+    attribute and ``summary.json``)."""
+
+    artifacts: str
+    """The artifacts copied next to ``best_config.py``."""
+    trial: int
+    """The winner's trial number."""
+    status: str
+    """``ok``, or ``failed`` (see ``reason``)."""
+    cold_compile_s: float
+    """The winner's own compile time, cold."""
+    warm_compile_s: NotRequired[float]
+    """The compile time of a fresh process with the artifacts loaded."""
+    saved_s: NotRequired[float]
+    loaded: NotRequired[Artifacts | None]
+    """What loading the artifacts did."""
+    trial_dir: NotRequired[str | None]
+    reason: NotRequired[str | None]
+
+
+def warm_line(warm: WarmStart | None) -> str:
     if not warm:
         return "Warm start: no compile artifacts (an eager winner, or a backend that keeps none)."
     if warm["status"] != "ok":

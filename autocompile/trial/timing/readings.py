@@ -14,6 +14,7 @@ import torch
 
 from autocompile.trial.program.build import NonFiniteLoss
 from autocompile.trial.program.graphs import NothingCompiled, PartiallyCompiled
+from autocompile.trial.timing.result import Environment, Failure
 
 
 class CompileInTimedPart(RuntimeError):
@@ -51,7 +52,7 @@ def is_oom(exc: BaseException, reason: str) -> bool:
     return any(word in text for word in OOM_WORDS)
 
 
-def classify(exc: BaseException) -> dict[str, str]:
+def classify(exc: BaseException) -> Failure:
     """Kind and a readable reason: the first lines of the message, not the traceback."""
     import torch._dynamo.exc as dynamo_exc
 
@@ -158,7 +159,7 @@ def peak_flops(device_name: str) -> float:
     return next((flops for needed, flops in PEAK_FLOPS if words.issuperset(needed)), 0.0)
 
 
-def environment(device: torch.device | None, rank: int, threads: int | None = None) -> dict[str, Any]:
+def environment(device: torch.device | None, rank: int, threads: int | None = None) -> Environment:
     name = platform.processor() or platform.machine()
     if device is not None and device.type == "cuda":
         name = torch.cuda.get_device_name(device)

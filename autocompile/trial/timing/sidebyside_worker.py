@@ -56,6 +56,7 @@ from autocompile.trial.timing.clock import WindowClock
 from autocompile.trial.timing.compile_artifacts import load_artifacts
 from autocompile.trial.timing.readings import classify, environment, guard_failure_counts, recompile_reasons
 from autocompile.trial.timing.recordings import cudagraph_recordings
+from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.stats import clean_rounds, descheduled, t975
 from autocompile.trial.timing.worker import WORKER_START, exit_now
 
@@ -120,13 +121,13 @@ class SideBySide:
         with torch._dynamo.config.patch(**built.step.settings):
             yield
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> TrialResult:
         spec = self.spec
         first = spec.candidates[0]
         self.device = start_process(spec.threads, self.device, self.world_size, first.workload.float32_matmul_precision,
                                     programs=len(spec.candidates))
         env = Env.detect(self.device.type, self.world_size, first.workload.shapes_vary)
-        outcome: dict[int, dict[str, Any]] = {}
+        outcome: dict[int, TrialResult] = {}
         alive: dict[int, Built] = {}
         order = rotate(list(range(len(spec.candidates))), spec.shift)
         for i in order:  # built and warmed up one after the other: each compile is attributed to its candidate
@@ -134,38 +135,34 @@ class SideBySide:
             self.progress("candidate_start", candidate=i, label=label)
             try:
                 alive[i] = self.prepare(i, env)
-                outcome[i] = {"status": "ok", **alive[i].program, "compiled": alive[i].step.compiled,
-                              "warm_s": alive[i].warm_s}
+                program = alive[i].program
+                outcome[i] = TrialResult(label=label, fingerprint=program["fingerprint"],
+                                         compiled_coverage=program["coverage"], compiled=alive[i].step.compiled,
+                                         warm_s=alive[i].warm_s)
             except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is data; the others go on
-                outcome[i] = {"status": "failed", **classify(exc)}
-                log.warning("candidate %s: %s", label, outcome[i]["reason"])
+                outcome[i] = TrialResult(status="failed", label=label, **classify(exc))
+                log.warning("candidate %s: %s", label, outcome[i].reason)
             self.agree(outcome, [i])
-            self.progress("candidate_ready", candidate=i, label=label, status=outcome[i]["status"])
+            self.progress("candidate_ready", candidate=i, label=label, status=outcome[i].status)
         self.timeline["warmup_done"] = time.time()
         windows, cpu = self.time_rounds(alive, outcome)
         self.timeline["timed_done"] = time.time()
         for i, built in alive.items():
-            if outcome[i]["status"] == "ok":
-                outcome[i]["step_s_windows"] = windows[i]
-                outcome[i]["step_cpu_s_windows"] = cpu[i]
+            if outcome[i].ok:
                 out = descheduled(windows[i], cpu[i])
                 kept = [s for k, s in enumerate(windows[i]) if k not in out]
-                outcome[i]["step_s"] = math.exp(statistics.fmean(math.log(s) for s in kept)) if kept else None
-                outcome[i]["stalled_windows"] = len(windows[i]) - len(kept)
-                outcome[i]["losses"] = [float(x) for x in torch.stack(built.losses[:LOSSES_KEPT]).float().tolist()]
+                outcome[i].step_s_windows, outcome[i].step_cpu_s_windows = windows[i], cpu[i]
+                outcome[i].step_s = math.exp(statistics.fmean(math.log(s) for s in kept)) if kept else None
+                outcome[i].stalled_windows = len(windows[i]) - len(kept)
+                outcome[i].losses = [float(x) for x in torch.stack(built.losses[:LOSSES_KEPT]).float().tolist()]
         from autocompile.workload.data import item_unit
 
         inputs, _ = next(iter(alive.values())).batch(0) if alive else (None, None)
-        return {
-            "status": "ok",
-            "candidates": [{"label": spec.labels[i], **outcome[i]} for i in range(len(spec.candidates))],
-            "order": order,
-            "rounds": max((len(w) for w in windows.values()), default=0),
-            "window_steps": self.window_steps,
-            "throughput_unit": item_unit(inputs) if inputs is not None else "tokens",
-            "timeline": self.timeline,
-            "environment": environment(self.device, self.rank, spec.threads),
-        }
+        return TrialResult(
+            candidates=[outcome[i] for i in range(len(spec.candidates))], order=order,
+            rounds=max((len(w) for w in windows.values()), default=0), window_steps=self.window_steps,
+            throughput_unit=item_unit(inputs) if inputs is not None else "tokens", timeline=self.timeline,
+            environment=environment(self.device, self.rank, spec.threads))
 
     def prepare(self, i: int, env: Env) -> Built:
         """Build, warm up and check candidate ``i``; raise when it does not run its own program."""
@@ -192,7 +189,7 @@ class SideBySide:
     def window_steps(self) -> int:
         return window_steps(self.spec.candidates[0], self.spec.window_steps)
 
-    def time_rounds(self, alive: dict[int, Built], outcome: dict[int, dict[str, Any]]
+    def time_rounds(self, alive: dict[int, Built], outcome: dict[int, TrialResult]
                     ) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
         """Windows in rotating order until the stopping rule: each candidate's window step seconds, and the
         process CPU seconds per step of each (aligned). A round in which anything compiled is
@@ -203,7 +200,7 @@ class SideBySide:
 
         spec = self.spec
         n = self.window_steps
-        windows: dict[int, list[float]] = {i: [] for i in alive if outcome[i]["status"] == "ok"}
+        windows: dict[int, list[float]] = {i: [] for i in alive if outcome[i].ok}
         cpu: dict[int, list[float]] = {i: [] for i in windows}
         recompiled: dict[int, int] = dict.fromkeys(windows, 0)
         checked = {i: len(alive[i].losses) for i in windows}
@@ -214,7 +211,7 @@ class SideBySide:
         while self.more_rounds(windows, cpu, timed):
             rounds: list[tuple[int, dict[int, int], bool]] = []  # (round, candidate -> window index, compiled)
             for _ in range(clock.before_deciding(rounds_done(windows, cpu), spec.min_rounds)):
-                members = [i for i in rotate(sorted(windows), r + spec.shift) if outcome[i]["status"] == "ok"]
+                members = [i for i in rotate(sorted(windows), r + spec.shift) if outcome[i].ok]
                 if len(members) < 2:
                     break
                 this_round: dict[int, int] = {}
@@ -239,11 +236,12 @@ class SideBySide:
                 check_finite(alive[i].losses[checked[i]:], alive[i].steps_done)
                 checked[i] = len(alive[i].losses)
             for i, count in recompiled.items():
-                if count > 1 and outcome[i]["status"] == "ok":
+                if count > 1 and outcome[i].ok:
                     failed = "; ".join(recompile_reasons(guards)) or "none (CUDA graphs re-recorded)"
-                    outcome[i] = {"status": "failed", "failure": "compile_in_timed_part",
-                                  "reason": "frames compiled or CUDA graphs recorded while timing, in two rounds: "
-                                            f"no steady state; failed guards in the process: {failed}"}
+                    outcome[i] = TrialResult(
+                        status="failed", label=outcome[i].label, failure="compile_in_timed_part",
+                        reason="frames compiled or CUDA graphs recorded while timing, in two rounds: no steady state; "
+                               f"failed guards in the process: {failed}")
             self.agree(outcome, sorted(windows))  # every rank drops the same candidates, or the ranks diverge
             timed += sum(seconds[k] for _, members, _ in rounds for k in members.values())
             # A round dropped on one rank is dropped on all: each rank then reduces the same windows.
@@ -258,10 +256,10 @@ class SideBySide:
                 cpu[i].append(cpu_s)
             for q, members, _ in rounds:
                 self.progress("round", round=q, step_s={spec.labels[i]: seconds[k] / n for i, k in members.items()})
-        ok = [i for i in windows if outcome[i]["status"] == "ok"]
+        ok = [i for i in windows if outcome[i].ok]
         return {i: windows[i] for i in ok}, {i: cpu[i] for i in ok}
 
-    def agree(self, outcome: dict[int, dict[str, Any]], candidates: list[int]) -> None:
+    def agree(self, outcome: dict[int, TrialResult], candidates: list[int]) -> None:
         """A candidate that failed on any rank fails on every rank, with that rank's reason: ranks that went on
         with different candidates would wait in each other's collectives until NCCL's timeout.
 
@@ -275,7 +273,7 @@ class SideBySide:
         store = dist.distributed_c10d._get_default_store()
         self.agreements += 1
         keys = [f"autocompile/agree{self.agreements}/rank{r}" for r in range(self.world_size)]
-        store.set(keys[self.rank], json.dumps({i: outcome[i] for i in candidates if outcome[i]["status"] != "ok"}))
+        store.set(keys[self.rank], json.dumps({i: outcome[i].to_json() for i in candidates if not outcome[i].ok}))
         try:
             store.wait(keys, timedelta(seconds=float(os.environ.get("AUTOCOMPILE_AGREE_S", AGREE_S))))
         except Exception as exc:  # the store's timeout error type differs across torch versions
@@ -283,8 +281,8 @@ class SideBySide:
                                  "another rank is still inside a step that failed here") from exc
         for rank in range(self.world_size):
             for i, failed in json.loads(store.get(keys[rank])).items():
-                if outcome[int(i)]["status"] == "ok":
-                    outcome[int(i)] = {**failed, "reason": f"on rank {rank}: {failed['reason']}"}
+                if outcome[int(i)].ok:
+                    outcome[int(i)] = TrialResult.from_json({**failed, "reason": f"on rank {rank}: {failed['reason']}"})
                     log.warning("candidate %s failed on rank %d: %s", self.spec.labels[int(i)], rank, failed["reason"])
 
     def more_rounds(self, windows: dict[int, list[float]], cpu: dict[int, list[float]], timed: float) -> bool:
@@ -350,13 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = SideBySide(SideBySideSpec.read(out_dir), out_dir, rank).run()
     except BaseException as exc:
-        failure = {"status": "failed", **classify(exc), "rank": rank}
-        log.error("side-by-side comparison failed: %s", failure["reason"], exc_info=True)
-        write_json_atomic(out_dir / ("result.json" if rank == 0 else f"error.rank{rank}.json"), failure)
+        failure = TrialResult(status="failed", **classify(exc), rank=rank)
+        log.error("side-by-side comparison failed: %s", failure.reason, exc_info=True)
+        write_json_atomic(out_dir / ("result.json" if rank == 0 else f"error.rank{rank}.json"), failure.to_json())
         logging.shutdown()
         os._exit(1)
     if rank == 0:
-        write_json_atomic(out_dir / "result.json", result)
+        write_json_atomic(out_dir / "result.json", result.to_json())
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

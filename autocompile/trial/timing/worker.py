@@ -66,7 +66,7 @@ from autocompile.trial.timing.readings import (  # noqa: E402, F401 - PEAK_FLOPS
     short_reason,
 )
 from autocompile.trial.timing.recordings import cudagraph_recordings  # noqa: E402
-from autocompile.trial.timing.result import TrialResult  # noqa: E402
+from autocompile.trial.timing.result import Memory, TrialResult  # noqa: E402
 from autocompile.trial.timing.stats import relative_half_width  # noqa: E402
 from autocompile.workload.data import count_items, item_unit  # noqa: E402
 from autocompile.workload.models import build  # noqa: E402
@@ -264,7 +264,7 @@ class Trial:
             window_s = list(resolved)
         return window_s, window_tokens, list(clock.cpu_seconds)
 
-    def memory(self, built: Built, warmup_peak: int, source: str) -> dict[str, Any]:
+    def memory(self, built: Built, warmup_peak: int, source: str) -> Memory:
         """Peak memory of the timed part (the largest rank's), without the staged batches beyond
         one step's (a job holds the batch it trains on, not a ring of them); the warm-up's peak apart."""
         steady = peak_memory(self.device)
