@@ -42,7 +42,7 @@ from autocompile.study.records.optuna_store import (
 )
 from autocompile.study.records.record import TrialRecord
 from autocompile.study.statistics.effect import Effect
-from autocompile.trial.timing.compile_artifacts import warm_line
+from autocompile.trial.timing.compile_artifacts import WarmStart, warm_line
 from autocompile.trial.timing.stats import Noise
 from autocompile.workload.data import rate_label
 
@@ -80,7 +80,7 @@ class SummaryDoc(TypedDict):
     recommendation_changed: str
     phases_wall_s: dict[str, float]
     phases_expected_s: dict[str, float]
-    warm_start: dict[str, Any] | None
+    warm_start: WarmStart | None
     failures: list[FailureGroupDoc]
     run_dir: str
     measure_command: str
@@ -120,7 +120,7 @@ class Report:
     phases_expected_s: dict[str, float] = field(default_factory=dict)
     """What the study's estimate said each phase would take as it started (the search's and the whole study's:
     before the search), beside ``phases_wall_s`` (:func:`expected_per_phase`)."""
-    warm_start: dict[str, Any] | None = None
+    warm_start: WarmStart | None = None
     """The winner's compile artifacts and the compile time a warm start with them saved (``warmstart``)."""
     failures: list[FailureGroup] = field(default_factory=list)
     """Measured trials that did not complete feasibly, grouped by what ended them (most frequent first)."""

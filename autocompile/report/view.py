@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autocompile.trial.timeline import wall_split
+from autocompile.trial.timing.result import ProgressEvent
 from autocompile.workload.data import rate_label
 
 
@@ -77,7 +78,7 @@ def measurement_table(result: dict[str, Any], name: str) -> Table:
     return table
 
 
-def progress_text(events: list[dict[str, Any]], elapsed: float) -> str:
+def progress_text(events: list[ProgressEvent], elapsed: float) -> str:
     """Where a running trial is, from its worker's progress events: starting, compiling, timing window k."""
     total = next((e.get("steps") for e in events if e["event"] == "warmup_start"), None)
     last = events[-1] if events else {"event": ""}

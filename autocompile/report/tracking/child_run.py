@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import platform
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from optuna.trial import FrozenTrial
 
@@ -14,6 +14,7 @@ from autocompile.config.gpus import gpu_name
 from autocompile.study.records.objective import time_to_train
 from autocompile.study.records.record import Measurement, TrialRecord
 from autocompile.trial.launcher import read_progress
+from autocompile.trial.timing.result import Environment
 
 STUDY_TAG = "autocompile.study"
 TRIAL_TAG = "optuna.trial_number"
@@ -51,7 +52,7 @@ ParentTags = TypedDict("ParentTags", {
 completed, ``confirmed_*`` when the confirmation found a winner."""
 
 
-def local_environment(device: str) -> dict[str, Any]:
+def local_environment(device: str) -> Environment:
     """torch and device as the tuner sees them: for trials that ended before the worker reported its own."""
     import torch
 
@@ -61,7 +62,7 @@ def local_environment(device: str) -> dict[str, Any]:
     return {"torch": torch.__version__, "device_name": name}
 
 
-def child_tags(trial: FrozenTrial, record: TrialRecord, env: dict[str, Any], study_name: str,
+def child_tags(trial: FrozenTrial, record: TrialRecord, env: Environment, study_name: str,
                world_size: int) -> ChildTags:
     """The run's tags: Optuna's state and number, the record's phase and fields, reason, failure, note."""
     result = record.measured

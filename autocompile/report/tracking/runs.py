@@ -55,6 +55,7 @@ from autocompile.report.tracking.child_run import (
 from autocompile.report.tracking.mlflow_store import artifact_location, open_client
 from autocompile.study.records.optuna_store import file_lock, is_orphaned, journal_file, owner, pid_namespace
 from autocompile.study.records.record import Measurement, TrialRecord
+from autocompile.trial.timing.result import Environment
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class MlflowTracker:
         self.study = study
         self.uri = settings.tracking_uri
         self.client = open_client(self.uri)
-        self._environment: dict[str, Any] | None = None
+        self._environment: Environment | None = None
         # Tuners of one study started together would each find no parent and make one: one at a time,
         # the first makes it and records it in the study, the others find it there.
         with file_lock(run_dir / PARENT_LOCK):
@@ -262,7 +263,7 @@ class MlflowTracker:
             what = f"{record.phase} r{record.round} {record.label}: {what}"
         return f"#{trial.number} {what}"[:250]
 
-    def environment(self, result: Measurement) -> dict[str, Any]:
+    def environment(self, result: Measurement) -> Environment:
         if result.environment:
             return result.environment
         if self._environment is None:
