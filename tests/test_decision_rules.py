@@ -16,7 +16,7 @@ from scipy import integrate, stats
 from autocompile.config.knobs import Env
 from autocompile.config.settings import ObjectiveSettings
 from autocompile.config.space import SearchSpace
-from autocompile.study.phases.confirm import neighbours, recommended
+from autocompile.study.phases.plans import neighbours, recommended
 from autocompile.study.phases.racing import compile_spread, verdicts
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.record import Measurement

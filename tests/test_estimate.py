@@ -367,7 +367,7 @@ def test_each_phase_is_estimated_again_as_it_starts_and_kept_beside_its_wall_tim
 
 def test_a_verdict_phase_fallen_back_to_fresh_rounds_starts_round_0_warm_from_the_cold_runs(
         settings_for: Compose) -> None:
-    from autocompile.study.phases.confirm import verdict_plan
+    from autocompile.study.phases.plans import verdict_plan
     from autocompile.study.phases.racing import verdicts
 
     settings = settings_for("+model=gpt2-tiny", "workload.device=cpu")

@@ -8,7 +8,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autocompile.study.phases.confirm import Slot
+from autocompile.study.phases.plans import Slot
 from autocompile.study.phases.run import run_together
 from autocompile.study.records.record import TrialRecord
 

@@ -194,7 +194,7 @@ def test_phases_wait_until_no_other_tuner_of_the_study_measures_on_this_machine(
     import sys
     import threading
 
-    from autocompile.study.phases.confirm import PHASE_LOCK, alone_on_the_machine
+    from autocompile.study.phases.repeats import PHASE_LOCK, alone_on_the_machine
     from autocompile.study.records.optuna_store import owner
     from autocompile.trial.launcher import Interrupted
 
@@ -242,8 +242,9 @@ def test_a_verdict_says_peak_memory_beside_step_time() -> None:
 
 
 def test_a_neighbour_the_search_measured_takes_that_trial_as_its_cold_run() -> None:
-    from autocompile.study.phases.confirm import Slot, slot_done
+    from autocompile.study.phases.plans import Slot
     from autocompile.study.phases.racing import compile_spread
+    from autocompile.study.phases.repeats import slot_done
     from autocompile.study.phases.run import reuse_search_runs
 
     study = optuna.create_study(directions=["minimize"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from autocompile.study.phases.confirm import key_of
+from autocompile.study.phases.plans import key_of
 from autocompile.study.records.optuna_store import counted, measured_trials
 from tests.test_tuner import ROOT, TINY, load, tune_cli
 

@@ -152,7 +152,7 @@ def stand_in(study: optuna.Study, space: SearchSpace, objective: Objective, cost
     """The winner the phases are priced at: the confirmed winner or the search's best so far; before any
     trial, the eager baseline when the compile would not pay back over the horizon at
     :data:`EXPECTED_STEP_GAIN` faster steps, else the default compile."""
-    from autocompile.study.phases.confirm import winner_trial
+    from autocompile.study.phases.plans import winner_trial
 
     best = winner_trial(study, objective)
     if best is not None:
@@ -212,7 +212,7 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
                         costs: RunCosts, winner: Any) -> tuple[float, float]:
     """Side by side: ``compare.processes`` processes per phase, minus those done; verdict neighbours
     first run once cold."""
-    from autocompile.study.phases.confirm import confirm_plan, neighbours
+    from autocompile.study.phases.plans import confirm_plan, neighbours
     from autocompile.study.phases.racing import phase_trials
     from autocompile.study.phases.run import searched_runs
 
@@ -257,13 +257,7 @@ def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objec
     """Seconds left of the phases in fresh-process rounds. Once the search is over, the repeats of their
     plans not yet run, at the per-run costs of ``cost_estimate``; before, the plans' sizes at
     ``costs``, the verdicts counted at the default compile's neighbours."""
-    from autocompile.study.phases.confirm import (
-        confirm_plan,
-        cost_estimate,
-        key_of,
-        neighbours,
-        verdict_plan,
-    )
+    from autocompile.study.phases.plans import confirm_plan, cost_estimate, key_of, neighbours, verdict_plan
 
     s = settings.study
     trials = study.get_trials(deepcopy=False)

@@ -2,9 +2,8 @@
 
 Reads like the script it is: open (or resume) the study, queue the baselines, then until enough
 trials finished: sample, skip what was already measured, launch with the pruning rule, record,
-tell. Failures are told as failures with their reason; a study that only fails is stopped. Then the
-phases of :mod:`autocompile.study.phases.confirm` (the best programs and the baselines again, in rounds; the
-winner's one-knob neighbours), then the report.
+tell. Failures are told as failures with their reason; a study that only fails is stopped. Then the phases
+(:mod:`autocompile.study.phases.run`: the best programs again, the winner's one-knob neighbours), the report.
 """
 
 from __future__ import annotations
@@ -25,9 +24,10 @@ from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
 from autocompile.study.estimate import Remaining, announce, expect_phase, remember
-from autocompile.study.phases.confirm import alone_on_the_machine, measure_repeat, recommended
+from autocompile.study.phases.plans import recommended
 from autocompile.study.phases.racing import REPEAT_PHASES, study_noise
-from autocompile.study.phases.run import run_phases
+from autocompile.study.phases.repeats import alone_on_the_machine, measure_repeat
+from autocompile.study.phases.run import PhaseSettings, run_phases
 from autocompile.study.phases.together import measure_together, process_dir
 from autocompile.study.records.objective import Objective, near_misses
 from autocompile.study.records.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
@@ -217,7 +217,7 @@ class Runner:
             with alone_on_the_machine(self.study, self.run_dir), \
                     self.observer.live(table=False) as view:
                 view.refresh(self.study.get_trials(deepcopy=False))
-                run_phases(self.study, self.space, self.objective, self.settings,
+                run_phases(self.study, self.space, self.objective, PhaseSettings.of(self.settings),
                            lambda trial: self.repeat(trial, view, resources),
                            lambda trials: self.together(trials, view, resources),
                            lambda phase: expect_phase(self.remaining, phase))

@@ -1,34 +1,35 @@
 """The phases after the search: confirmation, then verdicts, side by side where the candidates can
 share a process (:mod:`autocompile.study.phases.together`), else in fresh-process rounds
-(:mod:`autocompile.study.phases.confirm`). Which ran, and why, is kept in the study and reported."""
+(planned by :mod:`autocompile.study.phases.plans`, run by :mod:`autocompile.study.phases.repeats`). Which ran,
+and why, is kept in the study and reported."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
-from autocompile.config.knobs import KNOBS, TrialConfig, describe
+from autocompile.config.knobs import KNOBS, Env, TrialConfig, describe
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace, identity
 from autocompile.study.phases import sidebyside
-from autocompile.study.phases.confirm import (
-    Measure,
+from autocompile.study.phases.plans import (
     Slot,
     confirm_plan,
     describe_plan,
     key_of,
     neighbours,
-    run_plan,
-    slot_done,
     verdict_plan,
     winner_trial,
 )
 from autocompile.study.phases.racing import phase_trials, step_time
+from autocompile.study.phases.repeats import Measure, run_plan, slot_done
 from autocompile.study.phases.together import MeasureTogether, cold_of, method, set_method
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import METHOD, feasible, interrupted, measured_trials, owner
@@ -37,13 +38,42 @@ from autocompile.study.records.record import TrialRecord, set_attrs, user_attrs
 log = logging.getLogger(__name__)
 
 
-def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
+@dataclass(frozen=True)
+class PhaseSettings:
+    """What the phases decide by: the few settings they read, not the study's whole ``Settings``."""
+
+    confirm_top: int
+    """Leaders the confirmation races (``study.confirm_top``; 0: no confirmation)."""
+    repeats: int
+    """Fresh-process rounds of a phase that cannot run side by side (``study.repeats``)."""
+    processes: int
+    """Side-by-side processes of a phase (``compare.processes``)."""
+    side_by_side: bool
+    """``study.side_by_side``: False runs every phase in fresh-process rounds."""
+    verdict_knobs: list[str] | None
+    """The knobs whose verdicts are asked (None: every knob with a question; []: none)."""
+    why_fresh: str
+    """Why a phase runs in fresh-process rounds when ``side_by_side`` is off or no process can share."""
+    env: Env
+    """The workload's environment (device, world size, structure), detected once."""
+    cannot_share: Callable[[list[sidebyside.Member]], str | None]
+    """Why candidates cannot share a process (:func:`sidebyside.cannot_share` with the study's settings)."""
+
+    @classmethod
+    def of(cls, settings: Settings) -> PhaseSettings:
+        s = settings.study
+        return cls(s.confirm_top, s.repeats, settings.compare.processes, s.side_by_side, s.verdict_knobs(),
+                   sidebyside.ONE_CONFIGURATION if settings.script.given else "study.side_by_side=false",
+                   settings.env, functools.partial(sidebyside.cannot_share, settings=settings))
+
+
+def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, settings: PhaseSettings,
                measure: Measure, together: MeasureTogether | None = None,
                expect: Callable[[str], None] | None = None) -> None:
     """Confirmation, then verdicts; each plan is logged (configurations, rounds) first. ``together`` measures one
     round side by side (None: fresh-process rounds only); ``expect(phase)`` says what a phase will cost as it
     starts (the study's estimate, made again with all it has measured)."""
-    s = settings.study
+    s = settings
     expect = expect or (lambda phase: None)
     if s.confirm_top:
         plan = confirm_plan(study, objective, s.confirm_top, s.repeats)
@@ -51,13 +81,13 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
             expect("confirm")
             side = phase_method(study, "confirm", plan, settings, together) == SIDE_BY_SIDE
             if side:  # side by side, a round is a process: compare.processes of them
-                plan = confirm_plan(study, objective, s.confirm_top, settings.compare.processes)
+                plan = confirm_plan(study, objective, s.confirm_top, s.processes)
             log.info(describe_plan("confirmation", plan, side))
             together_or_fresh(study, "confirm", plan, settings, measure, together)
         else:
             log.info("confirmation phase skipped: fewer than two feasible distinct programs completed in the search "
                      "(infeasible: loss drift or memory over its limit, see the trial table)")
-    wanted = s.verdict_knobs()
+    wanted = s.verdict_knobs
     winner = winner_trial(study, objective) if wanted != [] else None
     if winner is None:
         return
@@ -77,7 +107,7 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
 
 
 def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
-                      settings: Settings, measure: Measure, together: MeasureTogether) -> bool:
+                      settings: PhaseSettings, measure: Measure, together: MeasureTogether) -> bool:
     """The verdict phase side by side: each neighbour once alone and cold (compile time, memory, program;
     "identical program" stops it there), then the winner and the rest in side-by-side rounds. False when
     they cannot share a process (the caller runs fresh-process rounds)."""
@@ -95,7 +125,7 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
     reused = reuse_search_runs(study, winner, cold, [identity(config, space.env) for _, _, config in found])
     log.info("verdict phase (at trial %d, %s): %d neighbours once alone (cold; %d of them measured so by the "
              "search already), then side by side with the winner in %d fresh processes", winner.number, won.name,
-             len(cold), reused, settings.compare.processes)
+             len(cold), reused, settings.processes)
     run_plan(study, cold, measure)
     firsts = {rec.label: t for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).round == -1}
     members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
@@ -107,7 +137,7 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
     if len(members) < 2:
         return True  # every neighbour is the winner's program or failed: the verdicts say so
     plan = [Slot("verdict", r, m.label, m.params, dict(m.attrs))
-            for r in range(settings.compare.processes) for m in members]
+            for r in range(settings.processes) for m in members]
     why = why_apart(study, members, settings) or run_together(study, plan, measure, together, drop_failed=True)
     if why:
         set_method(study, "verdict", FRESH_PROCESSES, why)
@@ -206,7 +236,7 @@ def failed_beside(study: optuna.Study, phase: str) -> set[str]:
             and not rec.measured.ok and not interrupted(t)}
 
 
-def together_or_fresh(study: optuna.Study, phase: str, plan: list[Slot], settings: Settings, measure: Measure,
+def together_or_fresh(study: optuna.Study, phase: str, plan: list[Slot], settings: PhaseSettings, measure: Measure,
                       together: MeasureTogether | None) -> None:
     """``plan`` side by side when its candidates can share a process, else in fresh-process rounds."""
     if phase_method(study, phase, plan, settings, together) == SIDE_BY_SIDE:
@@ -218,23 +248,21 @@ def together_or_fresh(study: optuna.Study, phase: str, plan: list[Slot], setting
     run_plan(study, plan, measure)
 
 
-def phase_method(study: optuna.Study, phase: str, plan: list[Slot], settings: Settings,
+def phase_method(study: optuna.Study, phase: str, plan: list[Slot], settings: PhaseSettings,
                  together: MeasureTogether | None) -> str:
     """Decided once per phase and kept in the study, so a resumed phase goes on the same way."""
     if METHOD[phase] not in study.user_attrs:
-        if together is None or not settings.study.side_by_side:
-            set_method(study, phase, FRESH_PROCESSES, sidebyside.ONE_CONFIGURATION
-                       if settings.script.given else "study.side_by_side=false")
+        if together is None or not settings.side_by_side:
+            set_method(study, phase, FRESH_PROCESSES, settings.why_fresh)
         else:
             why = why_apart(study, list({s.label: s for s in plan}.values()), settings)
             set_method(study, phase, FRESH_PROCESSES if why else SIDE_BY_SIDE, why or "")
     return method(study, phase)["method"]
 
 
-def why_apart(study: optuna.Study, slots: list[Slot], settings: Settings) -> str | None:
+def why_apart(study: optuna.Study, slots: list[Slot], settings: PhaseSettings) -> str | None:
     """Why the candidates of ``slots`` cannot share a process (:func:`sidebyside.cannot_share`), each
     described by its cold run."""
-    env = settings.env  # detected once: it reads the model's structure
-    return sidebyside.cannot_share([sidebyside.Member(s.label, TrialConfig.from_flat(
-        TrialRecord.of(study.trials[s.attrs["cold_trial"]]).config, env, strict=False),
-        cold_of(study.trials[s.attrs["cold_trial"]])) for s in slots], settings)
+    return settings.cannot_share([sidebyside.Member(s.label, TrialConfig.from_flat(
+        TrialRecord.of(study.trials[s.attrs["cold_trial"]]).config, settings.env, strict=False),
+        cold_of(study.trials[s.attrs["cold_trial"]])) for s in slots])
