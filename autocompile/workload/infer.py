@@ -13,9 +13,47 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 from torch import nn
+
+
+class ModelFacts(TypedDict, total=False):
+    """What the model says about the data it takes (``model_facts``; ``input_facts`` the keys from
+    ``model_inputs`` down). A fact that cannot be read is absent."""
+
+    vocab_size: int
+    """Token ids are drawn from ``[0, vocab_size)``: the input embedding's rows, or a CTC head's tokens."""
+    image_size: int
+    num_channels: int
+    num_labels: int
+    data_kind: str
+    """One of ``DATA_KINDS``."""
+    decoder_start_token_id: int
+    """An encoder-decoder's first decoder id (seq2seq and speech_seq2seq only)."""
+    labels_required: bool
+    """The forward takes the labels (required ``labels``, or minGPT's ``targets``): the data puts them in the inputs."""
+    labels_name: str
+    """The name the labels go under when not ``labels`` (``targets``)."""
+    model_inputs: tuple[str, ...]
+    """The forward's arguments the data must give (``model_inputs()``); always present."""
+    first_input: str
+    """The forward's first argument: a tensor alone goes there; always present ("" without one)."""
+    image_input: str
+    """``pixel_values`` when images go by that keyword, "" when positionally; always present."""
+    num_mel_bins: int
+    feature_frames: int
+    """Whisper's input frames: ``max_source_positions`` times the encoder's convolution strides."""
+    conv_kernel: tuple[int, ...]
+    """A wav2vec2 feature encoder's kernels, one per layer (with ``conv_stride``)."""
+    conv_stride: tuple[int, ...]
+    audio_targets: str
+    """``ctc`` (a ``...ForCTC``) or ``classes``: what a raw-audio model's labels are."""
+    max_text_len: int
+    """Positions of the text tower or decoder: longer text is cut to this."""
+    image_token_id: int
+    """LLaVA's image token in the text (with ``image_tokens``, the tokens per image)."""
+    image_tokens: int
 
 
 def input_embedding(model: nn.Module) -> nn.Embedding | None:
@@ -30,9 +68,9 @@ def input_embedding(model: nn.Module) -> nn.Embedding | None:
     return next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
 
 
-def model_facts(model: nn.Module) -> dict[str, Any]:
+def model_facts(model: nn.Module) -> ModelFacts:
     """``vocab_size``, ``image_size``, ``num_channels``, ``num_labels``: those the model says."""
-    facts: dict[str, Any] = {}
+    facts: ModelFacts = {}
     embedding = input_embedding(model)
     if embedding is not None:
         facts["vocab_size"] = embedding.num_embeddings
@@ -45,7 +83,7 @@ def model_facts(model: nn.Module) -> dict[str, Any]:
         if isinstance(value, (list, tuple)) and value:
             value = value[0]
         if isinstance(value, int):
-            facts[name] = value
+            facts[name] = value  # type: ignore[literal-required]
     if "num_channels" not in facts and embedding is None:
         conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
         if conv is not None:
@@ -106,24 +144,24 @@ def model_inputs(params: dict[str, inspect.Parameter]) -> tuple[str, ...]:
     return tuple(wanted + [n for n in required if n not in wanted])
 
 
-def input_facts(model: nn.Module) -> dict[str, Any]:
+def input_facts(model: nn.Module) -> ModelFacts:
     """What the data needs to follow the forward's signature: ``model_inputs`` and ``first_input`` (a tensor alone
     goes there), ``image_input`` (``pixel_values`` when images go by that keyword, "" when positionally: a
     torchvision or timm ``forward(x)``), and per modality the shapes the model's config fixes: Whisper's
     ``num_mel_bins`` and ``feature_frames``, a wav2vec2 feature encoder's ``conv_kernel`` and ``conv_stride``, the
     ``max_text_len`` of a text tower or decoder, LLaVA's ``image_token_id`` and ``image_tokens`` per image."""
     params = forward_parameters(model)
-    facts: dict[str, Any] = {"model_inputs": model_inputs(params), "first_input": next(iter(params), ""),
+    facts: ModelFacts = {"model_inputs": model_inputs(params), "first_input": next(iter(params), ""),
                              "image_input": "pixel_values" if "pixel_values" in params else ""}
     config = getattr(model, "config", None)
     mels, positions = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
     if "input_features" in params and isinstance(mels, int) and isinstance(positions, int):
         encoder = model.get_encoder() if callable(getattr(model, "get_encoder", None)) else model
         strides = [m.stride[0] for m in encoder.modules() if isinstance(m, nn.Conv1d)] or [2]
-        facts.update(num_mel_bins=mels, feature_frames=positions * math.prod(strides))
+        facts["num_mel_bins"], facts["feature_frames"] = mels, positions * math.prod(strides)
     kernel, stride = getattr(config, "conv_kernel", None), getattr(config, "conv_stride", None)
     if "input_values" in params and kernel and stride:
-        facts.update(conv_kernel=tuple(kernel), conv_stride=tuple(stride))
+        facts["conv_kernel"], facts["conv_stride"] = tuple(kernel), tuple(stride)
         facts["audio_targets"] = "ctc" if type(model).__name__.endswith("ForCTC") else "classes"
         if facts["audio_targets"] == "ctc" and isinstance(getattr(config, "vocab_size", None), int):
             facts["vocab_size"] = config.vocab_size  # the CTC head's tokens (wav2vec2 has no input embedding)
@@ -133,7 +171,7 @@ def input_facts(model: nn.Module) -> dict[str, Any]:
         facts["max_text_len"] = limit
     tokens = image_tokens(config)
     if tokens:
-        facts.update(image_token_id=tokens[0], image_tokens=tokens[1])
+        facts["image_token_id"], facts["image_tokens"] = tokens
     return facts
 
 

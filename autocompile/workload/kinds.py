@@ -16,7 +16,7 @@ import torch
 from autocompile.workload.data import SyntheticImages, SyntheticMaskedTokens, SyntheticTokens
 from autocompile.workload.infer import DATA_KINDS, KIND_INPUTS
 from autocompile.workload.multimodal import SyntheticAudio, SyntheticImageText, SyntheticSpeech, SyntheticVisionLanguage
-from autocompile.workload.parts import PartError
+from autocompile.workload.parts import DataFacts, PartError
 
 DATA = "autocompile.workload.data"
 MULTIMODAL = "autocompile.workload.multimodal"
@@ -87,8 +87,12 @@ class SyntheticForModel:
                  feature_frames: int = 0, conv_kernel: tuple[int, ...] = (), conv_stride: tuple[int, ...] = (),
                  audio_targets: str = "classes", max_text_len: int | None = None, image_token_id: int = 0,
                  image_tokens: int = 0) -> None:
-        model = {"model_inputs": model_inputs, "first_input": first_input, "image_input": image_input}
-        problem = self.check_facts({**model, "data_kind": data_kind, "vocab_size": vocab_size})
+        facts: DataFacts = {"model_inputs": model_inputs, "first_input": first_input, "image_input": image_input}
+        if data_kind is not None:  # None is what an absent fact reads as
+            facts["data_kind"] = data_kind
+        if vocab_size is not None:
+            facts["vocab_size"] = vocab_size
+        problem = self.check_facts(facts)
         if problem:
             raise PartError(problem)
         kind = data_kind or "tokens"
@@ -127,7 +131,7 @@ class SyntheticForModel:
             self.part = token_part(vocab_size, seq_len=seq_len, **common)  # type: ignore[arg-type]
 
     @staticmethod
-    def check_facts(facts: dict[str, Any], target: str = f"{__name__}.SyntheticForModel") -> str | None:
+    def check_facts(facts: DataFacts, target: str = f"{__name__}.SyntheticForModel") -> str | None:
         """The one-line problem with what the model says, or None: the kind unknown, or token ids
         without a vocabulary size (``parts.data_problem`` asks before any trial)."""
         kind, vocab = facts.get("data_kind"), facts.get("vocab_size")
@@ -163,7 +167,7 @@ class SyntheticForModel:
 UNET = ("sample", "timestep")
 
 
-def missing_inputs(facts: dict[str, Any], target: str = f"{__name__}.SyntheticForModel") -> str | None:
+def missing_inputs(facts: DataFacts, target: str = f"{__name__}.SyntheticForModel") -> str | None:
     """One line when the data the facts lead to would leave out an input the model's forward takes
     (``model_inputs``), or None: the inputs it wants, the ones the synthetic data can give, and how to give a
     data part that makes them all. A tensor alone goes to the forward's first argument, so that one counts

@@ -9,6 +9,7 @@ Torch only: the worker runs this.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -19,7 +20,9 @@ from autocompile.workload.parts import PartError
 log = logging.getLogger(__name__)
 
 
-def _on(device: torch.device, inputs: dict[str, Any], targets: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
+def _on(device: torch.device, inputs: Mapping[str, torch.Tensor | bool],
+        targets: torch.Tensor) -> tuple[dict[str, torch.Tensor | bool], torch.Tensor]:
+    """The forward's keyword arguments and the targets on ``device`` (a flag such as ``return_loss`` as it is)."""
     moved = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     return moved, targets.to(device, non_blocking=True)
 
@@ -60,7 +63,7 @@ class SyntheticSpeech(SyntheticTokens):
         else:
             labels = torch.randint(0, self.active_labels, (self.batch_size,), generator=gen)
             offset = labels.float().view(-1, 1, 1)
-        inputs: dict[str, Any] = {"input_features": torch.randn(shape, generator=gen) + offset}
+        inputs: dict[str, torch.Tensor] = {"input_features": torch.randn(shape, generator=gen) + offset}
         if self.decoder:
             start = torch.full_like(labels[:, :1], self.decoder_start_token_id)
             inputs["decoder_input_ids"] = torch.cat([start, labels[:, :-1]], dim=1)
@@ -109,8 +112,8 @@ class SyntheticAudio:
         else:
             labels = torch.randint(0, self.active_labels, (self.batch_size,), generator=gen)
             offset = labels.float().view(-1, 1)
-        inputs: dict[str, Any] = {"input_values": torch.randn((self.batch_size, self.samples(frames)),
-                                                              generator=gen) + offset}
+        inputs: dict[str, torch.Tensor] = {"input_values": torch.randn((self.batch_size, self.samples(frames)),
+                                                                       generator=gen) + offset}
         if self.audio_targets == "ctc":
             inputs["labels"] = labels
         return _on(self.device, inputs, labels)
@@ -138,8 +141,8 @@ class SyntheticImageText(SyntheticTokens):
         gen = _generator(self.seed + 3, self.rank, step)
         shape = (self.batch_size, self.num_channels, self.image_size, self.image_size)
         pixels = torch.randn(shape, generator=gen) + ids[:, :1].float().view(-1, 1, 1, 1) / self.active_vocab
-        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels,
-                  "return_loss": True}
+        inputs: dict[str, torch.Tensor | bool] = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                                  "pixel_values": pixels, "return_loss": True}
         return _on(self.device, inputs, torch.arange(self.batch_size))
 
     __call__ = batch
@@ -172,7 +175,8 @@ class SyntheticVisionLanguage(SyntheticTokens):
         targets = ids[:, 1:].masked_fill(ids[:, 1:] == self.image_token_id, IGNORE_INDEX)
         shape = (self.batch_size, self.num_channels, self.image_size, self.image_size)
         pixels = torch.randn(shape, generator=gen) + text[:, :1].float().view(-1, 1, 1, 1) / self.active_vocab
-        inputs = {"input_ids": ids[:, :-1], "attention_mask": torch.ones_like(ids[:, :-1]), "pixel_values": pixels}
+        inputs: dict[str, torch.Tensor] = {"input_ids": ids[:, :-1], "attention_mask": torch.ones_like(ids[:, :-1]),
+                                           "pixel_values": pixels}
         return _on(self.device, inputs, targets)
 
     __call__ = batch

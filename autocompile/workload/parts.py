@@ -22,15 +22,42 @@ import inspect
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import torch
+
+from autocompile.workload import TargetNode
+from autocompile.workload.infer import ModelFacts
 
 log = logging.getLogger(__name__)
 
 Batches = Callable[[int], tuple[Any, Any]]
 IMPL_KWARGS = {"default": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 """``optim.impl`` as optimizer arguments."""
+
+
+class DataFacts(ModelFacts, total=False):
+    """What the data part may take by parameter name: the model's facts and the job's (the tuner's check sets
+    placeholders: one row, no lengths, rank 0 of 1 on the CPU)."""
+
+    batch_size: int
+    seq_len: list[int]
+    """The workload's lengths, cycled per step."""
+    seed: int
+    rank: int
+    world_size: int
+    device: str | torch.device
+
+
+class KnobFacts(TypedDict):
+    """What the job's parts allow (``knob_facts``): fields of ``config.knob_spec.Env`` of the same names."""
+
+    optimizer_impls: tuple[str, ...]
+    """``optim.impl`` values worth a trial besides ``default`` (``optimizer_impls``)."""
+    scheduled: bool
+    """The workload has a learning-rate schedule."""
+    clips: bool
+    accumulates: bool
 
 
 class PartError(ValueError):
@@ -47,10 +74,16 @@ def import_target(path: str, key: str, error: type[Exception] = PartError) -> An
         raise error(f"{key}._target_={path!r} does not import ({exc}): check the dotted path") from exc
 
 
-def split(node: dict[str, Any], key: str) -> tuple[Any, bool | None, dict[str, Any]]:
+def split(node: TargetNode, key: str) -> tuple[Any, bool | None, dict[str, Any]]:
     """(target object, ``_partial_`` or None when not given, keyword arguments)."""
     kwargs = {k: v for k, v in node.items() if k not in ("_target_", "_partial_")}
-    return import_target(node["_target_"], key), node.get("_partial_"), kwargs
+    return import_target(_target(node), key), node.get("_partial_"), kwargs
+
+
+def _target(node: TargetNode) -> str:
+    """The dotted path of a part that has one: only ``lr_schedule``'s is null, and ``schedule_factory`` builds
+    nothing then (``Workload`` checks every other one is a dotted path)."""
+    return cast(str, node["_target_"])
 
 
 def _parameters(fn: Any) -> dict[str, inspect.Parameter]:
@@ -66,7 +99,7 @@ def _built_once(target: Any, partial: bool | None) -> bool:
     return partial is False or (partial is None and inspect.isclass(target))
 
 
-def _facts_taken(fn: Any, facts: dict[str, Any], skip_first: bool) -> dict[str, Any]:
+def _facts_taken(fn: Any, facts: DataFacts, skip_first: bool) -> dict[str, Any]:
     params = _parameters(fn)
     if skip_first and params:
         params.pop(next(iter(params)))
@@ -75,7 +108,7 @@ def _facts_taken(fn: Any, facts: dict[str, Any], skip_first: bool) -> dict[str, 
     return {k: v for k, v in facts.items() if k in params}
 
 
-def data_needs(node: dict[str, Any], facts: dict[str, Any]) -> list[str]:
+def data_needs(node: TargetNode, facts: DataFacts) -> list[str]:
     """Required arguments of the data part that neither its keys nor the facts give."""
     target, partial, kwargs = split(node, "workload.data")
     params = _parameters(target)
@@ -85,18 +118,18 @@ def data_needs(node: dict[str, Any], facts: dict[str, Any]) -> list[str]:
             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in kwargs and name not in facts]
 
 
-def data_problem(node: dict[str, Any], facts: dict[str, Any]) -> str | None:
+def data_problem(node: TargetNode, facts: DataFacts) -> str | None:
     """What keeps the data part from being built, in one line, or None: a required argument nobody gives,
     or what its own ``check_facts(facts)`` finds wrong with the facts (a data part that follows the model)."""
     missing = data_needs(node, facts)
     if missing:
-        return need_message("workload.data", node["_target_"], missing[0])
+        return need_message("workload.data", _target(node), missing[0])
     target, _, kwargs = split(node, "workload.data")
     check = getattr(target, "check_facts", None)
-    return check({**facts, **kwargs}, node["_target_"]) if callable(check) else None
+    return check({**facts, **kwargs}, _target(node)) if callable(check) else None
 
 
-def build_data(node: dict[str, Any], facts: dict[str, Any]) -> Batches:
+def build_data(node: TargetNode, facts: DataFacts) -> Batches:
     """``step -> (inputs, targets)`` from ``workload.data``."""
     target, partial, kwargs = split(node, "workload.data")
     problem = data_problem(node, facts)
@@ -119,7 +152,7 @@ def need_message(key: str, target: str, name: str) -> str:
     return f"{key} {target} needs {name!r}, which neither the job nor the model says: set +{key}.{name}=VALUE"
 
 
-def build_loss(node: dict[str, Any]) -> Callable[[Any, Any], torch.Tensor]:
+def build_loss(node: TargetNode) -> Callable[[Any, Any], torch.Tensor]:
     """``(output, targets) -> loss`` from ``workload.loss``."""
     target, partial, kwargs = split(node, "workload.loss")
     if _built_once(target, partial):
@@ -127,13 +160,13 @@ def build_loss(node: dict[str, Any]) -> Callable[[Any, Any], torch.Tensor]:
     return functools.partial(target, **kwargs) if kwargs else target
 
 
-def optimizer_factory(node: dict[str, Any]) -> Callable[..., torch.optim.Optimizer]:
+def optimizer_factory(node: TargetNode) -> Callable[..., torch.optim.Optimizer]:
     """``params, **impl -> Optimizer`` from ``workload.optimizer``."""
     target, _, kwargs = split(node, "workload.optimizer")
     return functools.partial(target, **kwargs)
 
 
-def schedule_factory(node: dict[str, Any]) -> Callable[[torch.optim.Optimizer], Any] | None:
+def schedule_factory(node: TargetNode) -> Callable[[torch.optim.Optimizer], Any] | None:
     """``optimizer -> LR scheduler`` from ``workload.lr_schedule``; None for a constant learning rate."""
     if node.get("_target_") is None:
         return None
@@ -144,7 +177,7 @@ def schedule_factory(node: dict[str, Any]) -> Callable[[torch.optim.Optimizer], 
 _IMPLS: dict[str, tuple[str, ...]] = {}
 
 
-def optimizer_impls(node: dict[str, Any], device: str) -> tuple[str, ...]:
+def optimizer_impls(node: TargetNode, device: str) -> tuple[str, ...]:
     """The ``optim.impl`` values worth a trial besides ``default``: the ones the optimizer takes (fused is
     probed by building it on one parameter), minus the device's own default (foreach on CUDA, the for-loop
     on CPU), none when the workload's optimizer sets foreach or fused itself."""
@@ -154,7 +187,7 @@ def optimizer_impls(node: dict[str, Any], device: str) -> tuple[str, ...]:
     return _IMPLS[key]
 
 
-def _optimizer_impls(node: dict[str, Any], device: str) -> tuple[str, ...]:
+def _optimizer_impls(node: TargetNode, device: str) -> tuple[str, ...]:
     if {"foreach", "fused"} & set(node):
         return ()
     target, _, kwargs = split(node, "workload.optimizer")
@@ -174,7 +207,7 @@ def _optimizer_impls(node: dict[str, Any], device: str) -> tuple[str, ...]:
     return tuple(impls)
 
 
-def knob_facts(workload: Any, device: str) -> dict[str, Any]:
+def knob_facts(workload: Any, device: str) -> KnobFacts:
     """What the job's parts allow, for ``knobs.Env``."""
     return {"optimizer_impls": optimizer_impls(workload.optimizer, device),
             "scheduled": workload.lr_schedule.get("_target_") is not None,
