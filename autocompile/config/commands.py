@@ -12,9 +12,11 @@ from typing import Any
 
 import yaml
 
+from autocompile.config.choices import Knobs
 from autocompile.config.knobs import KNOBS
 from autocompile.config.settings import LaunchSettings, Settings, _BaseConfig
 from autocompile.config.spec import PARTS, MeasureSettings, ModelSpec, Workload
+from autocompile.workload import TargetNode
 
 
 def config_dir() -> Path:
@@ -33,7 +35,7 @@ def available_models() -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 
 
-def measure_command(settings: Settings, config: dict[str, Any], threads: int | None = None) -> str:
+def measure_command(settings: Settings, config: Knobs, threads: int | None = None) -> str:
     """The ``task=measure`` command that measures ``config`` on the study's workload again.
 
     ``threads`` is what the trial ran with (its result's environment): a trial slot may have used
@@ -41,7 +43,7 @@ def measure_command(settings: Settings, config: dict[str, Any], threads: int | N
     return shlex.join(["python", "-m", "autocompile", *measure_overrides(settings, config, threads)])
 
 
-def measure_overrides(settings: Settings, config: dict[str, Any], threads: int | None = None) -> list[str]:
+def measure_overrides(settings: Settings, config: Knobs, threads: int | None = None) -> list[str]:
     """Hydra overrides composing the study's model, workload and measurement plus ``config``: only
     what differs from the defaults, so the command stays readable."""
     if settings.script.given:  # the user's own script: its path and arguments stand for the model
@@ -79,11 +81,11 @@ def measure_overrides(settings: Settings, config: dict[str, Any], threads: int |
     return args
 
 
-def dict_overrides(key: str, base: dict[str, Any], want: dict[str, Any]) -> list[str]:
+def dict_overrides(key: str, base: TargetNode, want: TargetNode) -> list[str]:
     """The edits that turn config node ``base`` into ``want``: changed, added (``+``) and removed (``~``) keys."""
     args = [f"~{key}.{k}" for k in base if k not in want]
-    args += [f"{key}.{k}={hydra_value(v)}" for k, v in want.items() if k in base and (v != base[k] or type(v) is not
-                                                                                       type(base[k]))]
+    args += [f"{key}.{k}={hydra_value(v)}" for k, v in want.items() if k in base and (v != base.get(k) or type(v) is not
+                                                                                       type(base.get(k)))]
     return args + [f"+{key}.{k}={hydra_value(v)}" for k, v in want.items() if k not in base]
 
 

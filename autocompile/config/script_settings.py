@@ -17,8 +17,8 @@ import os
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
+from autocompile.config.choices import Knobs
 from autocompile.config.knob_spec import Env
 from autocompile.config.spec import MeasureSettings, Workload
 
@@ -160,7 +160,7 @@ class ScriptRotation:
     compiled variant of each unit per candidate, warms each in turn, then switches the active one window by
     window in rotating order (the fields of :class:`autocompile.config.spec.SideBySideSpec`)."""
 
-    knobs: list[dict[str, Any]]
+    knobs: list[Knobs]
     """Each candidate's knobs; what ``prepare()`` applies is the same in all (``ScriptSpec.knobs``)."""
     labels: list[str]
     expected: list[str | None]
@@ -178,7 +178,7 @@ class ScriptRotation:
 class ScriptSpec:
     """What one trial of a script runs; written as ``trial.json`` (the agent reads it back)."""
 
-    knobs: dict[str, Any]
+    knobs: Knobs
     script: ScriptSettings
     workload: Workload
     """Only the launch facts are read (nproc_per_node, nnodes): the script builds its own job."""

@@ -30,8 +30,9 @@ from autocompile.config.script_settings import ScriptSettings, ScriptSpec, calls
 from autocompile.config.sections import LaunchSettings, ObjectiveSettings, StudySettings, TrackingSettings
 from autocompile.config.space import lead_knobs
 from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
+from autocompile.workload.infer import ModelFacts
 from autocompile.workload.models import factory_kwargs, resolve
-from autocompile.workload.parts import data_problem, knob_facts
+from autocompile.workload.parts import DataFacts, data_problem, knob_facts
 from autocompile.workload.units import Structure
 
 log = logging.getLogger(__name__)
@@ -244,10 +245,10 @@ class Settings:
         return configs
 
 
-_READ: dict[str, tuple[Structure, dict[str, Any]] | None] = {}
+_READ: dict[str, tuple[Structure, ModelFacts] | None] = {}
 
 
-def read_model(model: ModelSpec) -> tuple[Structure, dict[str, Any]] | None:
+def read_model(model: ModelSpec) -> tuple[Structure, ModelFacts] | None:
     """The model's repeated stacks and what the data can learn from it (``infer.model_facts``), built
     once per model (on the meta device: no memory, no init); None when it cannot be built here."""
     key = json.dumps([model.target, model.kwargs], sort_keys=True, default=str)
@@ -282,7 +283,7 @@ def check_data(model: ModelSpec, workload: Workload) -> None:
     read = read_model(model)
     if read is None:
         return  # the model cannot be built here; the worker reports what is missing per trial
-    facts = {**read[1], **({"vocab_size": model.vocab_size} if model.vocab_size else {}),
+    facts: DataFacts = {**read[1], **({"vocab_size": model.vocab_size} if model.vocab_size else {}),
              "batch_size": 1, "seq_len": [], "seed": 0, "rank": 0, "world_size": 1, "device": "cpu"}
     problem = data_problem(workload.data, facts)
     if problem:

@@ -2,7 +2,8 @@
 
 These dataclasses are the typed config for both sides: Hydra validates the user's config against
 them (they are registered as its schema) and the worker reads them back from ``trial.json``.
-Standard library only: the worker runs where nothing but PyTorch is installed.
+Standard library only (with ``config.choices`` and ``autocompile.workload``'s ``TargetNode``, standard library
+themselves): the worker runs where nothing but PyTorch is installed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from autocompile.config.choices import Knobs
+from autocompile.workload import TargetNode
 
 DEVICES = ("auto", "cpu", "cuda")
 PARTS = ("data", "loss", "optimizer", "lr_schedule")
@@ -59,18 +63,20 @@ class Workload:
     """Intra-op threads per process; 0 = the cores this process may run on (its affinity) / nproc_per_node."""
     seed: int = 0
     """Seed of the weights and the synthetic data: every trial sees the same numbers."""
-    data: dict[str, Any] = field(default_factory=lambda: {"_target_": "autocompile.workload.data.SyntheticTokens"})
+    data: TargetNode = field(default_factory=lambda: TargetNode(_target_="autocompile.workload.data.SyntheticTokens"))
     """Inputs and targets of step i (``autocompile.workload.parts``): a class built once with the keys beside
     ``_target_`` and the job facts it takes by name (batch_size, seq_len, seed, rank, device, vocab_size,
     image_size, num_channels, num_labels), its instance called with the step index; or a function called
     with the step index and the same arguments. Returns ``(inputs, targets)``; inputs a tensor, tuple or dict."""
-    loss: dict[str, Any] = field(default_factory=lambda: {"_target_": "autocompile.workload.losses.cross_entropy"})
+    loss: TargetNode = field(default_factory=lambda: TargetNode(_target_="autocompile.workload.losses.cross_entropy"))
     """``loss(output, targets)``: a function used as is (further keys bound as keyword arguments), or a
     class built with the keys (``torch.nn.CrossEntropyLoss``)."""
-    optimizer: dict[str, Any] = field(default_factory=lambda: {
-        "_target_": "torch.optim.AdamW", "_partial_": True, "lr": 3e-4})
+    # lr: a keyword argument of the target, as every key beside _target_ and _partial_ (PEP 728's extra_items
+    # would declare them; the worker cannot count on a typing_extensions that has it).
+    optimizer: TargetNode = field(default_factory=lambda: TargetNode(  # type: ignore[typeddict-unknown-key]
+        _target_="torch.optim.AdamW", _partial_=True, lr=3e-4))
     """Optimizer class or factory, completed with the model's parameters (Hydra ``_partial_``)."""
-    lr_schedule: dict[str, Any] = field(default_factory=lambda: {"_target_": None, "_partial_": True})
+    lr_schedule: TargetNode = field(default_factory=lambda: TargetNode(_target_=None, _partial_=True))
     """LR scheduler class or factory, completed with the optimizer and stepped once per optimizer step;
     ``_target_: null`` = a constant learning rate."""
     grad_clip_norm: float = 0.0
@@ -177,7 +183,7 @@ class MeasureSettings:
 class TrialSpec:
     """Everything a worker needs; written as ``trial.json`` in the trial directory."""
 
-    knobs: dict[str, Any]
+    knobs: Knobs
     model: ModelSpec
     workload: Workload
     measure: MeasureSettings
