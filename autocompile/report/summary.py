@@ -26,8 +26,8 @@ from autocompile.report.findings.entry import Entry, EntryDoc, FailureGroup, Fai
 from autocompile.report.findings.search_effects import Z95, CompiledProgram, knob_effects
 from autocompile.report.race_table import print_confirmed
 from autocompile.report.view import console as make_console
-from autocompile.study.phases.confirm import recommended as recommended_trial
 from autocompile.study.phases.confirmation import Confirmation, confirmed
+from autocompile.study.phases.plans import recommended as recommended_trial
 from autocompile.study.phases.racing import phase, phase_trials, study_noise, verdicts
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import (
