@@ -146,7 +146,7 @@ def hydra_main(cfg: DictConfig) -> Any:
             from autocompile.study.measure import measure
 
             name, result = measure(settings, run_dir)
-            console().print(measurement_table(result.to_json(), name))
+            console().print(measurement_table(result, name))
             if not result.ok:
                 sys.exit(1)
             return result.to_json()

@@ -19,7 +19,7 @@ from autocompile.report.summary import build_report
 from autocompile.report.tracking.plots import trial_rows
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import requeue
-from autocompile.study.records.record import FIELDS, Measurement, TrialRecord, compact, set_attrs, user_attrs
+from autocompile.study.records.record import FIELDS, Measurement, TrialRecord, set_attrs, user_attrs
 from tests.jobs import Compose
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -82,7 +82,7 @@ def test_a_record_is_written_into_optuna_by_field_name(tmp_path: Path) -> None:
 
 def test_the_worker_result_is_kept_as_its_measurement() -> None:
     raw = {**full_record().measured.to_dict(), "graph_break_reasons": {"x": 1}, "timeline": {}, "mfu": None}
-    kept = compact(raw)
+    kept = Measurement.from_dict(raw).to_dict()
     assert set(kept) == MEASUREMENT_FIELDS - {"mfu"}  # the tables' numbers; None and the rest stay in result.json
     assert Measurement.from_dict(raw) == Measurement.from_dict(kept) == dataclasses.replace(full_record().measured,
                                                                                             mfu=None)

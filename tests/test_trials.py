@@ -12,6 +12,7 @@ import pytest
 
 from autocompile.config.knobs import Env, KnobError, TrialConfig
 from autocompile.trial.timeline import wall_split
+from autocompile.trial.timing.result import TrialResult
 from tests.conftest import assert_ok, assert_rates, launched, make_spec, run_trials, survivors, tiny_lm
 
 FAST = {"compile.backend": "eager"}
@@ -41,8 +42,8 @@ def test_every_scope_amp_and_placement_order_runs_ok(tmp_path: Path) -> None:
         assert_ok(result)
         assert bool(result["compiled"]) == (knobs["compile.scope"] != "none")
         assert result["environment"]["world_size"] == 1
-        assert set(wall_split(result)) == {"overhead_start_s", "overhead_imports_s", "overhead_build_s",
-                                           "warmup_s", "timed_s", "teardown_s"}
+        assert set(wall_split(TrialResult.from_json(result))) == {
+            "overhead_start_s", "overhead_imports_s", "overhead_build_s", "warmup_s", "timed_s", "teardown_s"}
         trial_dir = Path(result["trial_dir"])
         assert "torch.distributed.run" in (trial_dir / "cmd.txt").read_text()
         assert json.loads((trial_dir / "trial.json").read_text())["knobs"] == knobs

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from autocompile.trial.timing.result import TrialResult
 
 
-def wall_split(result: dict[str, Any]) -> dict[str, float]:
+def wall_split(result: TrialResult) -> dict[str, float]:
     """Seconds per phase from the worker's timestamps and the launcher's wall time.
 
     ``overhead`` (process start, imports, model build, DDP setup) and ``teardown`` are what the
     tuner costs on top of the job; ``warmup`` is where compilation happens.
     """
-    t = result.get("timeline") or {}
-    if not {"launch", "build_done", "warmup_done", "timed_done"} <= t.keys() or "wall_s" not in result:
+    t = result.timeline or {}
+    if not {"launch", "build_done", "warmup_done", "timed_done"} <= t.keys() or result.wall_s is None:
         return {}
     return {
         "overhead_start_s": t["worker_start"] - t["launch"],
@@ -20,5 +20,5 @@ def wall_split(result: dict[str, Any]) -> dict[str, float]:
         "overhead_build_s": t["build_done"] - t["imports_done"],
         "warmup_s": t["warmup_done"] - t["build_done"],
         "timed_s": t["timed_done"] - t["warmup_done"],
-        "teardown_s": t["launch"] + result["wall_s"] - t["timed_done"],
+        "teardown_s": t["launch"] + result.wall_s - t["timed_done"],
     }

@@ -27,6 +27,7 @@ from autocompile.config.settings import model_spec
 from autocompile.config.spec import MeasureSettings, TrialSpec, Workload
 from autocompile.trial.launcher import launch
 from autocompile.trial.timeline import wall_split
+from autocompile.trial.timing.result import TrialResult
 
 
 def parse_knobs(text: str) -> dict[str, object]:
@@ -73,7 +74,7 @@ def main() -> int:
             continue
         print(f"\n== {describe(config, env)}  ({args.model}, bs {args.batch_size}, seq {args.seq_len}, {device}, "
               f"torch {runs[0]['environment']['torch']}, {runs[0]['environment']['device_name']})")
-        splits = [wall_split(r) for r in runs]
+        splits = [wall_split(TrialResult.from_json(r)) for r in runs]
         print(f"{'phase':<22}" + "".join(f"{'run ' + str(k):>10}" for k in range(len(runs))) + f"{'median':>10}")
         for phase in splits[0]:
             row(phase, [s[phase] for s in splits])

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from autocompile.trial.timeline import wall_split
+from autocompile.trial.timing.result import TrialResult
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +59,7 @@ def main() -> int:
     for repeat in range(opts.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             command_s, result = run_trial(opts.script, opts.args, Path(tmp))
-        split = wall_split(result)
+        split = wall_split(TrialResult.from_json(result))
         steps = result["script"]["optimizer_steps"]
         plain_s = run_plain(opts.script, plain_args, steps)
         added = split["overhead_start_s"] + split["overhead_imports_s"] + split["teardown_s"]

@@ -22,7 +22,7 @@ from autocompile.trial.program.graphs import Program, listening, verify
 from autocompile.trial.program.step import TrainStep, apply
 from autocompile.workload.infer import model_facts
 from autocompile.workload.models import build
-from autocompile.workload.parts import build_data, build_loss, optimizer_factory, schedule_factory
+from autocompile.workload.parts import DataFacts, build_data, build_loss, optimizer_factory, schedule_factory
 
 Progress = Callable[..., None]
 
@@ -132,7 +132,7 @@ class Built:
     step: TrainStep
     data: Callable[[int], tuple[Any, Any]]
     loss_fn: Callable[[Any, Any], torch.Tensor]
-    facts: dict[str, Any]
+    facts: DataFacts
     losses: list[torch.Tensor] = field(default_factory=list)
     steps_done: int = 0
     """Steps run so far: step ``i`` trains on batch ``i``, whatever ran in this process before."""
@@ -170,9 +170,10 @@ def build_candidate(spec: TrialSpec, config: TrialConfig, device: torch.device, 
     workload = spec.workload
     torch.manual_seed(workload.seed)
     model = build(spec.model.target, spec.model.kwargs)
-    facts = {**model_facts(model), **({"vocab_size": spec.model.vocab_size} if spec.model.vocab_size else {}),
-             "batch_size": workload.batch_size, "seq_len": list(workload.seq_len), "seed": workload.seed,
-             "rank": rank, "world_size": world_size, "device": device}
+    facts = DataFacts(**model_facts(model), batch_size=workload.batch_size, seq_len=list(workload.seq_len),
+                      seed=workload.seed, rank=rank, world_size=world_size, device=device)
+    if spec.model.vocab_size:
+        facts["vocab_size"] = spec.model.vocab_size
     data = build_data(workload.data, facts)
     loss_fn = build_loss(workload.loss)
     step = apply(model, optimizer_factory(workload.optimizer), loss_fn, config, device=device,

@@ -21,16 +21,8 @@ from autocompile.trial.script.ranks import distributed, reduce_max
 from autocompile.trial.script.windows import Windows
 from autocompile.trial.timing.compile_artifacts import save_artifacts
 from autocompile.trial.timing.readings import CudaGraphsSkipped, dynamo_compile_times
-from autocompile.trial.timing.result import TrialResult
+from autocompile.trial.timing.result import Memory, TrialResult
 from autocompile.trial.timing.worker import classify, environment, exit_now, peak_memory, short_reason
-
-
-class Memory(TypedDict):
-    """The result's peak memory fields: the timed part's and the warm-up's (the largest rank's)."""
-
-    peak_memory_bytes: int
-    warmup_peak_memory_bytes: int
-    memory_source: str
 
 
 class CompileCall(TypedDict):

@@ -23,7 +23,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import torch
 
@@ -36,6 +36,7 @@ from autocompile.trial.script.ranks import sync
 from autocompile.trial.script.variants import Variants
 from autocompile.trial.timing.compile_artifacts import load_artifacts
 from autocompile.trial.timing.readings import classify, environment
+from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.sidebyside_worker import (
     LOSSES_KEPT,
     NotSameProgram,
@@ -50,28 +51,6 @@ from autocompile.trial.timing.worker import exit_now
 log = logging.getLogger("autocompile.trial.script")
 
 
-class _Status(TypedDict):
-    status: str
-    """``ok`` or ``failed``."""
-
-
-class Outcome(_Status, total=False):
-    """A candidate's entry in the result's ``candidates``: its program after the warm-up (``ok``), or why it
-    failed; its windows once timed; ``label`` in the result only."""
-
-    label: str
-    coverage: float
-    fingerprint: str
-    compiled: list[str]
-    failure: str
-    reason: str
-    step_s_windows: list[float]
-    step_cpu_s_windows: list[float]
-    step_s: float | None
-    stalled_windows: int
-    losses: list[float] | None
-
-
 class RotationMeter(Meter):
     """The meter of a side-by-side process of a script: warm-ups in turn, then windows in rotating order."""
 
@@ -84,7 +63,7 @@ class RotationMeter(Meter):
         self.warming = 0
         """Position in ``order`` of the candidate warming up."""
         self.warm_until: int | None = None
-        self.outcome: dict[int, Outcome] = {}
+        self.outcome: dict[int, TrialResult] = {}
         self.own_losses: dict[int, list[torch.Tensor]] = {i: [] for i in self.order}
         self.step_windows: dict[int, list[float]] = {}
         self.cpu_windows: dict[int, list[float]] = {}
@@ -139,7 +118,7 @@ class RotationMeter(Meter):
             self.progress("candidate_start", candidate=nxt, label=self.rotation.labels[nxt])
             return
         self.timeline["warmup_done"] = time.time()
-        ok = [i for i in self.order if self.outcome[i]["status"] == "ok"]
+        ok = [i for i in self.order if self.outcome[i].ok]
         if len(ok) < 2:
             self.finish()  # ends the process: the failed candidates say why
             return
@@ -160,12 +139,14 @@ class RotationMeter(Meter):
             if expected and program["fingerprint"] != expected:
                 raise NotSameProgram(f"compiled program {program['fingerprint']} beside the other candidates, "
                                      f"{expected} in its own process: it cannot share a process with them")
-            self.outcome[i] = {"status": "ok", **program, "compiled": list(self.variants.all[i].compiled)}
+            self.outcome[i] = TrialResult(label=label, fingerprint=program["fingerprint"],
+                                          compiled_coverage=program["coverage"],
+                                          compiled=list(self.variants.all[i].compiled))
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is data; the others go on
-            self.outcome[i] = {"status": "failed", **classify(exc)}
-            log.warning("candidate %s: %s", label, self.outcome[i]["reason"])
-        self.progress("candidate_ready", candidate=i, label=label, status=self.outcome[i]["status"],
-                      fingerprint=self.outcome[i].get("fingerprint"))
+            self.outcome[i] = TrialResult(status="failed", label=label, **classify(exc))
+            log.warning("candidate %s: %s", label, self.outcome[i].reason)
+        self.progress("candidate_ready", candidate=i, label=label, status=self.outcome[i].status,
+                      fingerprint=self.outcome[i].fingerprint)
 
     # -- the rounds ----------------------------------------------------------------------------------------------
     def count_step(self) -> None:
@@ -179,7 +160,7 @@ class RotationMeter(Meter):
         self.advance()
 
     def begin_round(self) -> None:
-        ok = [i for i in sorted(self.step_windows) if self.outcome[i]["status"] == "ok"]
+        ok = [i for i in sorted(self.step_windows) if self.outcome[i].ok]
         self.members = rotate(ok, self.rounds_timed + self.rotation.shift)
         self.position, self.this_round, self.compiled_now = 0, {}, False
         self.enter(self.members[0])
@@ -228,9 +209,10 @@ class RotationMeter(Meter):
                 self.step_windows[i].append(step_s)
                 self.cpu_windows[i].append(cpu_s)
         for i, count in self.recompiled.items():
-            if count > 1 and self.outcome[i]["status"] == "ok":
-                self.outcome[i] = {"status": "failed", "failure": "compile_in_timed_part",
-                                   "reason": "frames compiled while timing, in two rounds: no steady state"}
+            if count > 1 and self.outcome[i].ok:
+                self.outcome[i] = TrialResult(status="failed", label=self.outcome[i].label,
+                                              failure="compile_in_timed_part",
+                                              reason="frames compiled while timing, in two rounds: no steady state")
         self.progress("round", round=self.rounds_timed,
                       step_s={self.rotation.labels[i]: s for i, (s, _) in self.this_round.items()})
         self.rounds_timed += 1
@@ -240,7 +222,7 @@ class RotationMeter(Meter):
             self.finish()
 
     def ok_windows(self) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
-        ok = [i for i in self.step_windows if self.outcome[i]["status"] == "ok"]
+        ok = [i for i in self.step_windows if self.outcome[i].ok]
         return {i: self.step_windows[i] for i in ok}, {i: self.cpu_windows[i] for i in ok}
 
     def more_rounds(self) -> bool:
@@ -261,35 +243,34 @@ class RotationMeter(Meter):
         self.finished = True
         self.timeline["timed_done"] = time.time()
         if self.rank == 0:
-            write_json_atomic(self.trial_dir / "result.json", self.side_by_side_result())
+            write_json_atomic(self.trial_dir / "result.json", self.side_by_side_result().to_json())
         logging.shutdown()
         exit_now(0)
 
-    def side_by_side_result(self) -> dict[str, Any]:
+    def side_by_side_result(self) -> TrialResult:
         """``result.json`` in the side-by-side worker's shape."""
         windows, cpu = self.ok_windows()
         candidates = []
         for i, label in enumerate(self.rotation.labels):
-            outcome = dict(self.outcome.get(i) or {"status": "failed", "failure": "script_ended",
-                                                   "reason": "the script ended before this candidate warmed up"})
+            outcome = self.outcome.get(i) or TrialResult(
+                status="failed", label=label, failure="script_ended",
+                reason="the script ended before this candidate warmed up")
             if i in windows:
                 out = descheduled(windows[i], cpu[i])
                 kept = [s for k, s in enumerate(windows[i]) if k not in out]
                 losses = self.own_losses[i][:LOSSES_KEPT]
-                outcome.update(step_s_windows=windows[i], step_cpu_s_windows=cpu[i],
-                               step_s=math.exp(statistics.fmean(math.log(s) for s in kept)) if kept else None,
-                               stalled_windows=len(windows[i]) - len(kept),
-                               losses=[float(x) for x in torch.stack(losses).float().tolist()] if losses else None)
-            candidates.append({"label": label, **outcome})
-        return {"status": "ok", "candidates": candidates, "order": self.order,
-                "rounds": max((len(w) for w in windows.values()), default=0),
-                "window_steps": self.rotation.window_steps,
-                "throughput_unit": self.unit or ("backward() calls" if self.step_kind == "backward"
-                                                 else "optimizer steps"),
-                "script": {"path": self.spec.script.path, "args": self.spec.script.args, "steps": self.steps,
-                           "step": self.step_kind, "compile_calls": self.agent.calls},
-                "timeline": self.timeline, "environment": environment(self.device(), self.rank,
-                                                                      torch.get_num_threads())}
+                outcome.step_s_windows, outcome.step_cpu_s_windows = windows[i], cpu[i]
+                outcome.step_s = math.exp(statistics.fmean(math.log(s) for s in kept)) if kept else None
+                outcome.stalled_windows = len(windows[i]) - len(kept)
+                outcome.losses = [float(x) for x in torch.stack(losses).float().tolist()] if losses else None
+            candidates.append(outcome)
+        return TrialResult(
+            candidates=candidates, order=self.order, rounds=max((len(w) for w in windows.values()), default=0),
+            window_steps=self.rotation.window_steps,
+            throughput_unit=self.unit or ("backward() calls" if self.step_kind == "backward" else "optimizer steps"),
+            script={"path": self.spec.script.path, "args": self.spec.script.args, "steps": self.steps,
+                    "step": self.step_kind, "compile_calls": self.agent.calls},
+            timeline=self.timeline, environment=environment(self.device(), self.rank, torch.get_num_threads()))
 
     def at_exit(self) -> None:
         """The script ended first: the rounds so far are the measurement once every candidate has two."""
