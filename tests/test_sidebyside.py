@@ -49,7 +49,7 @@ def test_each_candidate_runs_its_own_program_with_identical_weights_and_rounds_s
     assert module["fingerprint"] == alone["module"]["fingerprint"]
     assert regional["fingerprint"] == alone["regional"]["fingerprint"]
     assert module["compiled"] == ["model"] and "blocks.0" in regional["compiled"] and eager["compiled"] == []
-    assert module["coverage"] == 1.0 and regional["coverage"] == 1.0
+    assert module["compiled_coverage"] == 1.0 and regional["compiled_coverage"] == 1.0
     # One window per candidate per round: the rounds pair.
     counts = {len(c["step_s_windows"]) for c in result["candidates"]}
     assert len(counts) == 1 and counts.pop() >= 4
