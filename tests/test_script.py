@@ -141,13 +141,14 @@ BAD = {
         for i in range(20):
             train_step(torch.randn(8, 4))
         """, "cannot_take_over", "the script compiles the function train_step"),
+    # No torch.compile, and no module to find (a script with one does: tests/test_script_steps.py).
     "never_compiles": ("""
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        weight = torch.nn.Parameter(torch.randn(4, 1))
+        opt = torch.optim.SGD([weight], lr=0.1)
         for i in range(20):
-            model(torch.randn(8, 4)).sum().backward()
+            (torch.randn(8, 4) @ weight).sum().backward()
             opt.step()
-        """, "nothing_compiled", "the script never called torch.compile on a model"),
+        """, "nothing_compiled", "never called torch.compile on a model, and no module it calls owns its optimizer's"),
 }
 
 

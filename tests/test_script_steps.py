@@ -69,6 +69,38 @@ def test_the_scripts_model_and_optimizer_stay_saveable_under_a_trial(tmp_path: P
     assert_rates(result, BATCH)
 
 
+def test_a_script_that_never_compiles_has_the_model_owning_its_optimizers_parameters_compiled(tmp_path: Path) -> None:
+    """A plain training script (no torch.compile anywhere): the trial compiles the module it calls whose parameters
+    its optimizer steps, in place at the first step, and the script's own objects stay as they were to save."""
+    path = script(tmp_path, f"""
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc, self.out = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+
+            def forward(self, x):
+                return self.out(torch.relu(self.fc(x)))
+
+        model = Net()
+        probe = torch.nn.Linear(4, 1)  # called too, but the optimizer does not step it
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(40):
+            x = torch.randn({BATCH}, 4)
+            probe(x)
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        torch.save(model, io.BytesIO())
+        """)
+    result = ok(run(tmp_path, path, "", COMPILED))
+    assert result["compiled"] == ["model"] and result["compiled_coverage"] == 1.0 and result["graph_count"] >= 1
+    (call,) = result["script"]["compile_calls"]
+    assert call["target"] == "Net" and "owning SGD's parameters (no torch.compile)" in call["where"]
+    assert_rates(result, BATCH)
+    eager = ok(run(tmp_path / "eager", path, "", {"compile.scope": "none"}))
+    assert eager["compiled"] == [] and eager["script"]["compile_calls"] == []
+
+
 def test_a_hand_written_update_with_no_optimizer_steps_at_each_backward(tmp_path: Path) -> None:
     path = script(tmp_path, f"""
         model = torch.compile(torch.nn.Linear(4, 1))

@@ -28,7 +28,7 @@ model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Lin
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 if "--prepare" in sys.argv:
     model, opt = autocompile.prepare(model, opt)
-else:
+elif "--plain" not in sys.argv:  # --plain: no torch.compile anywhere
     model = torch.compile(model)
 for _ in range(3):
     model(torch.randn(2, 4)).sum().backward()
@@ -70,6 +70,9 @@ def test_best_config_py_runs_the_unchanged_script_with_the_winner_applied_as_its
     assert python(str(run_dir / "best_config.py"), cwd=run_dir.parent) == "RESULT Sequential True True"
     # Without best_config.py and no winner named: prepare() leaves the model as it was (eager, nothing compiled).
     assert python("tiny.py", "--prepare", cwd=run_dir.parent.parent) == "RESULT Sequential False False"
+    # A script with no torch.compile: the module owning the optimizer's parameters compiled at its first step.
+    assert python(str(run_dir / "best_config.py"), "--plain", cwd=run_dir.parent) == "RESULT Sequential True True"
+    assert python("tiny.py", "--plain", cwd=run_dir.parent.parent) == "RESULT Sequential False False"
 
 
 def test_the_winner_reaches_prepare_through_best_config_py_and_through_the_environment(study) -> None:

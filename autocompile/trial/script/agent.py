@@ -13,6 +13,9 @@ to what the script hands them:
 - ``regional``: each repeated block compiled in place (``autocompile.workload.units``), and the rest as
   ``compile.rest`` says.
 
+A script that calls no ``torch.compile`` before its first optimizer step has its model found: the module it calls
+(outside any other) that owns the optimizer's parameters, taken over in place at that step as if the script had
+compiled it, so its later steps run the trial's program (and ``best_config.py`` applies the winner the same way).
 A plain function compiled by the script cannot be given a module scope: the call fails the trial with that
 reason. Calls from libraries and from torch itself on functions pass through untouched. The
 :class:`~autocompile.trial.script.meter.Meter` counts and times the optimizer steps and ends the processes.
@@ -104,6 +107,8 @@ class Agent:
         self.prepared: Prepared = {}
         """What ``autocompile.prepare`` applied, read back from the script's objects (empty: never called)."""
         self.awaiting_ddp: nn.Module | None = None
+        self.outermost: hooks.Outermost | None = None
+        """Until the script's first ``torch.compile`` call or optimizer step: the modules it calls."""
         self.variants: Variants | None = None
         """Side by side (``spec.rotation``): every candidate's variant of what the script compiles."""
         """``ddp.wrap_order=compile_of_ddp``: the prepared model, compiled once the script wraps it in DDP."""
@@ -123,10 +128,38 @@ class Agent:
         # FX-graph cache key, and the winner's artifacts would miss in the user's own process.
         torch.compile = _compile  # type: ignore[assignment]
         nn.Module.compile = _module_compile  # type: ignore[method-assign]
+        if self.compiles_anything:
+            self.find_model()
         self.meter.install()
+
+    def find_model(self) -> None:
+        """Record the modules the script calls, to take its model over at its first optimizer step if it compiles
+        nothing by then (:meth:`model_found`)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.outermost = hooks.Outermost()
+        # Stays registered (a no-op after the first step): torch iterates its hooks while this one runs.
+        register_optimizer_step_post_hook(self.model_found)
+
+    @torch._dynamo.disable
+    def model_found(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """At the script's first optimizer step: no ``torch.compile`` call yet, so compile, in place, the module it
+        called that owns the optimizer's parameters (its next steps run the trial's program)."""
+        outermost, self.outermost = self.outermost, None
+        if outermost is None:
+            return
+        model = outermost.owner(optimizer)
+        outermost.stop()
+        if self.calls or model is None:
+            return  # the script compiles for itself (taken over at its call), or steps no module's parameters
+        where = f"{type(model).__name__}, the module owning {type(optimizer).__name__}'s parameters (no torch.compile)"
+        self.take_over(model, {}, where, in_place=True)
 
     def take_over(self, target: Any, kwargs: dict[str, Any], where: str, in_place: bool) -> Any:
         """What ``torch.compile(target, **kwargs)`` (``in_place``: ``target.compile(**kwargs)``) becomes."""
+        if self.outermost is not None:  # the script compiles for itself: nothing to find
+            self.outermost.stop()
+            self.outermost = None
         name = getattr(target, "__qualname__", type(target).__qualname__)
         self.calls.append({"target": name, "module": isinstance(target, nn.Module), "where": where,
                            "kwargs": {k: repr(v) for k, v in kwargs.items()}})
@@ -276,6 +309,8 @@ class WinnerAgent(Agent):
         apply_optimize_ddp(self.config.ddp, self.world_size > 1)
         torch.compile = _compile  # type: ignore[assignment]
         nn.Module.compile = _module_compile  # type: ignore[method-assign]
+        if self.compiles_anything:
+            self.find_model()
 
 
 def run_winner(script: str, argv: list[str], knobs: Knobs) -> None:

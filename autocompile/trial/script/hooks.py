@@ -66,6 +66,46 @@ def _optimizer_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any)
         _METER.on_optimizer_step(optimizer)
 
 
+class Outermost:
+    """The modules the script calls from outside any module's forward, in the order first called: where a script
+    with no ``torch.compile`` call keeps its model (the agent takes the one that owns the optimizer's parameters).
+    Global module hooks, removed by :meth:`stop` (at the script's first optimizer step or ``torch.compile`` call);
+    nothing is set on the script's objects."""
+
+    def __init__(self) -> None:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        self.called: list[nn.Module] = []
+        self.depth = 0
+        self.handles = [register_module_forward_pre_hook(self._enter), register_module_forward_hook(self._leave)]
+
+    @torch._dynamo.disable
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        if self.depth == 0 and not any(m is module for m in self.called):
+            self.called.append(module)
+        self.depth += 1
+
+    @torch._dynamo.disable
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.depth = max(self.depth - 1, 0)
+
+    def owner(self, optimizer: torch.optim.Optimizer) -> nn.Module | None:
+        """The called module holding most of ``optimizer``'s parameters (a DDP wrapper's own module), or None."""
+        wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        best, held = None, 0
+        for module in self.called:
+            inner = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+            n = sum(id(p) in wanted for p in inner.parameters())
+            if n > held:
+                best, held = inner, n
+        return best
+
+    def stop(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles, self.called = [], []
+
+
 def watch_forward(module: nn.Module) -> None:
     """Tell the meter of each call of ``module`` (what the script calls: its items are counted)."""
     module.register_forward_pre_hook(ForwardHook(), with_kwargs=True)

@@ -242,7 +242,8 @@ class Meter(Ending):
                 f":{k}={v}" for k, v in sorted(prepared.items()))}
         elif not agent.calls or not self.models:
             raise NothingCompiled(f"compile.scope={agent.scope}, but the script never called torch.compile on a "
-                                  "model (nothing to take over): add model = torch.compile(model) to it")
+                                  "model, and no module it calls owns its optimizer's parameters (nothing to take "
+                                  "over): add model = torch.compile(model) to it")
         else:
             cover = coverage(agent.log, self.models[0], agent.units)
             if not agent.log.graphs:

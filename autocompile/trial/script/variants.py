@@ -107,8 +107,9 @@ class Variants:
             return {"coverage": 0.0, "fingerprint": "eager:script" + "".join(
                 f":{k}={val}" for k, val in sorted(prepared.items()))}
         if not calls or not models:
-            raise NothingCompiled(f"compile.scope={v.scope}, but the script never called torch.compile on a model "
-                                  "(nothing to take over): add model = torch.compile(model) to it")
+            raise NothingCompiled(f"compile.scope={v.scope}, but the script never called torch.compile on a model, "
+                                  "and no module it calls owns its optimizer's parameters (nothing to take over): "
+                                  "add model = torch.compile(model) to it")
         cover = coverage(v.log, models[0], v.units)
         if not v.log.graphs:
             raise NothingCompiled(f"{', '.join(v.compiled)} handed to torch.compile, but no graph was compiled "
