@@ -72,7 +72,6 @@ def test_best_config_py_runs_the_unchanged_script_with_the_winner_applied_as_its
     assert python("tiny.py", "--prepare", cwd=run_dir.parent.parent) == "RESULT Sequential False False"
     # A script with no torch.compile: the module owning the optimizer's parameters compiled at its first step.
     assert python(str(run_dir / "best_config.py"), "--plain", cwd=run_dir.parent) == "RESULT Sequential True True"
-    assert python("tiny.py", "--plain", cwd=run_dir.parent.parent) == "RESULT Sequential False False"
 
 
 def test_the_winner_reaches_prepare_through_best_config_py_and_through_the_environment(study) -> None:
