@@ -56,6 +56,9 @@ def script_settings(tmp_path: Path, candidates: list[str], *more: str) -> Any:
                     "compare.candidates=[" + ",".join(f'"{c}"' for c in candidates) + "]")
 
 
+# Four script processes (20-38 s): integration. The default run covers which candidates share a script's process
+# (below) and the side-by-side processes and intervals on the model path (tests/test_sidebyside.py).
+@pytest.mark.integration
 def test_a_scripts_compare_times_eager_module_and_module_again_side_by_side_in_its_own_process(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from autocompile.study.compare import compare
