@@ -107,11 +107,11 @@ class Agent:
         self.prepared: Prepared = {}
         """What ``autocompile.prepare`` applied, read back from the script's objects (empty: never called)."""
         self.awaiting_ddp: nn.Module | None = None
+        """``ddp.wrap_order=compile_of_ddp``: the prepared model, compiled once the script wraps it in DDP."""
         self.outermost: hooks.Outermost | None = None
         """Until the script's first ``torch.compile`` call or optimizer step: the modules it calls."""
         self.variants: Variants | None = None
         """Side by side (``spec.rotation``): every candidate's variant of what the script compiles."""
-        """``ddp.wrap_order=compile_of_ddp``: the prepared model, compiled once the script wraps it in DDP."""
 
     @property
     def scope(self) -> str:
@@ -133,13 +133,17 @@ class Agent:
         self.meter.install()
 
     def find_model(self) -> None:
-        """Record the modules the script calls, to take its model over at its first optimizer step if it compiles
-        nothing by then (:meth:`model_found`)."""
+        """Record the modules the script calls until it compiles, prepares or steps (:meth:`model_found`)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.outermost = hooks.Outermost()
-        # Stays registered (a no-op after the first step): torch iterates its hooks while this one runs.
-        register_optimizer_step_post_hook(self.model_found)
+        register_optimizer_step_post_hook(self.model_found)  # a no-op after the first step (not removable in it)
+
+    def stop_finding(self) -> None:
+        """Nothing to find: no global module hook may stay where dynamo traces the script's model."""
+        if self.outermost is not None:
+            self.outermost.stop()
+            self.outermost = None
 
     @torch._dynamo.disable
     def model_found(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -157,9 +161,7 @@ class Agent:
 
     def take_over(self, target: Any, kwargs: dict[str, Any], where: str, in_place: bool) -> Any:
         """What ``torch.compile(target, **kwargs)`` (``in_place``: ``target.compile(**kwargs)``) becomes."""
-        if self.outermost is not None:  # the script compiles for itself: nothing to find
-            self.outermost.stop()
-            self.outermost = None
+        self.stop_finding()
         name = getattr(target, "__qualname__", type(target).__qualname__)
         self.calls.append({"target": name, "module": isinstance(target, nn.Module), "where": where,
                            "kwargs": {k: repr(v) for k, v in kwargs.items()}})
@@ -187,6 +189,7 @@ class Agent:
         implementation (on the script's own optimizer object: its scheduler holds it), then the compile scope
         in place, as the tuner's own trials order them. Under ``compile_of_ddp`` the model is compiled when the
         script wraps it in DDP (``DistributedDataParallel`` then compiles itself in place)."""
+        self.stop_finding()
         config = self.config
         if config.optim.impl != "default":
             if optimizer is None:
@@ -218,6 +221,7 @@ class Agent:
         """``torch.compile(DDP(model))`` on the script's own DDP object: its call compiled in place (what
         ``Module.compile`` does), so dynamo's DDPOptimizer splits the graph at the buckets."""
         self.awaiting_ddp = None
+        self.stop_finding()
         self.calls.append({"target": "DistributedDataParallel", "module": True, "where": where, "kwargs": {}})
         self.units.append(("DistributedDataParallel(model)", ddp.module))
         self.compiled.append("DistributedDataParallel(model)")
@@ -272,7 +276,6 @@ class Agent:
         hooks.leave_out_forward([unit for _, unit in targets])
         self.units += targets
         return module
-
 
     def _compile_variants(self, module: nn.Module, in_place: bool) -> None:
         """Side by side: every candidate's variant of ``module``'s units, switched per window (in place)."""
