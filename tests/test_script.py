@@ -141,6 +141,21 @@ BAD = {
         for i in range(20):
             train_step(torch.randn(8, 4))
         """, "cannot_take_over", "the script compiles the function train_step"),
+    # Its training in mp.spawn children, which would run the whole job where no agent is: refused as it spawns.
+    "spawns_its_training": ("""
+        import torch.multiprocessing as mp
+
+        def train(rank):
+            model = torch.compile(torch.nn.Linear(4, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for i in range(20):
+                model(torch.randn(8, 4)).sum().backward()
+                opt.step()
+
+        if __name__ == "__main__":
+            mp.spawn(train, nprocs=1)
+        """, "cannot_take_over", "the script starts its training in torch.multiprocessing.spawn children, which the "
+        "agent does not reach: start its ranks with torchrun instead (script.launcher=torchrun"),
     # No torch.compile, and no module to find (a script with one does: tests/test_script_steps.py).
     "never_compiles": ("""
         weight = torch.nn.Parameter(torch.randn(4, 1))
@@ -238,3 +253,43 @@ def test_a_script_trial_offers_only_the_knobs_its_agent_reaches() -> None:
     assert {"ddp.optimize", "compile.mode", "compile.dynamic", "compile.fullgraph"} <= set(active)
     assert not {"amp.dtype", "ac.policy", "optim.impl", "ddp.wrap_order", "parallel.strategy",
                 "placement.order", "compile.optimizer"} & set(active)
+
+
+ACCELERATE_SCRIPT = """
+import json, os, sys
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()  # reads what accelerate launch hands it: the config's mixed precision
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "seen.json"), "w") as f:
+    json.dump({"mixed_precision": accelerator.mixed_precision, "argv0": os.path.basename(sys.argv[0])}, f)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+model, opt = accelerator.prepare(model, opt)
+model = torch.compile(model)
+for i in range(40):
+    with accelerator.autocast():
+        loss = model(torch.randn(4, 8)).float().pow(2).mean()
+    accelerator.backward(loss)
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.integration
+def test_a_script_launched_with_accelerate_gets_its_accelerate_configs_mixed_precision(tmp_path: Path) -> None:
+    """``script.launcher=accelerate`` starts ``accelerate launch --config_file`` on the script: the config's bf16
+    reaches ``Accelerator()`` (under python or torchrun it was silently missing), and the agent times the steps."""
+    script = tmp_path / "train_acc.py"
+    script.write_text(ACCELERATE_SCRIPT)
+    config = tmp_path / "accelerate.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: bf16\n"
+                      "num_machines: 1\nnum_processes: 1\nuse_cpu: true\n")
+    spec = script_spec(script, "", {"compile.scope": "module", "compile.backend": "eager"})
+    spec.script = ScriptSettings(str(script), "", launcher="accelerate", accelerate_config=str(config))
+    result = launched(tmp_path / "trial", spec)
+    assert result["status"] == "ok", result.get("reason")
+    assert json.loads((tmp_path / "seen.json").read_text()) == {"mixed_precision": "bf16", "argv0": "train_acc.py"}
+    assert "accelerate.commands.launch --config_file" in (tmp_path / "trial" / "cmd.txt").read_text()
+    with pytest.raises(ValueError, match=r"needs script\.launcher=accelerate"):
+        ScriptSettings(str(script), "", accelerate_config=str(config))

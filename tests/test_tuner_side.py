@@ -5,6 +5,7 @@ directory, and the trials' inductor caches are pruned."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,10 +110,22 @@ def test_a_trial_leaves_no_torchelastic_directory_in_the_temporary_directory(
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))  # torchrun's tempfile.mkdtemp(prefix="torchelastic_") lands here
-    result = launched(tmp_path / "trial", make_spec({"compile.scope": "none"}, model=tiny_lm()))
+    spec = make_spec({"compile.scope": "none"}, model=tiny_lm())
+    spec.measure = replace(spec.measure, launcher="torchrun")  # a one-process trial runs plain python otherwise
+    result = launched(tmp_path / "trial", spec)
     assert_ok(result)
     assert list(tmp.glob("torchelastic_*")) == []
     assert (tmp_path / "trial" / "torchrun").is_dir()  # torchrun's per-rank logs stay with the trial
+
+
+def test_a_one_process_trial_runs_its_worker_with_plain_python_and_no_torchrun_agent(tmp_path: Path) -> None:
+    """World size 1 needs no rendezvous: the worker is the process the launcher starts (no torchrun agent importing
+    torch beside it and polling while it is timed), and cmd.txt says so."""
+    result = launched(tmp_path / "trial", make_spec({"compile.scope": "none"}, model=tiny_lm()))
+    assert_ok(result)
+    assert not (tmp_path / "trial" / "torchrun").exists()
+    command = (tmp_path / "trial" / "cmd.txt").read_text().splitlines()[0]
+    assert "torch.distributed.run" not in command and "-m autocompile.trial.timing.worker" in command
 
 
 def _trial_with_cache(study: optuna.Study, run_dir: Path, state: str) -> optuna.trial.FrozenTrial:

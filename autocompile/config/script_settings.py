@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shlex
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def calls_prepare(path: str | os.PathLike[str]) -> bool:
     return False
 
 
-LAUNCHERS = ("auto", "torchrun")
+LAUNCHERS = ("auto", "torchrun", "accelerate")
 
 
 @dataclass
@@ -118,11 +119,19 @@ class ScriptSettings:
     launcher: str = "auto"
     """How each trial starts the script: ``auto`` runs one process with plain ``python`` (as one starts a
     single-process script: torchrun's RANK would send a script such as nanoGPT's ``train.py`` into its DDP
-    branch) and several under torchrun; ``torchrun`` always uses torchrun (a script started with it even alone)."""
+    branch) and several under torchrun; ``torchrun`` always uses torchrun (a script started with it even alone);
+    ``accelerate`` runs ``accelerate launch`` with ``script.accelerate_config``, as a script built on Accelerate is
+    started (its mixed precision, its distributed type: what ``Accelerator()`` reads from the launcher)."""
+    accelerate_config: str = ""
+    """``script.launcher=accelerate``: the ``accelerate config`` file to launch with (``--config_file``); empty =
+    Accelerate's own default (``accelerate config``'s, if the user saved one)."""
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
             raise ValueError(f"script.launcher={self.launcher!r} is none of {', '.join(LAUNCHERS)}")
+        if self.accelerate_config and (self.launcher != "accelerate" or not Path(self.accelerate_config).is_file()):
+            raise ValueError(f"script.accelerate_config={self.accelerate_config!r} needs script.launcher=accelerate "
+                             "and an existing file (the one accelerate launch --config_file takes)")
         if self.args and not self.path:
             raise ValueError("script.args is given without script.path: name the script (script.path=train.py)")
         if self.path and not Path(self.path).is_file():
@@ -194,6 +203,18 @@ class ScriptSpec:
     def entry(self, trial_dir: Path) -> list[str]:
         """What torchrun runs in each process: the script and its arguments."""
         return [self.script.path, *self.script.argv()]
+
+    def command(self, trial_dir: Path) -> list[str] | None:
+        """``script.launcher=accelerate``: ``accelerate launch`` on the script with the trial's process count (its
+        processes run the script: the agent boots in each); None: python or torchrun (the launcher decides)."""
+        if getattr(self.script, "launcher", "auto") != "accelerate":
+            return None
+        w = self.workload
+        config = getattr(self.script, "accelerate_config", "")
+        return [sys.executable, "-m", "accelerate.commands.launch", *(["--config_file", config] if config else []),
+                f"--num_processes={w.nproc_per_node * w.nnodes}", f"--num_machines={w.nnodes}",
+                *(["--multi_gpu"] if w.nproc_per_node * w.nnodes > 1 and self.device == "cuda" else []),
+                *self.entry(trial_dir)]
 
     def plain_python(self) -> bool:
         """One process started with ``python`` itself, not torchrun (``script.launcher=auto``)."""

@@ -212,9 +212,13 @@ class Settings:
         """What every measurement of a study shares: a resumed study (or a second tuner on a shared
         storage) must match it, or results from another workload or machine would stand for this
         one (dedupe reuses them)."""
-        measure = {k: v for k, v in asdict(self.measure).items() if k not in ("timeout_s", "peak_tflops", "artifacts")}
+        # How a one-process trial starts (python or torchrun) leaves what it measures (issue 35's A/A): not identity.
+        measure = {k: v for k, v in asdict(self.measure).items()
+                   if k not in ("timeout_s", "peak_tflops", "artifacts", "launcher")}
         if self.script.given:
-            return {"script": asdict(self.script), "script_code": self.script.source_hash(),
+            # An unset accelerate config leaves the identity of the studies made before it existed.
+            script = {k: v for k, v in asdict(self.script).items() if k != "accelerate_config" or v}
+            return {"script": script, "script_code": self.script.source_hash(),
                     "workload": {"nproc_per_node": self.workload.nproc_per_node, "nnodes": self.workload.nnodes,
                                  "device": self.device, "threads": self.threads},
                     "measure": measure, "device_name": device_name(self.device), "versions": versions()}

@@ -162,8 +162,14 @@ class MeasureSettings:
     artifacts: str = ""
     """Compile artifacts to load before compiling (``torch.compiler.load_cache_artifacts``), e.g. a study's
     ``best_config.artifacts.bin``: measures a warm start. Empty = none."""
+    launcher: str = "auto"
+    """How a trial's processes start: ``auto`` runs a one-process trial (world size 1) with plain ``python``, as
+    its user runs a single-process job (no torchrun agent importing torch beside it and polling while the trial
+    is timed), and several under torchrun; ``torchrun`` always starts torchrun."""
 
     def __post_init__(self) -> None:
+        if self.launcher not in ("auto", "torchrun"):
+            raise ValueError(f"measure.launcher={self.launcher!r}: choose auto or torchrun")
         if self.warmup_steps < 1 or self.windows < 1 or self.window_steps < 1:
             raise ValueError("measure.warmup_steps, measure.windows and measure.window_steps must be >= 1")
         if self.timeout_s <= 0:
@@ -194,6 +200,10 @@ class TrialSpec:
 
     module = "autocompile.trial.timing.worker"
     """The worker module torchrun runs on this spec."""
+
+    def plain_python(self) -> bool:
+        """One process started with plain ``python``, not torchrun (``measure.launcher=auto``, world size 1)."""
+        return self.measure.launcher == "auto" and self.workload.world_size == 1
 
     def write(self, trial_dir: Path) -> Path:
         path = trial_dir / "trial.json"
@@ -248,6 +258,10 @@ class SideBySideSpec:
     """Wall-clock limit of the whole process tree."""
 
     module = "autocompile.trial.timing.sidebyside_worker"
+
+    def plain_python(self) -> bool:
+        """As :meth:`TrialSpec.plain_python`: one process, no torchrun."""
+        return self.candidates[0].plain_python()
 
     def __post_init__(self) -> None:
         if len(self.candidates) < 2 or len(self.labels) != len(self.candidates):

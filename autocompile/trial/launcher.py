@@ -140,8 +140,10 @@ def prepare(trial_dir: Path, spec: Spec, cache_dir: Path | None = None, resource
     """Write the trial directory; returns the command and its extra environment."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     spec.write(trial_dir)
-    plain = getattr(spec, "plain_python", None)  # a one-process script, started as its user starts it
-    cmd = [sys.executable, *entry(trial_dir, spec)] if plain and plain() else torchrun_command(trial_dir, spec, agents)
+    plain = getattr(spec, "plain_python", None)  # one process, started as its user starts it
+    own = getattr(spec, "command", None)  # a script's own launcher (accelerate launch)
+    cmd = (own and own(trial_dir)) or ([sys.executable, *entry(trial_dir, spec)] if plain and plain()
+                                       else torchrun_command(trial_dir, spec, agents))
     extra = trial_environment(trial_dir, spec, cache_dir, resources)
     (trial_dir / "cmd.txt").write_text(replay_text(trial_dir, spec, cmd, extra, cache_dir, resources))
     return cmd, extra

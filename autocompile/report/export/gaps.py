@@ -155,8 +155,8 @@ def measured_cost(effects: Sequence[Effect], key: str, winner: Any, instead: Any
             change = 1 / (1 + change) - 1
             if low is not None and high is not None:
                 low, high = 1 / (1 + high) - 1, 1 / (1 + low) - 1
-        interval = f" [95% CI {low * 100:+.1f}, {high * 100:+.1f}]" if low is not None and high is not None else (
-            f" ± {e.uncertainty:.1%}" if e.basis != "verdict" else "")
+        interval = f" [{e.level:.0%} CI {low * 100:+.1f}, {high * 100:+.1f}]" \
+            if low is not None and high is not None else (f" ± {e.uncertainty:.1%}" if e.basis != "verdict" else "")
         judged = "measurable" if e.measurable else "within noise: no measurable effect"
         basis = (f"verdict phase, {e.pairs} {e.how}" if e.basis == "verdict"
                  else f"{e.pairs} matched pair(s) of the search, single-process measurements")

@@ -24,13 +24,14 @@ from autocompile.config.sections import ObjectiveSettings
 from autocompile.study.phases.sidebyside import speed_changes
 from autocompile.study.phases.together import method
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.optuna_store import feasible, interrupted, measured_trials
+from autocompile.study.records.optuna_store import VERDICT_LOOK, feasible, interrupted, measured_trials
 from autocompile.study.records.record import TrialRecord
-from autocompile.study.statistics.decisions import holm, p_value
+from autocompile.study.statistics.decisions import ALPHA, LOOK_ALPHAS, holm, p_value, two_looks
 from autocompile.study.statistics.effect import Effect
 from autocompile.study.statistics.intervals import (
     CompileSpread,
     Paired,
+    at_level,
     break_even,
     from_rounds,
     level,
@@ -119,8 +120,83 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
 
     "Measurably" is decided for the family: Holm's step-down over the neighbours' p-values keeps the chance
     of one or more false "measurably" at 5% (two families: step time, and with ``objective`` time to train,
-    which decides whether a neighbour beats the winner)."""
-    trials = [(t, TrialRecord.of(t)) for t in phase_trials(study, "verdict")]
+    which decides whether a neighbour beats the winner). Side by side in 5 or more processes the phase was read
+    twice (:func:`decisions.two_looks`): a neighbour decided in both families after the first half left the
+    later processes, and its verdict is that look's, its intervals at 99 %; the rest are read at the end, at
+    96 % (the 5 % split between the looks)."""
+    look = study.user_attrs.get(VERDICT_LOOK)
+    if look is None:
+        reads = _reads(study, objective)
+        _decide(reads, [e.p_value for e, _, _ in reads], [p_value(s) for _, _, s in reads], ALPHA)
+        return _sorted([e for e, _, _ in reads])
+    first = {_label(read[0]): read for read in _reads(study, objective, before=look)}
+    stopped = stopped_at(list(first.values()))
+    reads = [first[_label(r[0])] if _label(r[0]) in stopped else r for r in _reads(study, objective)]
+    early = [first.get(_label(e)) for e, _, _ in reads]  # each one's read at the first look (None: none then)
+    stop_step, end_step = two_looks([r[0].p_value if r else None for r in early], [e.p_value for e, _, _ in reads])
+    stop_score, end_score = two_looks([p_value(r[2]) if r else None for r in early], [p_value(s) for _, _, s in reads])
+    family = sum(e.p_value is not None for e, _, _ in reads)
+    for (e, step, score), a1, a2, b1, b2 in zip(reads, stop_step, end_step, stop_score, end_score, strict=True):
+        done = _label(e) in stopped
+        _read(e, step, score, LOOK_ALPHAS[0] if done else LOOK_ALPHAS[1], family, a1 or a2, b1 or b2)
+        e.look = 1 if done else 2
+    return _sorted([e for e, _, _ in reads])
+
+
+Read = tuple[Effect, Paired | None, Paired | None]
+"""A neighbour's verdict before the family's decision, its step ratio and its time-to-train ratio (None: none)."""
+
+
+def stopped_at(first: list[Read]) -> set[str]:
+    """The neighbours (labels) decided at the first look in both families: measurably different in step time,
+    and in time to train where the study has an objective (Holm at ``LOOK_ALPHAS[0]``); they leave the phase."""
+    steps = holm([e.p_value for e, _, _ in first], LOOK_ALPHAS[0])
+    scores = holm([p_value(s) for _, _, s in first], LOOK_ALPHAS[0])
+    return {_label(e) for (e, _, score), a, b in zip(first, steps, scores, strict=True) if a and (b or score is None)}
+
+
+def decided_early(study: Study, objective: Objective | None) -> set[str]:
+    """The labels the verdict phase's first look stops (none before it: ``VERDICT_LOOK`` unset, or fewer
+    processes run)."""
+    look = study.user_attrs.get(VERDICT_LOOK)
+    return stopped_at(_reads(study, objective, before=look)) if look is not None else set()
+
+
+def _label(e: Effect) -> str:
+    return f"{e.knob}={e.value}"
+
+
+def _sorted(effects: list[Effect]) -> list[Effect]:
+    return sorted(effects, key=lambda e: list(KNOBS).index(e.knob))
+
+
+def _decide(reads: list[Read], steps: list[float | None], scores: list[float | None], alpha: float) -> None:
+    for (e, step, score), a, b in zip(reads, holm(steps, alpha), holm(scores, alpha), strict=True):
+        _read(e, step, score, alpha, sum(p is not None for p in steps), a, b)
+
+
+def _read(e: Effect, step: Paired | None, score: Paired | None, alpha: float, family: int, step_rejected: bool,
+          score_rejected: bool) -> None:
+    """The family's decision on one verdict, and its intervals at the level it was decided at."""
+    if e.p_value is not None:
+        e.family, e.family_measurable = family, step_rejected
+    if step is not None and alpha != ALPHA:
+        shown = at_level(step, 1 - alpha)
+        e.low, e.high, e.level = shown.low, shown.high, 1 - alpha
+        e.uncertainty = (shown.high - shown.low) / 2 if shown.low is not None and shown.high is not None else \
+            e.uncertainty
+    if score is not None:
+        shown = at_level(score, 1 - alpha) if alpha != ALPHA else score
+        e.score_change, e.score_low, e.score_high = shown.change, shown.low, shown.high
+        e.score_p_value = p_value(score)
+        e.beats_winner = score_rejected and score.change < 0
+        e.score_measurable = score_rejected
+
+
+def _reads(study: Study, objective: Objective | None, before: int | None = None) -> list[Read]:
+    """Every neighbour's verdict from the phase's rounds before ``before`` (None: all), undecided."""
+    every = [(t, TrialRecord.of(t)) for t in phase_trials(study, "verdict")]
+    trials = [(t, a) for t, a in every if before is None or a.round < before]  # a cold run is round -1
     winner = {a.round: s for t, a in trials if a.label == "winner" and (s := step_time(t)) is not None}
     winner_windows = {a.round: a.measured.step_s_windows for t, a in trials
                       if a.label == "winner" and a.method == SIDE_BY_SIDE and step_time(t) is not None}
@@ -137,29 +213,29 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
     for t, a in trials:
         if a.label != "winner":
             by_label.setdefault(a.label, []).append((t, a))
-    effects = []
-    scores: list[tuple[Effect, Paired]] = []
+    reads: list[Read] = []
     for runs in by_label.values():
         a = runs[0][1]
         key, value, ref = a.knob, a.value, a.reference
         question = KNOBS[key][0].question
         first_trial, first = min(runs, key=lambda run: run[1].round)
         if first.same_program_as is not None:
-            effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 1, True, True, basis="verdict"))
+            reads.append((Effect(key, question, ref, value, 0.0, 0.0, 0.0, 1, True, True, basis="verdict"), None, None))
             continue
         result = first.measured
         compile_s = first.cold_compile_s  # a warm round 0 (its cold run came first) carries the cold one
         if not result.ok:
             why = result.failure or result.status or "failed"
-            effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 0, True, basis="verdict",
-                                  failure=f"{why}: {(result.reason or '')[:160]}"))
+            reads.append((Effect(key, question, ref, value, 0.0, 0.0, 0.0, 0, True, basis="verdict",
+                                 failure=f"{why}: {(result.reason or '')[:160]}"), None, None))
             continue
         rounds = [(t, a) for t, a in runs if not a.cold_run]
         steps = {a.round: s for t, a in rounds if (s := step_time(t)) is not None}
         if rounds and not steps and not (bad := rounds[0][1].measured).ok:  # it could not run beside the winner
-            effects.append(Effect(key, question, ref, value, 0.0, 0.0, 0.0, 0, True, basis="verdict",
-                                  failure=f"not timed beside the winner ({bad.failure or bad.status}: "
-                                          f"{(bad.reason or '')[:160]}); task=compare can time the two alone"))
+            reads.append((Effect(key, question, ref, value, 0.0, 0.0, 0.0, 0, True, basis="verdict",
+                                 failure=f"not timed beside the winner ({bad.failure or bad.status}: "
+                                         f"{(bad.reason or '')[:160]}); task=compare can time the two alone"),
+                          None, None))
             continue
         windows = {a.round: a.measured.step_s_windows for t, a in rounds
                    if a.method == SIDE_BY_SIDE and step_time(t) is not None}
@@ -187,21 +263,11 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
                               objective.settings.horizon_steps, spread.cv, spread.df,
                               step_level=level(winner_windows or {r: [s] for r, s in winner.items()})) \
             if objective is not None and spread is not None and step is not None and theirs else None
-        effects.append(Effect(key, question, ref, value, ratio.change, half, (compile_s or 0.0) - cold,
-                              ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high, how=how,
-                              pays_back=pays or "", p_value=p_value(ratio), trial=first_trial.number,
-                              score_change=score.change if score else None, score_low=score.low if score else None,
-                              score_high=score.high if score else None,
-                              also={k: v for k, v in first.config.items() if k != key and k in won and won[k] != v},
-                              speed_changes=changes,
-                              memory_change=result.peak_memory_bytes / won_peak - 1
-                              if result.peak_memory_bytes and won_peak else None))
-        if score is not None:
-            scores.append((effects[-1], score))
-    tested = [e for e in effects if e.p_value is not None]
-    for e, rejected in zip(tested, holm([e.p_value for e in tested]), strict=True):
-        e.family, e.family_measurable = len(tested), rejected
-    for (e, score), rejected in zip(scores, holm([p_value(score) for _, score in scores]), strict=True):
-        e.score_p_value = p_value(score)
-        e.beats_winner = rejected and score.change < 0
-    return sorted(effects, key=lambda e: list(KNOBS).index(e.knob))
+        reads.append((Effect(key, question, ref, value, ratio.change, half, (compile_s or 0.0) - cold,
+                             ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high, how=how,
+                             pays_back=pays or "", p_value=p_value(ratio), trial=first_trial.number,
+                             also={k: v for k, v in first.config.items() if k != key and k in won and won[k] != v},
+                             speed_changes=changes,
+                             memory_change=result.peak_memory_bytes / won_peak - 1
+                             if result.peak_memory_bytes and won_peak else None), step, score))
+    return reads

@@ -28,12 +28,20 @@ from autocompile.study.phases.plans import (
     verdict_plan,
     winner_trial,
 )
-from autocompile.study.phases.racing import phase_trials, step_time
+from autocompile.study.phases.racing import decided_early, phase_trials, step_time
 from autocompile.study.phases.repeats import Measure, run_plan, slot_done
 from autocompile.study.phases.together import MeasureTogether, cold_of, method, set_method
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.optuna_store import METHOD, feasible, interrupted, measured_trials, owner
+from autocompile.study.records.optuna_store import (
+    METHOD,
+    VERDICT_LOOK,
+    feasible,
+    interrupted,
+    measured_trials,
+    owner,
+)
 from autocompile.study.records.record import TrialRecord, set_attrs, user_attrs
+from autocompile.study.statistics.decisions import first_look
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +106,7 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
     expect("verdict")
     undecided = METHOD["verdict"] not in study.user_attrs
     if together is not None and s.side_by_side and (undecided or method(study, "verdict")["method"] == SIDE_BY_SIDE) \
-            and verdicts_together(study, winner, space, wanted, settings, measure, together):
+            and verdicts_together(study, winner, space, wanted, settings, measure, together, objective):
         return
     log.info(describe_plan(f"verdict (at trial {winner.number}, {TrialRecord.of(winner).name})", plan))
     for r in range(s.repeats):  # round by round: a neighbour found identical in round 0 needs no more
@@ -107,10 +115,12 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
 
 
 def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
-                      settings: PhaseSettings, measure: Measure, together: MeasureTogether) -> bool:
+                      settings: PhaseSettings, measure: Measure, together: MeasureTogether,
+                      objective: Objective | None = None) -> bool:
     """The verdict phase side by side: each neighbour once alone and cold (compile time, memory, program;
-    "identical program" stops it there), then the winner and the rest in side-by-side rounds. False when
-    they cannot share a process (the caller runs fresh-process rounds)."""
+    "identical program" stops it there), then the winner and the rest in side-by-side rounds, read at two looks
+    (:func:`racing.verdicts`): a neighbour decided after half the processes leaves the rest. False when they
+    cannot share a process (the caller runs fresh-process rounds)."""
     if METHOD["verdict"] not in study.user_attrs:
         set_method(study, "verdict", SIDE_BY_SIDE)
     won = TrialRecord.of(winner)
@@ -138,8 +148,18 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
         return True  # every neighbour is the winner's program or failed: the verdicts say so
     plan = [Slot("verdict", r, m.label, m.params, dict(m.attrs))
             for r in range(settings.processes) for m in members]
-    why = why_apart(study, members, settings) or run_together(study, plan, measure, together, drop_failed=True)
+    why = why_apart(study, members, settings)
+    if why is None:
+        if VERDICT_LOOK not in study.user_attrs:  # a resumed phase reads where it first planned to
+            study.set_user_attr(VERDICT_LOOK, first_look(settings.processes))
+        look = study.user_attrs[VERDICT_LOOK]
+
+        def decided(r: int) -> set[str]:
+            return decided_early(study, objective) if look is not None and r >= look else set()
+
+        why = run_together(study, plan, measure, together, drop_failed=True, decided=decided)
     if why:
+        study.set_user_attr(VERDICT_LOOK, None)  # fresh-process rounds are read once
         set_method(study, "verdict", FRESH_PROCESSES, why)
         return False
     return True
@@ -184,18 +204,27 @@ SEARCH_ONLY = ("baseline", "remeasure_of", "retry_of", "candidate", "prune_ratio
 
 
 def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, together: MeasureTogether,
-                 drop_failed: bool = False) -> str | None:
+                 drop_failed: bool = False, decided: Callable[[int], set[str]] | None = None) -> str | None:
     """Each round of ``plan`` in one side-by-side process (a resumed study skips the rounds it has).
     Returns why the candidates could not share a process, or None.
 
     ``drop_failed`` (verdicts): a candidate that failed beside the others leaves the later rounds and its verdict
     says why, while the winner and the rest stay side by side (a compiled winner's twelve neighbours otherwise
     all fell back to fresh processes, ±30-100 % instead of ±2 %, for one that could not share). Without it, or
-    when the winner failed or fewer than two are left, the first failure returns its reason."""
+    when the winner failed or fewer than two are left, the first failure returns its reason. ``decided(r)``: the
+    candidates decided before round ``r``, which leave it and the later ones (every one decided ends the phase)."""
+    told: set[str] = set()
     for r in sorted({slot.round for slot in plan}):
         dropped = failed_beside(study, plan[0].phase) if drop_failed else set()
+        done = decided(r) if decided is not None else set()
+        if done - told:
+            log.info("%s phase, read after %d processes: %s decided, left out of the later processes",
+                     plan[0].phase, r, ", ".join(sorted(done - told)))
+            told |= done
+        if done and len({slot.label for slot in plan if slot.label not in dropped | done}) < 2:
+            return None  # every neighbour decided: nothing left to time beside the winner
         slots = [slot for slot in plan if slot.round == r and not slot_done(study, slot.key())
-                 and slot.label not in dropped]
+                 and slot.label not in dropped | done]
         if len({slot.label for slot in plan if slot.label not in dropped}) < 2:
             return f"{', '.join(sorted(dropped))} failed beside the others"
         if not slots:

@@ -42,6 +42,9 @@ EXPECTED = "expected_s"
 (``search``, ``confirm``, ``verdict``, ``warm_start``, ``total``) still to run then (``study/estimate.py``)."""
 METHOD = {"confirm": "method.confirm", "verdict": "method.verdict"}
 """How each phase timed its candidates: ``{"method": Method, "why": ...}`` (``study/phases/together.py``)."""
+VERDICT_LOOK = "verdict.first_look"
+"""After how many side-by-side processes the verdicts were read first (``statistics/decisions.py:
+first_look``), set as the phase starts; absent: one look."""
 
 
 def is_search(trial: FrozenTrial) -> bool:

@@ -6,7 +6,9 @@
 - **Pruning** allows for the noise of both sides and for the best being the minimum of ``k`` noisy
   values (it is lucky by about ``E[max of k N(0,1)]`` standard deviations).
 - **Verdicts** are a family: Holm's step-down keeps the chance of one or more false "measurably" at
-  5% whatever the number of neighbours and however their comparisons with one winner correlate.
+  5% whatever the number of neighbours and however their comparisons with one winner correlate. Side by
+  side they are read twice (:func:`first_look`): a neighbour decided after half the processes leaves the
+  rest, the 5% split between the looks (``LOOK_ALPHAS``).
 
 Every rule works on the log scale, where the intervals of :mod:`autocompile.study.statistics.intervals` and
 :mod:`autocompile.trial.timing.stats` are symmetric.
@@ -32,6 +34,11 @@ largest the studies of issue 26 recorded (6.7-8.6 % on the 2-core VM)."""
 POWER = 0.8
 """The chance of deciding that :func:`processes_to_decide` plans for."""
 MAX_MORE = 1000
+LOOK_ALPHAS = (0.01, 0.04)
+"""Family-wise level spent at the verdict phase's two looks (:func:`first_look`, then its end): their sum is
+``ALPHA`` (a union bound, whatever the correlation of the looks), most of it kept for the end, where the small
+effects are decided; 1 % at the first look still decides the large ones (eager beside compiled, fp32 beside
+bf16) from 4 processes."""
 """Beyond this many further processes an undetermined comparison is called undecidable in practice."""
 
 
@@ -133,6 +140,23 @@ def holm(p_values: Sequence[float | None], alpha: float = ALPHA) -> list[bool]:
             break
         rejected[i] = True
     return rejected
+
+
+def first_look(processes: int) -> int | None:
+    """After how many side-by-side processes the verdicts are read first (half of them, rounded up), or None
+    (one look, at ``ALPHA``) with fewer than 5: 2 processes leave a process-means interval 1 degree of freedom."""
+    return math.ceil(processes / 2) if processes >= 5 else None
+
+
+def two_looks(first: Sequence[float | None], final: Sequence[float | None]) -> tuple[list[bool], list[bool]]:
+    """Holm at two looks: which hypotheses stop at the first (rejected at ``LOOK_ALPHAS[0]`` over all of them,
+    ``first`` their p-values then), and which are rejected at the end (``final``: the p-values with every
+    process, Holm at ``LOOK_ALPHAS[1]`` over those still running). The chance of one or more false rejections
+    is at most the sum: one at the end with none at the first needs the end's Holm to reject a true
+    hypothesis among all the true ones, which it does with chance at most its level."""
+    stopped = holm(first, LOOK_ALPHAS[0])
+    later = holm([None if s else p for s, p in zip(stopped, final, strict=True)], LOOK_ALPHAS[1])
+    return stopped, later
 
 
 def expected_max_normal(k: int) -> float:

@@ -70,6 +70,15 @@ class Effect:
     """Verdict phase: the winner or the neighbour changed speed within a process (one line each,
     ``trial.stats.ChangePoint.text``): a process mean that blends two speeds."""
 
+    score_measurable: bool | None = None
+    """Verdict phase: the time-to-train difference is measurable after Holm's correction (None: not tested)."""
+    level: float = 0.95
+    """Verdict phase: the confidence of ``low``/``high`` and the time-to-train interval: 95 %, or where the phase
+    was read at two looks (``statistics/decisions.py: two_looks``) 99 % at the first, 96 % at the end."""
+    look: int = 0
+    """Verdict phase read at two looks: the look that decided it (1: it left after half the processes; 2: the
+    end); 0: one look."""
+
     memory_change: float | None = None
     """Verdict phase: relative change of peak memory, the neighbour's cold run alone against the winner's (one run
     each): what checkpointing or a memory budget buys, weighed beside its step time."""
@@ -112,7 +121,7 @@ class Effect:
         if self.low is None or self.high is None:
             interval = f"{self.step_change:+.1%} (one round: no interval)"
         else:
-            interval = f"{self.step_change:+.1%} [95% CI {self.low * 100:+.1f}, {self.high * 100:+.1f}]"
+            interval = f"{self.step_change:+.1%} [{self.level:.0%} CI {self.low * 100:+.1f}, {self.high * 100:+.1f}]"
         if self.measurable:
             word = "slower" if self.step_change > 0 else "faster"
             judged = f"measurably {word}"
@@ -123,10 +132,12 @@ class Effect:
         pays = f"; {self.pays_back}" if self.pays_back else ""
         ttt = ""
         if self.score_change is not None and self.score_low is not None and self.score_high is not None:
-            ttt = (f"; time to train {self.score_change:+.1%} [95% CI {self.score_low * 100:+.1f}, "
+            ttt = (f"; time to train {self.score_change:+.1%} [{self.level:.0%} CI {self.score_low * 100:+.1f}, "
                    f"{self.score_high * 100:+.1f}]" + (", measurably faster than the winner" if self.beats_winner
                                                          else ""))
         changes = "".join(f"; {line}" for line in self.speed_changes)
+        if self.look == 1:
+            changes += "; decided after the first half of the processes (read at 1 %), it left the rest"
         memory = f", peak memory {self.memory_change:+.0%}" if self.memory_change is not None else ""
         return (f"{head}: step time {interval}, {judged}; compile {self.compile_change_s:+.1f} s{memory} (cold, one "
                 f"run each){pays}{ttt}; {self.pairs} {self.how}{changes}")
@@ -141,4 +152,5 @@ class Effect:
                 "trial": self.trial, "score_change": self.score_change, "score_low": self.score_low,
                 "score_high": self.score_high, "score_p_value": self.score_p_value, "beats_winner": self.beats_winner,
                 "also": self.also, "speed_changes": self.speed_changes, "memory_change": self.memory_change,
+                "score_measurable": self.score_measurable, "level": self.level, "look": self.look,
                 "verdict": self.verdict}

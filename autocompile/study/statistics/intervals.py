@@ -95,9 +95,18 @@ def _half_width(estimate: tuple[float, float, str]) -> float:
     return t_quantile(df) * math.sqrt(var) if df >= 1 else math.inf
 
 
-def t_quantile(df: float) -> float:
-    """The 97.5% quantile of Student's t (a two-sided 95% interval)."""
-    return float(special.stdtrit(df, 0.975))
+def t_quantile(df: float, confidence: float = 0.95) -> float:
+    """The quantile of Student's t of a two-sided interval at ``confidence`` (97.5 % for 95 %)."""
+    return float(special.stdtrit(df, 0.5 + confidence / 2))
+
+
+def at_level(ratio: Paired, confidence: float) -> Paired:
+    """The same estimate with its interval at another two-sided ``confidence`` (a verdict read at one of two
+    looks, :func:`autocompile.study.statistics.decisions.two_looks`: 99 % or 96 %)."""
+    if ratio.df < 1 or ratio.low is None:
+        return ratio
+    mu, half = math.log1p(ratio.change), t_quantile(ratio.df, confidence) * ratio.log_se
+    return replace(ratio, low=math.expm1(mu - half), high=math.expm1(mu + half))
 
 
 def _interval(mu: float, var: float, df: float, rounds: int, processes: int, basis: str,

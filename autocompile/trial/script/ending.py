@@ -55,6 +55,12 @@ class CannotTakeOver(RuntimeError):
     """The script calls ``torch.compile`` in a way the trial's knobs cannot be applied to."""
 
 
+SPAWNS = ("the script starts its training in torch.multiprocessing.spawn children, which the agent does not reach: "
+          "start its ranks with torchrun instead (script.launcher=torchrun, workload.nproc_per_node=N, each rank "
+          "reading RANK, LOCAL_RANK and WORLD_SIZE)")
+"""Why a script that spawns its training processes is refused, as it spawns (its children would run the whole job)."""
+
+
 class ScriptEnded(RuntimeError):
     """The script ended (or never stepped) before the measurement was complete."""
 

@@ -15,6 +15,7 @@ Torch only: this runs inside the user's processes.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections import OrderedDict
 from typing import Any, Protocol
@@ -35,6 +36,7 @@ class Listener(Protocol):
     def on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
     def on_optimizer_built(self) -> None: ...
     def on_batch(self, waited: float, queued: int) -> None: ...
+    def on_spawn(self) -> None: ...
 
 
 _METER: Listener | None = None
@@ -137,6 +139,11 @@ def install(meter: Listener) -> None:
     _patch(torch.amp.GradScaler, "step", _scaler_step)
     _patch(torch.optim.Optimizer, "__init__", _optimizer_init)
     _patch(_BaseDataLoaderIter, "__next__", _next_batch)
+    import torch.multiprocessing as tmp
+
+    # mp.spawn calls its module's start_processes; a script may call start_processes itself.
+    for owner in (sys.modules["torch.multiprocessing.spawn"], tmp):
+        _patch(owner, "start_processes", _start_processes)  # type: ignore[arg-type]
 
 
 def _patch(owner: type, name: str, make: Any) -> None:
@@ -192,6 +199,15 @@ def _optimizer_init(real: Any) -> Any:
             _METER.on_optimizer_built()
 
     return __init__
+
+
+def _start_processes(real: Any) -> Any:
+    def start_processes(*args: Any, **kwargs: Any) -> Any:
+        if _METER is not None:
+            _METER.on_spawn()  # its children run the training where the agent is not (the script's refusal)
+        return real(*args, **kwargs)
+
+    return start_processes
 
 
 def _next_batch(real: Any) -> Any:

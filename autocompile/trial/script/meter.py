@@ -39,7 +39,7 @@ from autocompile.config.script_settings import ScriptSpec
 from autocompile.trial.program.build import append_progress
 from autocompile.trial.program.graphs import NothingCompiled, PartiallyCompiled, Program, coverage, listening
 from autocompile.trial.script import hooks
-from autocompile.trial.script.ending import CannotTakeOver, Ending
+from autocompile.trial.script.ending import SPAWNS, CannotTakeOver, Ending
 from autocompile.trial.script.ranks import agree, device_of, sync
 from autocompile.trial.script.windows import Windows
 from autocompile.trial.timing.readings import dynamo_compile_times, reset_peak_memory
@@ -102,6 +102,11 @@ class Meter(Ending):
         self.models.append(model)
         if len(self.models) == 1:
             hooks.watch_forward(runner)
+
+    def on_spawn(self) -> None:
+        """``mp.spawn`` before any step here: the training runs in children the agent does not reach."""
+        if not (self.steps or self.first_steps or self.finished):
+            raise CannotTakeOver(SPAWNS)
 
     def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self.first_forward is None:
