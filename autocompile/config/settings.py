@@ -212,9 +212,8 @@ class Settings:
         """What every measurement of a study shares: a resumed study (or a second tuner on a shared
         storage) must match it, or results from another workload or machine would stand for this
         one (dedupe reuses them)."""
-        # How a one-process trial starts (python or torchrun) leaves what it measures (issue 35's A/A): not identity.
-        measure = {k: v for k, v in asdict(self.measure).items()
-                   if k not in ("timeout_s", "peak_tflops", "artifacts", "launcher")}
+        skip = ("timeout_s", "peak_tflops", "artifacts", "launcher")  # python or torchrun: the same measurement
+        measure = {k: v for k, v in asdict(self.measure).items() if k not in skip}
         if self.script.given:
             # An unset accelerate config leaves the identity of the studies made before it existed.
             script = {k: v for k, v in asdict(self.script).items() if k != "accelerate_config" or v}
