@@ -293,3 +293,29 @@ def test_a_script_launched_with_accelerate_gets_its_accelerate_configs_mixed_pre
     assert "accelerate.commands.launch --config_file" in (tmp_path / "trial" / "cmd.txt").read_text()
     with pytest.raises(ValueError, match=r"needs script\.launcher=accelerate"):
         ScriptSettings(str(script), "", accelerate_config=str(config))
+
+
+TRAINER_SCRIPT = """
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=128))
+data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 128, (256, 16))]
+args = TrainingArguments(output_dir="out", torch_compile=True, max_steps=60, per_device_train_batch_size=2,
+                         use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
+                         dataloader_num_workers=0)
+Trainer(model=model, args=args, train_dataset=data).train()
+"""
+
+
+@pytest.mark.integration
+def test_a_transformers_trainer_with_torch_compile_has_its_compile_taken_over(tmp_path: Path) -> None:
+    """``TrainingArguments(torch_compile=True)``: the Trainer compiles through Accelerate's ``torch.compile`` call,
+    which the agent takes over with the trial's scope; eager under ``compile.scope=none``."""
+    script = tmp_path / "train_hf.py"
+    script.write_text(TRAINER_SCRIPT)
+    for knobs, compiled in (({"compile.scope": "module", "compile.backend": "eager"}, True),
+                            ({"compile.scope": "none"}, False)):
+        result = launched(tmp_path / f"trial_{knobs['compile.scope']}", script_spec(script, "", knobs))
+        assert result["status"] == "ok", result.get("reason")
+        assert bool(result["compiled"]) == compiled, result["compiled"]
