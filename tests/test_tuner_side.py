@@ -105,6 +105,7 @@ def test_autotuning_trials_get_a_longer_timeout(settings_for: Any) -> None:
     assert settings.patience_s > 100 * AUTOTUNE_TIMEOUT_FACTOR  # waiting on another tuner's trial outlasts it
 
 
+@pytest.mark.integration  # torchrun at world size 1 is the non-default launcher (5 s); the default one is below
 def test_a_trial_leaves_no_torchelastic_directory_in_the_temporary_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tmp = tmp_path / "tmp"

@@ -386,7 +386,8 @@ def pareto_table(front: list[Entry]) -> Table:
 
 def effects_table(effects: list[Effect]) -> Table:
     phase_run = any(e.basis == "verdict" for e in effects)
-    title = ("Verdict per question: the winner's one-knob neighbours, repeated in rounds with it (95% intervals)"
+    levels = "/".join(f"{x:.0%}" for x in sorted({e.level for e in effects if e.basis == "verdict"}, reverse=True))
+    title = (f"Verdict per question: the winner's one-knob neighbours, repeated in rounds with it ({levels} intervals)"
              if phase_run else "Verdict per knob from the search's matched pairs (single-process measurements; "
              "no verdict phase)")
     table = Table(title=title, title_justify="left")
