@@ -154,6 +154,11 @@ class ScriptSettings:
     def argv(self) -> list[str]:
         return shlex.split(self.args)
 
+    def accelerate_args(self, processes: int) -> list[str]:
+        """``accelerate launch``'s options for ``processes`` processes with the user's config (trials and winner)."""
+        return [*(["--config_file", self.accelerate_config] if self.accelerate_config else []),
+                f"--num_processes={processes}"]
+
     def source_hash(self) -> str:
         """Identity of the script's code: a changed script is another study."""
         return hashlib.sha256(Path(self.path).read_bytes()).hexdigest()[:16]
@@ -210,10 +215,9 @@ class ScriptSpec:
         if getattr(self.script, "launcher", "auto") != "accelerate":
             return None
         w = self.workload
-        config = getattr(self.script, "accelerate_config", "")
-        return [sys.executable, "-m", "accelerate.commands.launch", *(["--config_file", config] if config else []),
-                f"--num_processes={w.nproc_per_node * w.nnodes}", f"--num_machines={w.nnodes}",
-                *(["--multi_gpu"] if w.nproc_per_node * w.nnodes > 1 and self.device == "cuda" else []),
+        return [sys.executable, "-m", "accelerate.commands.launch", *self.script.accelerate_args(w.world_size),
+                f"--num_machines={w.nnodes}",
+                *(["--multi_gpu"] if w.world_size > 1 and self.device == "cuda" else []),
                 *self.entry(trial_dir)]
 
     def plain_python(self) -> bool:

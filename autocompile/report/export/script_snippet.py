@@ -67,9 +67,7 @@ def run_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
     launcher = (["torchrun", f"--nproc-per-node={w.nproc_per_node}", *([f"--nnodes={w.nnodes}"] if w.nnodes > 1
                                                                         else [])] if w.world_size > 1 else ["python"])
     if settings.script.launcher == "accelerate":  # as the trials ran it: the user's accelerate config
-        config = settings.script.accelerate_config
-        launcher = ["accelerate", "launch", *(["--config_file", config] if config else []),
-                    f"--num_processes={w.world_size}"]
+        launcher = ["accelerate", "launch", *settings.script.accelerate_args(w.world_size)]
     script = [settings.script.path, *settings.script.argv()]
     return {RUN: shlex.join([*launcher, best]),
             PREPARE: f"AUTOCOMPILE_BEST_CONFIG={shlex.quote(str((run_dir / 'best_config.yaml').resolve()))} "

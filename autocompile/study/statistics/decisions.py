@@ -34,12 +34,12 @@ largest the studies of issue 26 recorded (6.7-8.6 % on the 2-core VM)."""
 POWER = 0.8
 """The chance of deciding that :func:`processes_to_decide` plans for."""
 MAX_MORE = 1000
+"""Beyond this many further processes an undetermined comparison is called undecidable in practice."""
 LOOK_ALPHAS = (0.01, 0.04)
 """Family-wise level spent at the verdict phase's two looks (:func:`first_look`, then its end): their sum is
 ``ALPHA`` (a union bound, whatever the correlation of the looks), most of it kept for the end, where the small
 effects are decided; 1 % at the first look still decides the large ones (eager beside compiled, fp32 beside
 bf16) from 4 processes."""
-"""Beyond this many further processes an undetermined comparison is called undecidable in practice."""
 
 
 @dataclass(frozen=True)

@@ -139,10 +139,10 @@ def install(meter: Listener) -> None:
     _patch(torch.amp.GradScaler, "step", _scaler_step)
     _patch(torch.optim.Optimizer, "__init__", _optimizer_init)
     _patch(_BaseDataLoaderIter, "__next__", _next_batch)
-    import torch.multiprocessing as tmp
+    import torch.multiprocessing as torch_mp
 
     # mp.spawn calls its module's start_processes; a script may call start_processes itself.
-    for owner in (sys.modules["torch.multiprocessing.spawn"], tmp):
+    for owner in (sys.modules["torch.multiprocessing.spawn"], torch_mp):
         _patch(owner, "start_processes", _start_processes)  # type: ignore[arg-type]
 
 
