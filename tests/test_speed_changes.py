@@ -220,6 +220,33 @@ def test_the_alone_check_widens_to_the_spread_its_own_processes_measured() -> No
     assert alone_disagrees(step, (0.0150, 0.0178), names, cv, df) is None  # within what it measured
 
 
+def test_the_alone_check_reads_two_processes_ratio_with_its_one_degree_of_freedom() -> None:
+    """CI of de747ad: bfloat16 beside fp32 on two processes, +765.8 % [190.5, 2480.7] side by side, +1083 %
+    alone; the interval's own width (1 df) covers that, so the check must not call it a disagreement. Then by
+    simulation: two processes whose ratio moves 10 % from process to process (the cold pair one more such
+    process) raise the alarm near its nominal 5 % (12 % when the ratio's error was read with 1.96)."""
+    from autocompile.study.compare import ALONE_CV, alone_disagrees, alone_noise
+    from autocompile.study.statistics.intervals import Paired, paired_windows
+
+    se = (math.log(25.807) - math.log(8.658)) / 12.706
+    step = Paired(7.658, 1.905, 24.807, 24, 2, "process means", None, se, 1)
+    assert alone_disagrees(step, (0.010, 0.11830), ("0", "1")) is None
+    assert alone_disagrees(step, (0.010, 0.5), ("0", "1")) is not None  # 49x alone: no interval covers that
+
+    rng = random.Random(3)
+    runs, alarms = 1500, 0
+    for _ in range(runs):
+        levels, shifts = ([rng.gauss(0, s) for _ in range(2)] for s in (ALONE_CV, 0.1))
+        per = {"a": {p: [0.02 * math.exp(lv + rng.gauss(0, 0.02)) for _ in range(12)] for p, lv in enumerate(levels)},
+               "b": {p: [0.12 * math.exp(lv + u + rng.gauss(0, 0.02)) for _ in range(12)]
+                     for p, (lv, u) in enumerate(zip(levels, shifts, strict=True))}}
+        step = paired_windows(per["a"], per["b"])
+        cv, df = alone_noise(per)
+        cold = (0.02 * math.exp(rng.gauss(0, ALONE_CV)), 0.12 * math.exp(rng.gauss(0, ALONE_CV) + rng.gauss(0, 0.1)))
+        alarms += alone_disagrees(step, cold, ("a", "b"), cv, df) is not None
+    assert alarms / runs <= 0.085, alarms / runs
+
+
 @pytest.mark.parametrize("sd", [0.04, 0.12, 0.25])
 def test_the_alone_check_raises_few_false_alarms_and_catches_a_slow_process(sd: float) -> None:
     """Simulation: 7 side-by-side processes whose speed moves together for both candidates (log sd ``sd`` from

@@ -37,7 +37,14 @@ from autocompile.config.settings import Settings
 from autocompile.config.spec import write_json_atomic
 from autocompile.study.comparison import ComparePair, CompareRow, Comparison, Failed
 from autocompile.study.phases import sidebyside
-from autocompile.study.statistics.intervals import Paired, break_even, paired_windows, t_quantile, time_to_train
+from autocompile.study.statistics.intervals import (
+    Paired,
+    break_even,
+    paired_windows,
+    satterthwaite,
+    t_quantile,
+    time_to_train,
+)
 from autocompile.trial.launcher import launch
 from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.stats import change_point, paired_ratio
@@ -138,12 +145,20 @@ def alone_disagrees(step: Paired, alone: tuple[float, float], names: tuple[str, 
     """One line when the side-by-side ratio ``step`` (``b / a``) and the ratio of the candidates' cold runs
     alone (``alone``: a's and b's step seconds) differ by more than their noise allows (95 %, each cold run
     one fresh process of log sd ``alone_cv``, estimated with ``df`` degrees of freedom or, None, a prior);
-    None when they agree."""
+    None when they agree. The side-by-side ratio's own error enters with its degrees of freedom (with two
+    processes it has one). Where the processes disagreed on the ratio (its interval made of the process means)
+    and the cold runs' noise is the prior, which speaks of a process's speed and not of the ratio, the cold
+    pair is read as one more process: its ratio's own process effect (``processes`` x the ratio's variance)
+    joins, as in a prediction interval."""
     a, b = alone
     if not a or not b:
         return None
     apart = math.log(b / a) - math.log1p(step.change)
-    half = (t_quantile(df) if df else 1.96) * math.sqrt(2 * alone_cv**2 + step.log_se**2)
+    ratio_var = step.log_se**2
+    if df is None and step.basis == "process means":
+        ratio_var *= step.processes + 1
+    parts = [2 * alone_cv**2, ratio_var]
+    half = t_quantile(satterthwaite(parts, [df or math.inf, step.df or math.inf])) * math.sqrt(sum(parts))
     if abs(apart) <= half:
         return None
     return (f"{names[1]}: side by side {step.text()}, but alone {b / a - 1:+.1%} (one cold run each; they "

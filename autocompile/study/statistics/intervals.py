@@ -100,6 +100,14 @@ def t_quantile(df: float, confidence: float = 0.95) -> float:
     return float(special.stdtrit(df, 0.5 + confidence / 2))
 
 
+def satterthwaite(parts: Sequence[float], dfs: Sequence[float]) -> float:
+    """Welch-Satterthwaite degrees of freedom of a sum of variance estimates ``parts``, each with its ``dfs``
+    (``math.inf`` for a variance taken as known, such as a prior)."""
+    var = sum(parts)
+    tails = sum(v**2 / d for v, d in zip(parts, dfs, strict=True) if v > 0)
+    return var**2 / tails if tails > 0 else math.inf
+
+
 def at_level(ratio: Paired, confidence: float) -> Paired:
     """The same estimate with its interval at another two-sided ``confidence`` (a verdict read at one of two
     looks, :func:`autocompile.study.statistics.decisions.two_looks`: 99 % or 96 %)."""
@@ -180,7 +188,7 @@ def time_to_train(step: Paired, a: tuple[float, float], b: tuple[float, float], 
     var = sum(parts)
     if not step.df:
         return Paired(math.expm1(mu), None, None, step.rounds, step.processes, step.basis, step.process_p)
-    df = var**2 / sum(v**2 / d for v, d in zip(parts, dfs, strict=True) if v > 0) if var > 0 else step.df
+    df = satterthwaite(parts, dfs) if var > 0 else step.df
     return _interval(mu, var, df, step.rounds, step.processes, step.basis + " + cold compile", step.process_p)
 
 
