@@ -52,7 +52,7 @@ class StudySettings:
     baselines: bool = True
     """Measure eager, default torch.compile(model) and regional compile before sampling."""
     prune: bool = True
-    """Stop trials that cannot beat the best (by compile time, or after the first timed window)."""
+    """Stop trials that cannot beat the best (by compile time, or after the first timed windows)."""
     max_failure_rate: float = 0.8
     """Stop the study when more than this fraction of its trials failed (after 5 trials)."""
     heartbeat_s: int = 30

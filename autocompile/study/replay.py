@@ -53,7 +53,7 @@ from autocompile.study.phases.confirmation import Candidate, versus
 from autocompile.study.phases.racing import simplicity
 from autocompile.study.records.objective import Objective, near_misses, time_to_train
 from autocompile.study.records.record import Measurement, set_attrs
-from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, race
+from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, PRUNE_WINDOWS, race
 from autocompile.study.statistics.intervals import CompileSpread
 from autocompile.study.tuner import queue_baselines
 from autocompile.trial.timing.result import ProgressEvent
@@ -161,12 +161,12 @@ class Told:
 
 
 def first_window_events(compile_s: float, window_step_s: float) -> list[ProgressEvent]:
-    """The launcher's events up to a trial's first timed window: what the stop rule reads (the warm-up's
-    first step carries the compile)."""
+    """The launcher's events up to a trial's first timed windows (``decisions.PRUNE_WINDOWS``, each at
+    ``window_step_s``, their median): what the stop rule reads (the warm-up's first step carries the compile)."""
     warm = [compile_s + window_step_s] + [window_step_s] * (WARMUP_STEPS - 1)
     return [ProgressEvent(event="warmup_start", time=0.0),
             *(ProgressEvent(event="warmup_step", seconds=w) for w in warm),
-            ProgressEvent(event="window", step_s=window_step_s)]
+            *(ProgressEvent(event="window", step_s=window_step_s) for _ in range(PRUNE_WINDOWS))]
 
 
 def pruned_by_tuner(objective: Objective, told: dict[str, Told], compile_s: float, window_step_s: float,

@@ -25,7 +25,7 @@ from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
 from autocompile.study.estimate import Remaining, announce, expect_phase, remember
 from autocompile.study.phases.plans import recommended
-from autocompile.study.phases.racing import REPEAT_PHASES, study_noise
+from autocompile.study.phases.racing import REPEAT_PHASES, alone_window_spread, study_noise
 from autocompile.study.phases.repeats import alone_on_the_machine, measure_repeat
 from autocompile.study.phases.run import PhaseSettings, run_phases
 from autocompile.study.phases.together import measure_together, process_dir
@@ -379,7 +379,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
     noise = study_noise(study, space.env, "alone")  # a search trial is one alone process
     scored = scored_results(study, objective)
     best = min(scored, key=lambda s: objective.score(s[1]), default=None)
-    prune = objective.stop_rule(best, noise.rel_sd if noise else None, len(scored)) \
+    prune = objective.stop_rule(best, noise.rel_sd if noise else None, len(scored), alone_window_spread(study)) \
         if settings.study.prune and record.baseline is None else None
 
     def twin_of(fingerprint: str) -> Twin | None:

@@ -24,9 +24,9 @@ from autocompile.config.sections import ObjectiveSettings
 from autocompile.study.phases.sidebyside import speed_changes
 from autocompile.study.phases.together import method
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.optuna_store import VERDICT_LOOK, feasible, interrupted, measured_trials
+from autocompile.study.records.optuna_store import REFERENCE, VERDICT_LOOK, feasible, interrupted, measured_trials
 from autocompile.study.records.record import TrialRecord
-from autocompile.study.statistics.decisions import ALPHA, LOOK_ALPHAS, holm, p_value, two_looks
+from autocompile.study.statistics.decisions import ALPHA, LOOK_ALPHAS, holm, p_value, two_looks, window_spread
 from autocompile.study.statistics.effect import Effect
 from autocompile.study.statistics.intervals import (
     CompileSpread,
@@ -89,6 +89,18 @@ def study_noise(study: Study, env: Env, kind: str = "alone") -> Noise | None:
     return pooled_noise(list(repeated.values()),
                         f"{len(repeated)} configuration(s) measured {words} in several fresh processes, "
                         f"{sum(map(len, repeated.values()))} measurements; the numerics reference is not pooled")
+
+
+def alone_window_spread(study: Study) -> float | None:
+    """How far a window strays from its process's level in the study's alone processes (the numerics reference
+    and the search's measured trials), pooled by windows (:func:`decisions.window_spread`): the pruning rule's
+    reading of how much this machine's speed moves while it runs."""
+    runs = [(m.step_s_cv, m.windows) for t in measured_trials(study)
+            if TrialRecord.of(t).is_search and (m := TrialRecord.of(t).measured).step_s_cv is not None and m.windows]
+    ref = study.user_attrs.get(REFERENCE) or {}
+    if ref.get("step_s_cv") is not None and ref.get("windows"):
+        runs.append((ref["step_s_cv"], ref["windows"]))
+    return window_spread(runs)
 
 
 def compile_spread(study: Study, settings: ObjectiveSettings, shared_cache: bool = False) -> CompileSpread:

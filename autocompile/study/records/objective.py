@@ -2,16 +2,21 @@
 
 Also the two pruning rules, as stop rules the launcher polls while a trial runs: a trial whose
 warm-up (compile) alone already exceeds the best time-to-train, and a trial whose first timed
-window is clearly slower than the best. "Clearly" allows for the noise of both sides and for the best
-being the minimum of ``k`` noisy measurements (:func:`decisions.prune_margin`): a configuration no worse
-than the best is pruned with a chance of at most ``decisions.PRUNE_ALPHA`` (5%, one-sided). The noise
-is the study's run-to-run noise of alone processes (``racing.study_noise``); until the study has
-measured it, the prior ``decisions.PRIOR_ALONE_NOISE`` (or the best's window spread, if larger).
+windows (the median of ``decisions.PRUNE_WINDOWS``) are clearly slower than the best. "Clearly" allows for
+the noise of both sides and for the best being the minimum of ``k`` noisy measurements
+(:func:`decisions.prune_margin`): a configuration no worse than the best is pruned with a chance of at most
+``decisions.PRUNE_ALPHA`` (5%, one-sided). The noise is the largest of the study's run-to-run noise of alone
+processes (``racing.study_noise``; until measured, the prior ``decisions.PRIOR_ALONE_NOISE``), the best's
+window spread, and, for the windows' rule, how far windows stray from their process's level on this machine
+now (:func:`decisions.window_spread` over the study's alone processes): on a machine whose speed moves by the
+second, a challenger's windows taken at another moment than the best's move as much (a compile lasts
+through many such moves, so the warm-up's rule leaves that term out).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Sequence
 
@@ -19,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.settings import ObjectiveSettings
 from autocompile.study.records.record import Measurement, TrialRecord
-from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, prune_margin
+from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, PRUNE_WINDOWS, prune_margin
 from autocompile.trial.launcher import StopRule
 from autocompile.trial.timing.result import ProgressEvent
 
@@ -76,16 +81,20 @@ class Objective:
         return {"memory_gb_over_limit": memory, "loss_drift_over_rtol": numerics}
 
     def stop_rule(self, best: tuple[int, Measurement] | None, noise: float | None = None,
-                  k: int = 1) -> StopRule | None:
+                  k: int = 1, spread: float | None = None) -> StopRule | None:
         """Prune against the best complete trial so far (its number and measurement); Pareto studies keep
         every trial.
 
         ``noise``: the study's run-to-run relative sd of step time in alone processes (None: not measured
-        yet, the prior stands in); ``k``: how many complete trials the best is the best of."""
+        yet, the prior stands in); ``k``: how many complete trials the best is the best of; ``spread``: the
+        windows' spread inside the study's alone processes (:func:`decisions.window_spread`)."""
         if best is None or self.kind == "pareto":
             return None
         number, measured = best
-        sd = max(noise if noise is not None else PRIOR_ALONE_NOISE, measured.step_s_cv or 0.0)
+        alone = max(noise if noise is not None else PRIOR_ALONE_NOISE, measured.step_s_cv or 0.0)
+        # A compile lasts through many of the machine's moves; a few windows sit inside one.
+        compile_margin = math.exp(prune_margin(alone, measured.step_s_cv or 0.0, k))
+        sd = max(alone, spread or 0.0)
         margin = math.exp(prune_margin(sd, measured.step_s_cv or 0.0, k))
         best_score = self.score(measured)
         horizon = self.settings.horizon_steps
@@ -100,30 +109,31 @@ class Objective:
             if started is None:
                 return None
             warm = [e["seconds"] for e in events if e["event"] == "warmup_step"]
-            window = next((e for e in events if e["event"] == "window"), None)
-            if self.kind == "time_to_train" and window is None:
+            windows = [e["step_s"] for e in events if e["event"] == "window"]
+            if self.kind == "time_to_train" and not windows:
                 # time to train = sum(warm-up) + (horizon - warm-up steps) x step >= time spent warming up
                 spent = time.time() - started["time"]
-                if spent > best_score * margin:
+                if spent > best_score * compile_margin:
                     # Not provisional: the bound only grows while the warm-up goes on.
                     return (f"warm-up (compile) alone took {spent:.1f} s > best time to train "
                             f"{best_score:.1f} s (trial {number}, the best of {k}) by more than the noise allows "
-                            f"(margin {margin - 1:.0%})")
+                            f"(margin {compile_margin - 1:.0%})")
                 return None
-            if window is None:
+            if len(windows) < PRUNE_WINDOWS:
                 return None
-            step = window["step_s"]
+            step = statistics.median(windows[:PRUNE_WINDOWS])
             if self.kind == "time_to_train":
                 bound = sum(warm) + (horizon - len(warm)) * step
                 if bound > best_score * margin:
                     return stop(bound / best_score,
-                                f"after the first timed window: time to train ~{bound:.1f} s vs best "
+                                f"after the first {PRUNE_WINDOWS} timed windows: time to train ~{bound:.1f} s vs best "
                                 f"{best_score:.1f} s (trial {number}, the best of {k}; margin {margin - 1:.0%} "
                                 f"for noise {sd:.1%})")
             elif step > measured.step_s * margin:
                 return stop(step / measured.step_s,
-                            f"first timed window {step * 1e3:.2f} ms/step vs best {measured.step_s * 1e3:.2f} ms "
-                            f"(trial {number}, the best of {k}; margin {margin - 1:.0%} for noise {sd:.1%})")
+                            f"first {PRUNE_WINDOWS} timed windows {step * 1e3:.2f} ms/step vs best "
+                            f"{measured.step_s * 1e3:.2f} ms (trial {number}, the best of {k}; margin "
+                            f"{margin - 1:.0%} for noise {sd:.1%})")
             return None
 
         rule.evidence = evidence  # type: ignore[attr-defined]
@@ -145,7 +155,7 @@ NEAR_MISS = 2.0
 def near_misses(trials: Sequence[FrozenTrial], limit: int) -> list[FrozenTrial]:
     """The pruned search trials to measure once more, closest to the bound first, at most ``limit``.
 
-    A prune is one first window against the best so far, wrong for a configuration no worse than the best
+    A prune is a few first windows against the best so far, wrong for a configuration no worse than the best
     with a chance of up to ``decisions.PRUNE_ALPHA``; over a study's many prunes some are wrong, and a pruned
     trial never reaches the confirmation. So a prune is provisional: one whose evidence was near the margin
     (``prune_ratio`` within ``NEAR_MISS`` margins, in logs) is measured once more, under the same rule

@@ -58,6 +58,8 @@ class Measurement:
     """Median seconds per training step over the timed windows."""
     step_s_cv: float | None = None
     """Spread of the windows' step times (coefficient of variation) inside the process."""
+    windows: int | None = None
+    """Timed windows (None in results from before it was kept on the trial)."""
     compile_s: float | None = None
     """Seconds of compile: the warm-up steps' wall time minus what they cost at steady state."""
     first_step_s: float | None = None

@@ -44,6 +44,7 @@ class Reference(TypedDict, total=False):
     """Loss per step: every trial's losses are compared with these."""
     step_s: float | None
     step_s_cv: float | None
+    windows: int | None
     tokens_per_s: float | None
     trial_dir: str | None
     wall_s: float | None
@@ -111,7 +112,8 @@ def ensure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -> 
         failed.append(OutOfMemory(basis=what, reason=result.reason))
         log.warning("the numerics reference (%s) ran out of memory: %s", what, result.reason)
     kept = Reference(status=result.status, basis=what, knobs=knobs, out_of_memory=failed)
-    for key in ("failure", "reason", "losses", "step_s", "step_s_cv", "tokens_per_s", "trial_dir", "wall_s"):
+    for key in ("failure", "reason", "losses", "step_s", "step_s_cv", "windows", "tokens_per_s", "trial_dir",
+                "wall_s"):
         if (value := getattr(result, key)) is not None:
             kept[key] = value  # type: ignore[literal-required]
     study.set_user_attr(REFERENCE, kept)

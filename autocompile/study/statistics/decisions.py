@@ -31,6 +31,9 @@ PRUNE_ALPHA = 0.05
 PRIOR_ALONE_NOISE = 0.086
 """Relative sd of one program's step time across alone fresh processes, until the study measures it: the
 largest the studies of issue 26 recorded (6.7-8.6 % on the 2-core VM)."""
+PRUNE_WINDOWS = 3
+"""Timed windows a challenger shows before the prune rule reads it (their median): one window can be a stall
+(the 2-core VM showed a first window at 2x the warm-up steps before it and the windows after)."""
 POWER = 0.8
 """The chance of deciding that :func:`processes_to_decide` plans for."""
 MAX_MORE = 1000
@@ -165,6 +168,17 @@ def expected_max_normal(k: int) -> float:
     if k <= 1:
         return 0.0
     return float(special.ndtri((k - 0.375) / (k + 0.25)))
+
+
+def window_spread(runs: Sequence[tuple[float, int]]) -> float | None:
+    """How far one timed window strays from its process's level on this machine now: the windows' relative sd
+    (``step_s_cv``) pooled over alone processes, each weighted by its windows (``runs``: (cv, windows)); None
+    without any. A machine whose speed moves by the second moves a challenger's first windows against the
+    best's level as much, which the prior of alone processes (measured on quieter days) does not know."""
+    runs = [(cv, n) for cv, n in runs if n > 1]
+    if not runs:
+        return None
+    return math.sqrt(sum(n * cv**2 for cv, n in runs) / sum(n for _, n in runs))
 
 
 def prune_margin(noise: float, window_cv: float, k: int, alpha: float = PRUNE_ALPHA) -> float:
