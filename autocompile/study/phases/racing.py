@@ -95,8 +95,8 @@ def alone_window_spread(study: Study) -> float | None:
     """How far a window strays from its process's level in the study's alone processes (the numerics reference
     and the search's measured trials), pooled by windows (:func:`decisions.window_spread`): the pruning rule's
     reading of how much this machine's speed moves while it runs."""
-    runs = [(m.step_s_cv, m.windows) for t in measured_trials(study)
-            if TrialRecord.of(t).is_search and (m := TrialRecord.of(t).measured).step_s_cv is not None and m.windows]
+    searched = [rec.measured for t in measured_trials(study) if (rec := TrialRecord.of(t)).is_search]
+    runs = [(m.step_s_cv, m.windows) for m in searched if m.step_s_cv is not None and m.windows]
     ref = study.user_attrs.get(REFERENCE) or {}
     if ref.get("step_s_cv") is not None and ref.get("windows"):
         runs.append((ref["step_s_cv"], ref["windows"]))

@@ -91,11 +91,12 @@ class Objective:
         if best is None or self.kind == "pareto":
             return None
         number, measured = best
-        alone = max(noise if noise is not None else PRIOR_ALONE_NOISE, measured.step_s_cv or 0.0)
+        cv = measured.step_s_cv or 0.0
+        alone = max(noise if noise is not None else PRIOR_ALONE_NOISE, cv)
         # A compile lasts through many of the machine's moves; a few windows sit inside one.
-        compile_margin = math.exp(prune_margin(alone, measured.step_s_cv or 0.0, k))
+        compile_margin = math.exp(prune_margin(alone, cv, k))
         sd = max(alone, spread or 0.0)
-        margin = math.exp(prune_margin(sd, measured.step_s_cv or 0.0, k))
+        margin = math.exp(prune_margin(sd, cv, k))
         best_score = self.score(measured)
         horizon = self.settings.horizon_steps
         evidence: dict[str, float] = {}
