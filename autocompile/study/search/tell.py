@@ -97,7 +97,7 @@ def measure_and_tell(study: optuna.Study, trial: optuna.Trial, config: TrialConf
     evidence = getattr(prune, "evidence", None)
     if measured.status == "pruned" and evidence:  # kept before the tell: a near miss is measured again
         set_attrs(trial, prune_ratio=evidence["ratio"], prune_margin=evidence["margin"])
-    twin = twin_of(measured.fingerprint) if twin_of and measured.status == "same_program" else None
+    measured, twin = same_program_run(measured, twin_of)
     if twin is not None and twin.stands_for is not None:
         # The configuration is measured by its twin's steps; its own compile ran, and is noted.
         stands = TrialRecord.of(twin.stands_for)
@@ -110,6 +110,18 @@ def measure_and_tell(study: optuna.Study, trial: optuna.Trial, config: TrialConf
         tell(study, trial, TrialState.PRUNED, None, None)
     else:
         tell_measured(study, trial, objective, measured, cold_compile_s)
+
+
+def same_program_run(measured: Measurement, twin_of: FindTwin | None) -> tuple[Measurement, Twin | None]:
+    """``measured`` and the twin whose program it compiled, if any: a run stopped once compiled, or one that
+    finished before a poll read its compile (a timed part shorter than the poll) -- the same program all the
+    same, read as stopped, so whether a program is measured twice never depends on the poll's timing."""
+    twin = twin_of(measured.fingerprint) if twin_of and measured.fingerprint \
+        and measured.status in ("same_program", "ok") else None
+    if twin is not None and measured.status == "ok":
+        measured = replace(measured, status="same_program", reason=f"compiled {twin.what}, fingerprint "
+                                                                   f"{measured.fingerprint} (it ran to its end)")
+    return measured, twin
 
 
 def tell_measured(study: optuna.Study, trial: optuna.Trial, objective: Objective, measured: Measurement,
