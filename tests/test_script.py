@@ -128,19 +128,6 @@ BAD = {
             opt.step()
         """, "script_ended",
         f"the script stopped after 3 optimizer steps; the measurement needs {NEEDED}: raise its step budget"),
-    "compiles_a_function": ("""
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-        @torch.compile
-        def train_step(x):
-            loss = model(x).sum()
-            loss.backward()
-            opt.step()
-
-        for i in range(20):
-            train_step(torch.randn(8, 4))
-        """, "cannot_take_over", "the script compiles the function train_step"),
     # Its training in mp.spawn children, which would run the whole job where no agent is: refused as it spawns.
     "spawns_its_training": ("""
         import torch.multiprocessing as mp
@@ -176,6 +163,60 @@ def test_a_bad_script_is_a_failed_trial_with_a_one_line_reason(tmp_path: Path, n
     assert (result["status"], result["failure"]) == ("failed", failure), result.get("reason")
     assert reason in result["reason"] and "\n" not in result["reason"]
     assert json.loads((tmp_path / "trial" / "result.json").read_text())["failure"] == failure
+
+
+FUNCTIONS = {
+    # The whole train step compiled with a decorator (the backward and the optimizer step break the graph).
+    "decorated_step": ("""
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        @torch.compile(mode="max-autotune")
+        def train_step(x):
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+        for i in range(20):
+            train_step(torch.randn(8, 4))
+        """, "function train_step", 1.0),
+    # A compiled loss beside an eager model: only the loss is the script's compiled region.
+    "compiled_loss": ("""
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss_fn = torch.compile(lambda y: (y.float() ** 2).mean())
+        for i in range(20):
+            loss_fn(model(torch.randn(8, 4))).backward()
+            opt.step()
+            opt.zero_grad()
+        """, "function <lambda>", 0.0),
+    # A bound forward compiled in place of the module.
+    "compiled_forward": ("""
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        model.forward = torch.compile(model.forward)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(20):
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        """, "function Sequential.forward", 1.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_a_function_the_script_compiles_is_compiled_with_the_trials_knobs(tmp_path: Path, name: str) -> None:
+    # Refused for every compiled trial before: now it is the script's own region, compiled with the trial's
+    # backend in place of the script's arguments (max-autotune on CPU would fail here), eager under scope none.
+    body, compiled, cover = FUNCTIONS[name]
+    script = tmp_path / f"{name}.py"
+    script.write_text("import torch\n" + textwrap.dedent(body))
+    result = run(tmp_path, script, "", {"compile.scope": "module", "compile.backend": "aot_eager"})
+    assert result["status"] == "ok", result.get("reason")
+    assert result["compiled"] == [compiled] and result["compiled_coverage"] == cover
+    assert not result["fingerprint"].startswith("eager")
+    eager = run(tmp_path, script, "", {"compile.scope": "none"})
+    assert eager["status"] == "ok" and eager["compiled"] == [] and eager["fingerprint"].startswith("eager")
 
 
 def test_one_process_runs_as_python_starts_it_and_a_budget_ending_mid_precision_keeps_its_windows(

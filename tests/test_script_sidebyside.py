@@ -96,10 +96,11 @@ def test_a_scripts_candidates_that_cannot_share_a_process_say_why() -> None:
     from autocompile.config.knobs import TrialConfig
     from autocompile.study.phases.sidebyside import Member, cannot_share
 
-    def why(texts: list[str], *more: str, script: str = "examples/scripts/train_gpt.py") -> str | None:
+    def why(texts: list[str], *more: str, script: str = "examples/scripts/train_gpt.py",
+            cold: TrialResult | None = None) -> str | None:
         s = settings(f"script.path={script}", *more)
         members = [Member(t, TrialConfig.from_flat({k: {"True": True}.get(v, v) for k, v in (
-            kv.split("=") for kv in t.split())}, s.env), TrialResult()) for t in texts]
+            kv.split("=") for kv in t.split())}, s.env), cold or TrialResult()) for t in texts]
         return cannot_share(members, s)
 
     # Only how the same units are compiled: mode, options, dynamic, fullgraph, backend, none against module.
@@ -112,3 +113,7 @@ def test_a_scripts_candidates_that_cannot_share_a_process_say_why() -> None:
     prepares = "examples/scripts/train_gpt_prepare.py"  # calls autocompile.prepare: its knobs open
     assert "optim.impl differs" in why(["optim.impl=foreach", "optim.impl=fused"], script=prepares)
     assert "ac.policy differs" in why(["ac.policy=none", "ac.policy=block"], script=prepares)
+    # A function the script compiles is compiled once, where the script calls torch.compile: never switched.
+    calls = [{"target": "GPT", "module": True}, {"target": "train_step", "module": False}]
+    function = TrialResult(script={"compile_calls": calls})
+    assert "the function(s) train_step" in why(["compile.scope=none", "compile.scope=module"], cold=function)

@@ -5,7 +5,7 @@
     torchrun --nproc-per-node=2 outputs/<study>/best_config.py
 
 It takes over the script's ``torch.compile`` calls (and its ``autocompile.prepare``) with the winner's knobs
-(:func:`autocompile.trial.script.agent.run_winner`), so the script needs no line changed. A script that calls
+(:func:`autocompile.trial.script.winner_run.run_winner`), so the script needs no line changed. A script that calls
 ``prepare`` can instead name the winner in the environment: ``AUTOCOMPILE_BEST_CONFIG=.../best_config.yaml``.
 """
 
@@ -32,7 +32,7 @@ Measure it again:  {command}
 import os
 import sys
 
-from autocompile.trial.script.agent import run_winner
+from autocompile.trial.script.winner_run import run_winner
 
 KNOBS = {knobs}
 SCRIPT = {script!r}

@@ -89,6 +89,11 @@ def script_cannot_share(members: list[Member], settings: Settings) -> str | None
     if settings.workload.world_size > 1:
         return ("a script on several ranks: its candidates switch inside one process only (the script wraps "
                 "the compiled model in DDP once)")
+    functions = sorted({c["target"] for m in members for c in (m.cold.script or {}).get("compile_calls", [])
+                        if not c.get("module", True)})
+    if functions:
+        return (f"the script compiles the function(s) {', '.join(functions)}: each is compiled once, where the "
+                "script compiles it, not switched per window")
     for key in PREPARE_OPENS:
         values = sorted({str(m.config.flat().get(key)) for m in members})
         if len(values) > 1:

@@ -271,6 +271,14 @@ def coverage(log: CompileLog, model: nn.Module, units: list[tuple[str, nn.Module
     return Coverage(inside / total if total else 0.0, missing)
 
 
+def stepped_coverage(log: CompileLog, params: list[torch.Tensor]) -> float:
+    """The share of ``params`` (the weights a script's optimizer steps) that entered compiled graphs: a script
+    that compiles a function hands no module, so what its graphs train is read from what they took."""
+    seen = frozenset().union(*(g.param_ids for g in log.graphs if g.role in MODEL_ROLES))
+    total = sum(p.numel() for p in params)
+    return sum(p.numel() for p in params if id(p) in seen) / total if total else 0.0
+
+
 class NothingCompiled(RuntimeError):
     """Everything handed to ``torch.compile`` ran eager: the trial would time eager code under a compiled name."""
 

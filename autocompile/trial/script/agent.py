@@ -16,8 +16,9 @@ to what the script hands them:
 A script that calls no ``torch.compile`` before its first optimizer step has its model found: the module it calls
 (outside any other) that owns the optimizer's parameters, taken over in place at that step as if the script had
 compiled it, so its later steps run the trial's program (and ``best_config.py`` applies the winner the same way).
-A plain function compiled by the script cannot be given a module scope: the call fails the trial with that
-reason. Calls from libraries and from torch itself on functions pass through untouched. The
+A function the script compiles (``torch.compile(fn)``, a decorator) is compiled whole with the trial's knobs
+under any compiled scope (eager under ``none``): it is its own region. Calls from libraries and from torch itself
+on functions pass through untouched. The
 :class:`~autocompile.trial.script.meter.Meter` counts and times the optimizer steps and ends the processes.
 
 Torch only: this runs inside the user's processes, where only PyTorch may be installed.
@@ -27,12 +28,11 @@ from __future__ import annotations
 
 import functools
 import os
-import runpy
 import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 BOOT = time.time()
 
@@ -70,13 +70,34 @@ packages): its calls on functions reach the real ``torch.compile``."""
 
 def boot() -> None:
     """Start the agent in this process when it runs the trial's script (``sitecustomize`` calls this)."""
-    global _AGENT
     trial_dir = Path(os.environ[TRIAL_VAR])
     spec = ScriptSpec.read(trial_dir)
     if not sys.argv or Path(sys.argv[0]).resolve() != Path(spec.script.path).resolve():
         return  # torchrun's own process, a compile worker, a subprocess of the script: not the script
-    _AGENT = Agent(spec, trial_dir)
-    _AGENT.install()
+    activate(Agent(spec, trial_dir))
+
+
+def patch_compile() -> None:
+    """``torch.compile`` and ``nn.Module.compile`` reach this process's agent (the script's calls; others pass)."""
+    torch.compile = _compile  # type: ignore[assignment]
+    nn.Module.compile = _module_compile  # type: ignore[method-assign]
+
+
+def activate(agent: Agent) -> None:
+    """Make ``agent`` this process's agent (the script's ``torch.compile`` calls reach it) and install it."""
+    global _AGENT
+    _AGENT = agent
+    agent.install()
+
+
+class Watches(Protocol):
+    """What the agent hands what the script compiles to: the trial's meter, or a winner's run (nothing timed)."""
+
+    models: list[nn.Module]
+
+    def watch(self, runner: nn.Module, model: nn.Module) -> None: ...
+
+    def install(self) -> None: ...
 
 
 class Agent:
@@ -90,7 +111,7 @@ class Agent:
             from autocompile.trial.script.rotation import RotationMeter
 
             self.variants = Variants(spec.rotation, script_env(spec.device, self.world_size, prepares))
-            self.meter: Meter | Watched = RotationMeter(spec, trial_dir, self, BOOT)
+            self.meter: Watches = RotationMeter(spec, trial_dir, self, BOOT)
         else:
             self.meter = Meter(spec, trial_dir, self, BOOT)
 
@@ -102,6 +123,8 @@ class Agent:
         self.compile_model = Compilers(self.log, compile_kwargs(self.config.compile))("model")
         self.units: list[tuple[str, nn.Module]] = []
         self.compiled: list[str] = []
+        self.functions: list[str] = []
+        """The functions the script compiled, taken over with the trial's knobs (:meth:`_compile_function`)."""
         self.calls: list[CompileCall] = []
         """Every ``torch.compile`` call of the script: what it compiled, from where, with which arguments."""
         self.prepared: Prepared = {}
@@ -126,8 +149,7 @@ class Agent:
         apply_optimize_ddp(self.config.ddp, self.world_size > 1)  # before the script builds DDP: read in __init__
         # Skipped CUDA graphs are read from inductor's counter, not triton.cudagraph_or_error: it is part of the
         # FX-graph cache key, and the winner's artifacts would miss in the user's own process.
-        torch.compile = _compile  # type: ignore[assignment]
-        nn.Module.compile = _module_compile  # type: ignore[method-assign]
+        patch_compile()
         if self.compiles_anything:
             self.find_model()
         self.meter.install()
@@ -166,12 +188,7 @@ class Agent:
         self.calls.append({"target": name, "module": isinstance(target, nn.Module), "where": where,
                            "kwargs": {k: repr(v) for k, v in kwargs.items()}})
         if not isinstance(target, nn.Module):
-            if not self.compiles_anything:
-                return target  # the eager baseline runs the function as it is
-            raise CannotTakeOver(
-                f"the script compiles the function {name} ({where}): compile.scope={self.scope} compiles a model, "
-                "not a function; hand torch.compile the model (model = torch.compile(model)), or use "
-                "autocompile.apply for the whole train step")
+            return self._compile_function(target, name, kwargs, where)
         if kwargs.get("disable"):
             return target
         if self.taken(target):  # prepare() took it over already, then the script's own torch.compile
@@ -277,6 +294,20 @@ class Agent:
         self.units += targets
         return module
 
+    def _compile_function(self, fn: Any, name: str, kwargs: dict[str, Any], where: str) -> Any:
+        """A function the script compiles (its train step, a loss, a decorated helper): eager under
+        ``compile.scope=none``, else compiled whole with the trial's backend, mode, options, dynamic and fullgraph
+        in place of the script's own arguments -- a function is its own region whatever the scope."""
+        if not self.compiles_anything or kwargs.get("disable"):
+            return fn
+        if self.variants is not None:
+            raise CannotTakeOver(f"side by side, the script's candidates share one process, but its function "
+                                 f"{name} ({where}) is compiled once, where the script compiles it (fresh-process "
+                                 "rounds)")
+        self.functions.append(name)
+        self.compiled.append(f"function {name}")
+        return self.compile_model(fn)
+
     def _compile_variants(self, module: nn.Module, in_place: bool) -> None:
         """Side by side: every candidate's variant of ``module``'s units, switched per window (in place)."""
         assert self.variants is not None
@@ -284,47 +315,6 @@ class Agent:
             raise CannotTakeOver("side by side, the script's candidates share one process: a DDP wrapper is "
                                  "compiled per process (fresh-process rounds)")
         self.variants.take_over(module, f"{len(self.meter.models)}:" if self.meter.models else "")
-
-
-class Watched:
-    """What a run of the winner keeps of the meter: the models the script handed over (nothing is timed)."""
-
-    def __init__(self) -> None:
-        self.models: list[nn.Module] = []
-
-    def watch(self, runner: nn.Module, model: nn.Module) -> None:
-        self.models.append(model)
-
-    def install(self) -> None:
-        pass
-
-
-class WinnerAgent(Agent):
-    """The winner's knobs applied to the script's ``torch.compile`` calls (and its ``prepare``) exactly as its
-    trial applied them, in the user's own run: no timing, no early end, no recompile-limit failure."""
-
-    def __init__(self, knobs: Knobs, prepares: bool, device: str | None = None, strict: bool = True) -> None:
-        self.spec = None  # type: ignore[assignment]
-        self.setup(knobs, device or ("cuda" if torch.cuda.is_available() else "cpu"), prepares, strict)
-        self.meter = Watched()
-
-    def install(self) -> None:
-        apply_optimize_ddp(self.config.ddp, self.world_size > 1)
-        torch.compile = _compile  # type: ignore[assignment]
-        nn.Module.compile = _module_compile  # type: ignore[method-assign]
-        if self.compiles_anything:
-            self.find_model()
-
-
-def run_winner(script: str, argv: list[str], knobs: Knobs) -> None:
-    """Run ``script`` with ``argv`` as ``python script ...`` would, its compile taken over by ``knobs`` (a
-    study's winner): what ``best_config.py`` of a script study calls, in each process torchrun starts."""
-    global _AGENT
-    _AGENT = WinnerAgent(knobs, calls_prepare(script))
-    _AGENT.install()
-    sys.argv = [script, *argv]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as python puts the script's folder first
-    runpy.run_path(script, run_name="__main__")
 
 
 def _caller(depth: int = 2) -> tuple[str, str]:
@@ -388,13 +378,3 @@ def _compile_when_wrapped(waiting: Agent) -> None:
 def agent() -> Agent | None:
     """The agent of this process, when it runs a script trial."""
     return _AGENT
-
-
-def prepare_winner(model: nn.Module, optimizer: Any, knobs: Knobs, device: str, where: str) -> list[str]:
-    """``autocompile.prepare`` with a winner in the user's own run (no trial, no agent installed): the knobs
-    applied as a trial of a script that calls ``prepare`` applies them; knobs of another kind of study that do
-    not apply to a script are dropped. Returns the names compiled."""
-    winner = WinnerAgent(knobs, prepares=True, device=device, strict=False)
-    apply_optimize_ddp(winner.config.ddp, winner.world_size > 1)
-    winner.prepare(model, optimizer, where)
-    return winner.compiled

@@ -37,7 +37,14 @@ from torch import nn
 
 from autocompile.config.script_settings import ScriptSpec
 from autocompile.trial.program.build import append_progress
-from autocompile.trial.program.graphs import NothingCompiled, PartiallyCompiled, Program, coverage, listening
+from autocompile.trial.program.graphs import (
+    NothingCompiled,
+    PartiallyCompiled,
+    Program,
+    coverage,
+    listening,
+    stepped_coverage,
+)
 from autocompile.trial.script import hooks
 from autocompile.trial.script.ending import SPAWNS, CannotTakeOver, Ending
 from autocompile.trial.script.ranks import agree, device_of, sync
@@ -65,6 +72,8 @@ class Meter(Ending):
         """What the script handed to torch.compile (the first is the model whose weights are counted)."""
         self.step_kind: Literal["undecided", "optimizer", "backward"] = "undecided"
         self.optimizer: int | None = None
+        self.stepped: list[torch.Tensor] = []
+        """The parameters of the optimizer stepped every iteration (a function-only script's coverage)."""
         self.first_steps: dict[int, tuple[float, int]] = {}
         """Each optimizer's first step until one steps again: its clock and the losses pending before it."""
         self.optimizers_built = 0
@@ -158,6 +167,7 @@ class Meter(Ending):
             return
         # The first optimizer to step again is the one stepped every iteration: its two steps are the first two.
         self.step_kind, self.optimizer = "optimizer", key
+        self.stepped = [p for group in optimizer.param_groups for p in group["params"]]
         first, before = self.first_steps[key]
         assert self.started is not None
         self.windows.warm_s = [first - self.started, now - first]
@@ -245,6 +255,12 @@ class Meter(Ending):
         if not agent.compiles_anything:
             self.program = {"coverage": 0.0, "fingerprint": "eager:script" + "".join(
                 f":{k}={v}" for k, v in sorted(prepared.items()))}
+        elif agent.functions and not self.models:  # only functions compiled: their graphs hold what they train
+            if not agent.log.graphs:
+                raise NothingCompiled(f"{', '.join(agent.compiled)} handed to torch.compile, but no graph was "
+                                      "compiled (dynamo skipped every frame)")
+            self.program = {"coverage": stepped_coverage(agent.log, self.stepped),
+                            "fingerprint": agent.log.fingerprint({"scope": "function", "script": True, **prepared})}
         elif not agent.calls or not self.models:
             raise NothingCompiled(f"compile.scope={agent.scope}, but the script never called torch.compile on a "
                                   "model, and no module it calls owns its optimizer's parameters (nothing to take "

@@ -70,10 +70,10 @@ def apply_winner(model: nn.Module, knobs: Knobs, optimizer: Any = None) -> list[
                    or (k == "compile.scope" and v == "train_step")}  # the step is the script's own code
     if unsupported:
         raise ValueError(f"prepare() cannot apply {unsupported} yet: use autocompile.apply for this winner")
-    from autocompile.trial.script import agent as script_agent
+    from autocompile.trial.script.winner_run import prepare_winner
 
     device = next(model.parameters()).device.type
-    compiled = script_agent.prepare_winner(model, optimizer, knobs, "cuda" if device == "cuda" else "cpu",
+    compiled = prepare_winner(model, optimizer, knobs, "cuda" if device == "cuda" else "cpu",
                                            "autocompile.prepare")
     log.info("autocompile.prepare: compiled %s", ", ".join(compiled) or "nothing (eager)")
     return compiled
