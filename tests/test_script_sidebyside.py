@@ -107,7 +107,8 @@ def test_a_scripts_candidates_that_cannot_share_a_process_say_why() -> None:
     assert why(["compile.scope=none", "compile.scope=module compile.mode=max-autotune-no-cudagraphs",
                 "compile.scope=module compile.options.shape_padding=True compile.dynamic=True",
                 "compile.scope=module compile.fullgraph=True compile.backend=aot_eager"]) is None
-    assert "compile different units" in why(["compile.scope=module", "compile.scope=regional"])
+    # The model whole against its blocks: every unit either compiles switches (tests/test_script_sidebyside.py).
+    assert why(["compile.scope=none", "compile.scope=module", "compile.scope=regional"]) is None
     assert "nested compile regions" in why(["compile.scope=none", "compile.scope=regional compile.granularity=nested"])
     assert "several ranks" in why(["compile.scope=none", "compile.scope=module"], "workload.nproc_per_node=2")
     prepares = "examples/scripts/train_gpt_prepare.py"  # calls autocompile.prepare: its knobs open
@@ -117,3 +118,46 @@ def test_a_scripts_candidates_that_cannot_share_a_process_say_why() -> None:
     calls = [{"target": "GPT", "module": True}, {"target": "train_step", "module": False}]
     function = TrialResult(script={"compile_calls": calls})
     assert "the function(s) train_step" in why(["compile.scope=none", "compile.scope=module"], cold=function)
+
+
+@pytest.mark.integration
+def test_the_model_whole_and_its_blocks_switch_side_by_side_each_with_the_program_it_compiles_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A script study's confirmation holds default compile and regional: the model's forward and its blocks'
+    # are switched together, and each candidate's fingerprint must be its cold run's, alone.
+    from autocompile.study.compare import compare
+
+    monkeypatch.chdir(tmp_path)
+    regional = "compile.scope=regional compile.backend=aot_eager"
+    s = script_settings(tmp_path, [MODULE, regional, "compile.scope=none"], "compare.processes=2")
+    report = compare(s, tmp_path / "run").as_dict()
+    assert (report["method"], report["why"]) == ("side_by_side", "")
+    (out,) = (tmp_path / "run" / "compare").iterdir()
+    cold = [json.loads((out / f"cold{k}" / "result.json").read_text()) for k in range(3)]
+    assert len({c["fingerprint"] for c in cold}) == 3  # three programs
+    for p in (0, 1):
+        result = json.loads((out / f"process{p}" / "result.json").read_text())
+        assert result["status"] == "ok"
+        for c, alone in zip(result["candidates"], cold, strict=True):
+            assert c["status"] == "ok" and c["fingerprint"] == alone["fingerprint"], c
+            assert c["compiled"] == alone["compiled"] and c["compiled_coverage"] == alone["compiled_coverage"]
+
+
+@pytest.mark.integration
+def test_a_script_studys_confirmation_times_its_candidates_side_by_side_with_their_cold_numerics(
+        tmp_path: Path) -> None:
+    # Before: a script study's phases ran fresh-process rounds only (intervals of +-40-100 % on train_gpt.py).
+    # The candidates take turns on one model, so their losses there are not theirs: the numerics are the cold runs'.
+    import subprocess
+    import sys
+
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    done = subprocess.run([sys.executable, "-m", "autocompile", "script.path=blocks.py", f"output_root={tmp_path}",
+                           "study.n_trials=3", "study.verdicts=none", "compile.backend=aot_eager",
+                           "compare.processes=2", "tracking.enabled=false", *FAST[:4]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (summary,) = tmp_path.glob("*/summary.json")
+    confirmed = json.loads(summary.read_text())["confirmed"]
+    assert confirmed["method"] == {"method": "side_by_side", "why": ""}
+    assert [c["rounds"] for c in confirmed["candidates"]] == [2, 2, 2]  # each timed, and feasible, in both processes

@@ -9,7 +9,6 @@ a knob given a value is fixed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import inspect
 import json
@@ -370,10 +369,6 @@ def settings_from(cfg: DictConfig, available_models: list[str]) -> Settings:
         tracking = OmegaConf.to_object(cfg.tracking)
         launch = OmegaConf.to_object(cfg.launch)
         compare = OmegaConf.to_object(cfg.compare)
-        if script.given:
-            # A script study's phases run fresh-process rounds (task=compare times a script's candidates side by
-            # side in its own process: trial/script/rotation.py).
-            study = dataclasses.replace(study, side_by_side=False)
         device = workload.resolved_device()
         if device == "cuda":
             import torch

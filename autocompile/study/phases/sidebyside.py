@@ -83,9 +83,9 @@ def cannot_share(members: list[Member], settings: Settings, gpu: str | None = No
 
 def script_cannot_share(members: list[Member], settings: Settings) -> str | None:
     """Why a script's candidates cannot share one of its processes (None: they can). The agent switches, per
-    window, which candidate's compile of the same units runs (:mod:`autocompile.trial.script.variants`): what
-    changes only how those units are compiled shares (scope none against one compiled scope, mode, options,
-    dynamic, fullgraph, backend); what is applied once to the script's own objects does not."""
+    window, which candidate's compile of the model's units runs (:mod:`autocompile.trial.script.variants`): what
+    changes only what is compiled and how shares (scope, mode, options, dynamic, fullgraph, backend); what is
+    applied once to the script's own objects does not."""
     if settings.workload.world_size > 1:
         return ("a script on several ranks: its candidates switch inside one process only (the script wraps "
                 "the compiled model in DDP once)")
@@ -100,9 +100,6 @@ def script_cannot_share(members: list[Member], settings: Settings) -> str | None
             return (f"{key} differs ({', '.join(values)}): autocompile.prepare applies it once to the script's "
                     "own objects, outside the compiled forward")
     compiled = {_units(m.config) for m in members if compiles(m.config.compile.scope)}
-    if len(compiled) > 1:
-        return (f"the compiled candidates compile different units ({'; '.join(sorted(compiled))}): one set of "
-                "units is switched per window")
     if any("granularity=nested" in u for u in compiled):
         return "nested compile regions mark every block's forward once, for every candidate"
     return None

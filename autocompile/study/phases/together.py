@@ -105,6 +105,7 @@ def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: Sea
     result = sidebyside.run_process(out, members, settings, shift=r, resources=resources, agents=agents,
                                     beat=beat_all)
     shared = sidebyside.not_shared([result])
+    script_study = getattr(getattr(settings, "script", None), "given", False)
     outcomes = result.candidates or [TrialResult(status="failed")] * len(trials)
     for trial, member, c in zip(trials, members, outcomes, strict=True):
         failed = failure(c, result, shared)
@@ -113,9 +114,12 @@ def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: Sea
             continue
         cold = Measurement.of(member.cold)
         items_per_step = cold.tokens_per_s * cold.step_s  # a step's tokens (or samples), as measured alone
+        # A script's candidates take turns on one model and one loop: their losses there continue each other's
+        # training, so the numerics are their cold runs' (the same program: the fingerprint check says so).
+        losses = cold.losses if script_study else c.losses
         tell_measured(study, trial, objective, Measurement(
             status="ok", step_s=c.step_s, step_s_windows=c.step_s_windows, step_cpu_s_windows=c.step_cpu_s_windows,
-            tokens_per_s=items_per_step / c.step_s, losses=c.losses, fingerprint=c.fingerprint,
+            tokens_per_s=items_per_step / c.step_s, losses=losses, fingerprint=c.fingerprint,
             compiled=c.compiled, compiled_coverage=c.compiled_coverage, throughput_unit=result.throughput_unit,
             compile_s=cold.compile_s, peak_memory_bytes=cold.peak_memory_bytes, wall_s=result.wall_s,
             side_by_side={"round": r, "rounds": result.rounds or 0, "window_steps": result.window_steps or 0}))

@@ -53,6 +53,8 @@ class Graph:
     param_ids: frozenset[int]
     digest: str
     """The dynamo graph's code and input shapes."""
+    training: bool = True
+    """Traced with grad enabled; False: an evaluation's graph (``no_grad``), which no training step runs."""
 
 
 @dataclass
@@ -65,11 +67,22 @@ class CompileLog:
     inductor_keys: list[str] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=dict)
     """Calls into each unit's compiled forward, by unit name (units whose entry is counted)."""
+    evaluation: list[str] = field(default_factory=list)
+    """The aten digests and inductor keys of evaluation graphs (compiled under ``no_grad``), also in the lists
+    above: a script's evaluation before its first step compiles them, beside other candidates it may not."""
+    in_evaluation: bool = False
+    """While a backend compiles an evaluation graph: what it notes is the evaluation's."""
 
     def record(self, role: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
         ids = {id(t) for t in example_inputs if isinstance(t, nn.Parameter)}
         ids |= {id(p) for p in gm.parameters()}  # graphs that keep weights as attributes
-        self.graphs.append(Graph(role, frozenset(ids), _digest(gm)))
+        self.graphs.append(Graph(role, frozenset(ids), _digest(gm), torch.is_grad_enabled()))
+
+    def note(self, into: list[str], item: str) -> None:
+        """An aten digest or inductor key, marked as an evaluation's while one compiles."""
+        into.append(item)
+        if self.in_evaluation:
+            self.evaluation.append(item)
 
     def counted(self, name: str, compiled: Callable[..., Any]) -> Callable[..., Any]:
         """``compiled`` with its calls counted: a unit whose compiled forward is never entered (a
@@ -85,14 +98,18 @@ class CompileLog:
     def roles(self) -> set[str]:
         return {g.role for g in self.graphs}
 
-    def fingerprint(self, extra: dict[str, KnobValue]) -> str:
-        """One hash of what was compiled, plus ``extra``: what shapes the eager rest of the step."""
+    def fingerprint(self, extra: dict[str, KnobValue], training_only: bool = False) -> str:
+        """One hash of what was compiled, plus ``extra``: what shapes the eager rest of the step.
+        ``training_only``: the graphs a training step runs, an evaluation's left out (a script's windows time
+        its training; whether its evaluation compiled before them depends on who else shares the process)."""
         bypassed = _counter("inductor", "fxgraph_cache_bypass")
+        left_out = set(self.evaluation) if training_only else set()
+        graphs = [g for g in self.graphs if g.training or not training_only]
         parts = {
-            "inductor": sorted(set(self.inductor_keys)),
-            "aten": sorted(set(self.aten)),
+            "inductor": sorted(set(self.inductor_keys) - left_out),
+            "aten": sorted(set(self.aten) - left_out),
             # Graphs inductor compiled without a key, or any graph of a backend without a lower level.
-            "dynamo": sorted({g.digest for g in self.graphs}) if (bypassed or not (self.inductor_keys or self.aten))
+            "dynamo": sorted({g.digest for g in graphs}) if (bypassed or not (self.inductor_keys or self.aten))
             else [],
             "extra": extra,
         }
@@ -102,13 +119,13 @@ class CompileLog:
 class _KeyListener(logging.Handler):
     """Collects the key each ``fx graph cache hit/miss for key %s`` line of inductor names."""
 
-    def __init__(self, keys: list[str]) -> None:
+    def __init__(self, log: CompileLog) -> None:
         super().__init__(logging.DEBUG)
-        self.keys = keys
+        self.log = log
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.msg.startswith("fx graph cache") and record.args:
-            self.keys.append(str(record.args[0]))  # type: ignore[index]
+            self.log.note(self.log.inductor_keys, str(record.args[0]))  # type: ignore[index]
 
 
 CODECACHE = "torch._inductor.codecache"
@@ -127,7 +144,7 @@ def listening(log: CompileLog) -> Iterator[CompileLog]:
     are named too), unlike listing the cache directory."""
     codecache = logging.getLogger(CODECACHE)
     level, propagate = codecache.level, codecache.propagate
-    listener = _KeyListener(log.inductor_keys)
+    listener = _KeyListener(log)
     codecache.addHandler(listener)
     if codecache.getEffectiveLevel() > logging.DEBUG:
         codecache.setLevel(logging.DEBUG)
@@ -178,10 +195,16 @@ class Recorder:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
         self.log.record(self.role, gm, example_inputs)
-        if self.memory_budget is None:
-            return self.inner(gm, example_inputs, **kwargs)
-        with torch._functorch.config.patch(activation_memory_budget=self.memory_budget):
-            return self.inner(gm, example_inputs, **kwargs)
+        # Its lower levels compile inside this call (a training graph's backward may compile later: no grad
+        # mode tells them apart, so only what an evaluation's call notes is marked).
+        self.log.in_evaluation = not torch.is_grad_enabled()
+        try:
+            if self.memory_budget is None:
+                return self.inner(gm, example_inputs, **kwargs)
+            with torch._functorch.config.patch(activation_memory_budget=self.memory_budget):
+                return self.inner(gm, example_inputs, **kwargs)
+        finally:
+            self.log.in_evaluation = False
 
     # Inductor's wrapper answers these (its config for dynamo, CUDA-graph trees to reset).
     def get_compiler_config(self) -> Any:
@@ -201,7 +224,7 @@ def _recording_aot_eager(log: CompileLog) -> Callable[..., Any]:
 
     def compiler(kind: str) -> Callable[..., Any]:
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-            log.aten.append(f"{kind}:{_digest(gm)}")
+            log.note(log.aten, f"{kind}:{_digest(gm)}")
             return boxed_nop(gm, example_inputs)
 
         return compile_graph

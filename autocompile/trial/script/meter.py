@@ -259,8 +259,9 @@ class Meter(Ending):
             if not agent.log.graphs:
                 raise NothingCompiled(f"{', '.join(agent.compiled)} handed to torch.compile, but no graph was "
                                       "compiled (dynamo skipped every frame)")
+            extra = {"scope": "function", "script": True, **prepared}
             self.program = {"coverage": stepped_coverage(agent.log, self.stepped),
-                            "fingerprint": agent.log.fingerprint({"scope": "function", "script": True, **prepared})}
+                            "fingerprint": agent.log.fingerprint(extra, training_only=True)}
         elif not agent.calls or not self.models:
             raise NothingCompiled(f"compile.scope={agent.scope}, but the script never called torch.compile on a "
                                   "model, and no module it calls owns its optimizer's parameters (nothing to take "
@@ -273,7 +274,8 @@ class Meter(Ending):
             if cover.missing:
                 raise PartiallyCompiled(f"{', '.join(cover.missing[:6])} handed to torch.compile but ran eager")
             self.program = {"coverage": cover.fraction,
-                            "fingerprint": agent.log.fingerprint({"scope": agent.scope, "script": True, **prepared})}
+                            "fingerprint": agent.log.fingerprint({"scope": agent.scope, "script": True, **prepared},
+                                                                 training_only=True)}
         self.timeline["warmup_done"] = time.time()
         self.progress("compiled", **self.program)
 

@@ -4,9 +4,9 @@ variant per candidate, and its ``forward`` becomes a :class:`Switch` that runs t
 Each variant is its own ``torch.compile`` call with its own backend object (a :class:`Recorder` per candidate),
 so dynamo keeps a cache entry per candidate on the unit's one code object, and each candidate's graphs land in
 its own :class:`CompileLog` (its coverage and fingerprint, checked against its cold run alone). ``compile.scope
-=none`` is the unit's own forward. Only knobs that change how the same units are compiled vary here (mode,
-options, dynamic, fullgraph, backend, none against one compiled scope): which knobs may, and why the others may
-not, is :func:`autocompile.study.phases.sidebyside.script_cannot_share`.
+=none`` is the unit's own forward. Only knobs that change what the script's modules run compiled vary here (mode,
+options, dynamic, fullgraph, backend, scope: none, the model whole, its blocks): which knobs may, and why the
+others may not, is :func:`autocompile.study.phases.sidebyside.script_cannot_share`.
 
 Torch only: this runs inside the user's processes.
 """
@@ -71,22 +71,33 @@ class Variants:
         return any(compiles(v.scope) for v in self.all)
 
     def take_over(self, module: nn.Module, prefix: str) -> None:
-        """Compile ``module``'s units once per compiled candidate, each unit's forward a :class:`Switch`."""
+        """Compile ``module``'s units once per compiled candidate, each unit's forward a :class:`Switch`.
+
+        Candidates may compile different units (the model whole against its blocks): every unit any of them
+        compiles gets a Switch, which runs the unit's own forward for a candidate that does not compile it. A
+        model compiled whole traces through its blocks' Switches while it is active (dynamo guards on which
+        candidate is), so it inlines their own forwards; with the blocks' candidate active the model's forward is
+        its own and each block runs compiled. The fingerprint check against each candidate's cold run alone
+        says whether that holds."""
         compiled = [v for v in self.all if compiles(v.scope)]
         if not compiled:
             return
-        try:
-            targets = [compile_targets(module, v.config.compile) for v in compiled]
-        except ValueError as exc:  # regional on a model without repeated blocks
-            raise CannotTakeOver(f"compile.scope={compiled[0].scope} on {type(module).__name__}: {exc}") from exc
-        if any([n for n, _ in t] != [n for n, _ in targets[0]] for t in targets):
-            raise CannotTakeOver("side by side, every compiled candidate must compile the same units")
-        for name, unit in targets[0]:
+        targets: dict[str, list[str]] = {}
+        units: dict[str, nn.Module] = {}
+        for v in compiled:
+            try:
+                found = compile_targets(module, v.config.compile)
+            except ValueError as exc:  # regional on a model without repeated blocks
+                raise CannotTakeOver(f"compile.scope={v.scope} on {type(module).__name__}: {exc}") from exc
+            targets[v.label] = [name for name, _ in found]
+            units.update(found)
+        for name, unit in units.items():  # each unit compiled before its own Switch: never a Switch compiled
             own = unit.__dict__.get("forward")
+            plain = unit.forward
             forwards = []
             for v in self.all:
-                if not compiles(v.scope):
-                    forwards.append(unit.forward)  # eager: the unit's own forward
+                if name not in targets.get(v.label, []):
+                    forwards.append(plain)  # eager, or a unit this candidate leaves to another's compile
                     continue
                 compile_units([(f"{prefix}{name}", unit)], v.compile_model, v.log)
                 forwards.append(unit.__dict__["forward"])
@@ -94,10 +105,11 @@ class Variants:
                     del unit.__dict__["forward"]
                 else:
                     unit.forward = own  # type: ignore[method-assign]
-                v.units.append((f"{prefix}{name}", unit))
-                v.compiled.append(f"{prefix}{name}")
             unit.forward = Switch(forwards, self)  # type: ignore[method-assign]
-        hooks.leave_out_forward([unit for _, unit in targets[0]])
+        for v in compiled:  # in each candidate's own order, as its process alone names them
+            v.units += [(f"{prefix}{name}", units[name]) for name in targets[v.label]]
+            v.compiled += [f"{prefix}{name}" for name in targets[v.label]]
+        hooks.leave_out_forward(list(units.values()))
 
     def program(self, i: int, models: list[nn.Module], calls: int, prepared: Knobs) -> Program:
         """Candidate ``i``'s coverage and fingerprint after its warm-up, as its own process reports them
@@ -117,4 +129,4 @@ class Variants:
         if cover.missing:
             raise PartiallyCompiled(f"{', '.join(cover.missing[:6])} handed to torch.compile but ran eager")
         return {"coverage": cover.fraction,
-                "fingerprint": v.log.fingerprint({"scope": v.scope, "script": True, **prepared})}
+                "fingerprint": v.log.fingerprint({"scope": v.scope, "script": True, **prepared}, training_only=True)}
