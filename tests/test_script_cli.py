@@ -47,7 +47,7 @@ def test_a_script_is_the_job_and_its_path_arguments_and_source_are_the_studys_id
     assert "model" not in identity
     spec = s.trial_spec(TrialConfig.from_flat({"compile.scope": "regional"}, s.env))
     assert isinstance(spec, ScriptSpec) and spec.script.argv() == ["--max_iters=100"]
-    assert not s.study.side_by_side  # one configuration per script process
+    assert s.study.side_by_side  # the agent switches candidates inside the script's process
 
 
 @pytest.mark.parametrize(("overrides", "says"), [
@@ -129,8 +129,8 @@ def test_compare_takes_a_script_and_its_candidates_are_script_trials() -> None:
 @pytest.mark.integration  # 4 launches of a script (30-60 s on 2 cores)
 def test_compare_a_script_in_fresh_process_rounds_when_its_candidates_cannot_share_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Module against regional compile switch different units: fresh-process rounds, saying why (candidates that
-    can share time side by side in the script's own process: tests/test_script_sidebyside.py)."""
+    """Nested regions mark every block's forward once for every candidate: fresh-process rounds, saying why
+    (candidates that can share time side by side in the script's own process: tests/test_script_sidebyside.py)."""
     from autocompile.study.compare import compare
     from tests.test_script_sidebyside import BLOCKS
 
@@ -138,10 +138,10 @@ def test_compare_a_script_in_fresh_process_rounds_when_its_candidates_cannot_sha
     (tmp_path / "blocks.py").write_text(BLOCKS)
     s = settings("script.path=blocks.py", "task=compare", "compare.processes=1", *FAST, f"output_root={tmp_path}",
                  'compare.candidates=["compile.scope=module compile.backend=eager",'
-                 '"compile.scope=regional compile.backend=eager"]')
+                 '"compile.scope=regional compile.granularity=nested compile.backend=eager"]')
     report = compare(s, tmp_path / "run").as_dict()  # compare.json
     assert report["method"] == "fresh_processes"
-    assert "the compiled candidates compile different units" in report["why"]
+    assert "nested compile regions" in report["why"]
     assert [row["status"] for row in report["candidates"]] == ["ok", "ok"]
     assert len(report["pairs"]) == 1 and report["pairs"][0]["step"]["basis"] == "fresh-process rounds"
     rounds = sorted(p.parent.name for p in (tmp_path / "run" / "compare").glob("*/round0/*/result.json"))
