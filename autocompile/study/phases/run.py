@@ -71,8 +71,8 @@ class PhaseSettings:
     def of(cls, settings: Settings) -> PhaseSettings:
         s = settings.study
         return cls(s.confirm_top, s.repeats, settings.compare.processes, s.side_by_side, s.verdict_knobs(),
-                   sidebyside.ONE_CONFIGURATION if settings.script.given else "study.side_by_side=false",
-                   settings.env, functools.partial(sidebyside.cannot_share, settings=settings))
+                   "study.side_by_side=false", settings.env,
+                   functools.partial(sidebyside.cannot_share, settings=settings))
 
 
 def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, settings: PhaseSettings,

@@ -29,9 +29,6 @@ from autocompile.trial.timing.result import ProgressEvent, TrialResult
 from autocompile.trial.timing.stats import ChangePoint, change_point, descheduled
 
 log = logging.getLogger(__name__)
-ONE_CONFIGURATION = "a script's process runs one configuration"
-"""Why a script's study phases (``script.path``) run fresh-process rounds: not yet wired to side by side."""
-
 MEMORY_SHARE = 0.8
 """Candidates share a process when their cold peaks together stay under this share of what is free."""
 
