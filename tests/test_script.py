@@ -36,6 +36,13 @@ def run(tmp_path: Path, path: str | Path, args: str, knobs: dict[str, Any], **kw
     return launched(tmp_path / "trial", script_spec(path, args, knobs, **kw))
 
 
+def script_file(tmp_path: Path, name: str, body: str) -> Path:
+    """``name.py`` in ``tmp_path``: ``body`` (indented as written here) after ``import torch``."""
+    script = tmp_path / f"{name}.py"
+    script.write_text("import torch\n" + textwrap.dedent(body))
+    return script
+
+
 @pytest.fixture(autouse=True)
 def _in_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # scripts run from the directory the command runs in
@@ -157,8 +164,7 @@ BAD = {
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_a_bad_script_is_a_failed_trial_with_a_one_line_reason(tmp_path: Path, name: str) -> None:
     body, failure, reason = BAD[name]
-    script = tmp_path / f"{name}.py"
-    script.write_text("import torch\n" + textwrap.dedent(body))
+    script = script_file(tmp_path, name, body)
     result = run(tmp_path, script, "", {"compile.scope": "module", "compile.backend": "eager"})
     assert (result["status"], result["failure"]) == ("failed", failure), result.get("reason")
     assert reason in result["reason"] and "\n" not in result["reason"]
@@ -209,8 +215,7 @@ def test_a_function_the_script_compiles_is_compiled_with_the_trials_knobs(tmp_pa
     # Refused for every compiled trial before: now it is the script's own region, compiled with the trial's
     # backend in place of the script's arguments (max-autotune on CPU would fail here), eager under scope none.
     body, compiled, cover = FUNCTIONS[name]
-    script = tmp_path / f"{name}.py"
-    script.write_text("import torch\n" + textwrap.dedent(body))
+    script = script_file(tmp_path, name, body)
     result = run(tmp_path, script, "", {"compile.scope": "module", "compile.backend": "aot_eager"})
     assert result["status"] == "ok", result.get("reason")
     assert result["compiled"] == [compiled] and result["compiled_coverage"] == cover

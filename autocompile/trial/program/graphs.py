@@ -95,6 +95,10 @@ class CompileLog:
 
         return forward
 
+    def model_param_ids(self) -> frozenset[int]:
+        """The ids of the weights the model's graphs took (``model`` and ``train_step`` roles)."""
+        return frozenset().union(*(g.param_ids for g in self.graphs if g.role in MODEL_ROLES))
+
     def roles(self) -> set[str]:
         return {g.role for g in self.graphs}
 
@@ -275,7 +279,7 @@ def coverage(log: CompileLog, model: nn.Module, units: list[tuple[str, nn.Module
     again: it counts as compiled when its compiled forward was entered and an equivalent unit's
     weights are in a graph (a guard that failed for it would have compiled, and recorded, a graph
     of its own)."""
-    seen = frozenset().union(*(g.param_ids for g in log.graphs if g.role in MODEL_ROLES))
+    seen = log.model_param_ids()
     seen |= {aliases[i] for i in seen if i in (aliases or {})}
     direct = {_signature(u) for _, u in units if any(id(p) in seen for p in u.parameters())}
     covered = set(seen)
@@ -297,7 +301,7 @@ def coverage(log: CompileLog, model: nn.Module, units: list[tuple[str, nn.Module
 def stepped_coverage(log: CompileLog, params: list[torch.Tensor]) -> float:
     """The share of ``params`` (the weights a script's optimizer steps) that entered compiled graphs: a script
     that compiles a function hands no module, so what its graphs train is read from what they took."""
-    seen = frozenset().union(*(g.param_ids for g in log.graphs if g.role in MODEL_ROLES))
+    seen = log.model_param_ids()
     total = sum(p.numel() for p in params)
     return sum(p.numel() for p in params if id(p) in seen) / total if total else 0.0
 

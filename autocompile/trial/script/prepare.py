@@ -73,7 +73,6 @@ def apply_winner(model: nn.Module, knobs: Knobs, optimizer: Any = None) -> list[
     from autocompile.trial.script.winner_run import prepare_winner
 
     device = next(model.parameters()).device.type
-    compiled = prepare_winner(model, optimizer, knobs, "cuda" if device == "cuda" else "cpu",
-                                           "autocompile.prepare")
+    compiled = prepare_winner(model, optimizer, knobs, "cuda" if device == "cuda" else "cpu", "autocompile.prepare")
     log.info("autocompile.prepare: compiled %s", ", ".join(compiled) or "nothing (eager)")
     return compiled
