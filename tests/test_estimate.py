@@ -321,7 +321,7 @@ def test_the_suite_records_every_family() -> None:
 @pytest.mark.parametrize("family", SUITE_FAMILIES)
 def test_the_estimate_before_the_search_against_the_suites_recorded_wall_time(family: str,
                                                                              settings_for: Compose) -> None:
-    from autocompile.study.tuner import queue_baselines
+    from autocompile.study.search.baselines import queue_baselines
 
     rec = recorded(SUITE / f"suite_{family}.txt")
     settings = settings_for(f"+model={family}", "workload.device=cpu", "study.n_trials=8")

@@ -116,6 +116,41 @@ def test_tune_a_script_measures_its_eager_reference_and_searches_only_what_the_a
         assert (knobs["amp.dtype"], knobs["ac.policy"], knobs["optim.impl"]) == ("none", "none", "default")
 
 
+WRITTEN_SCRIPT = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)  # the same weights and batches in every run: the losses are comparable with eager's
+model = nn.Sequential(nn.Embedding(64, 32), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64))
+model = torch.compile(model, fullgraph=True, dynamic=True)  # its own arguments: another program
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(400):
+    ids = torch.randint(0, 64, (4, 16))
+    nn.functional.cross_entropy(model(ids).reshape(-1, 64), ids.reshape(-1)).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.integration  # a 4-trial study and a 2-process confirmation of a tiny script (40 s)
+def test_a_script_study_measures_the_script_as_written_and_confirms_the_winner_against_it(tmp_path: Path) -> None:
+    script = tmp_path / "train_written.py"
+    script.write_text(WRITTEN_SCRIPT)
+    result = cli(f"script.path={script}", "study.n_trials=4", "compile.backend=aot_eager", "study.confirm_top=1",
+                 "compare.processes=2", "study.verdicts=none", "study.warm_start=false", "tracking.enabled=false",
+                 *FAST, f"output_root={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = tmp_path.glob("train_written-*")
+    knobs = json.loads((run_dir / "trials" / "0003" / "trial.json").read_text())["knobs"]
+    assert (knobs["compile.scope"], knobs["compile.fullgraph"], knobs["compile.dynamic"]) == ("module", True, True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["baselines"]["as_written"]["number"] == 3 and "as_written" in summary["speedups"]
+    confirmed = summary["confirmed"]
+    assert "as_written" in [c["baseline"] for c in confirmed["candidates"]]  # timed beside the winner
+    assert "as_written" in confirmed["gains"] or confirmed["winner"]["baseline"] == "as_written"
+    assert "baseline as_written: the script's own torch.compile arguments" in (run_dir / "app.log").read_text()
+
+
 def test_compare_takes_a_script_and_its_candidates_are_script_trials() -> None:
     from autocompile.config.script_settings import ScriptSpec
 

@@ -8,7 +8,7 @@ import optuna
 
 from autocompile.config.choices import Knobs
 from autocompile.config.gpus import native_bf16
-from autocompile.config.knobs import KNOBS, Env, TrialConfig
+from autocompile.config.knobs import KNOBS, Env, KnobError, TrialConfig
 
 BASELINES = {
     "eager": {"compile.scope": "none"},
@@ -17,6 +17,8 @@ BASELINES = {
 }
 """Measured first, and every result is also a speedup over them: no compile, the default
 ``torch.compile(model)``, and the default regional compile."""
+AS_WRITTEN = "as_written"
+"""A script study's fourth baseline: its own ``torch.compile`` arguments (``study/search/baselines.py``)."""
 
 
 DEFAULTS = {key: default for key, (_, default) in KNOBS.items()}
@@ -106,6 +108,19 @@ class SearchSpace:
         """The Optuna params that make ``sample`` return the baseline (defaults elsewhere)."""
         TrialConfig.from_flat({**self.fixed, **BASELINES[name]}, self.env, strict=False)  # KnobError: not here
         return self.params(self.start(**BASELINES[name]))
+
+    def offered_params(self, knobs: Knobs) -> Knobs:
+        """The Optuna params that make ``sample`` return ``knobs`` (defaults elsewhere); a KnobError naming the first
+        of ``knobs`` this space does not offer where it stands (not searched here, or not applying there)."""
+        flat = self.start(**knobs)
+        values: Knobs = {}
+        for key in KNOBS:
+            choices = self.options(key, values)
+            if key in knobs and knobs[key] not in choices:
+                raise KnobError(f"{key}={knobs[key]!r} is not offered here (choices: "
+                                f"{', '.join(map(repr, choices))})")
+            values[key] = flat[key]
+        return self.params(flat)
 
     def params(self, flat: Knobs) -> Knobs:
         """The Optuna params that make ``sample`` return the configuration ``flat`` (every knob's value)."""

@@ -299,7 +299,7 @@ def print_report(report: Report, console: Console | None = None) -> None:
                   f"compile {r.compile_s:.1f} s, time to train {report.horizon_steps} steps "
                   f"{best.time_to_train_s:.1f} s")
     for name, s in report.speedups.items():
-        console.print(f"  vs {name:<8}: steps {s['step_speedup']:.2f}x ± {s['noise']:.2f}, "
+        console.print(f"  vs {name:<10}: steps {s['step_speedup']:.2f}x ± {s['noise']:.2f}, "  # as_written: 10
                       f"time to train {s['time_to_train_speedup']:.2f}x (search: one fresh process each)")
     console.print(noise_line(report.noise))
     print_confirmed(console, report.confirmed)

@@ -53,9 +53,9 @@ from autocompile.study.phases.confirmation import Candidate, versus
 from autocompile.study.phases.racing import simplicity
 from autocompile.study.records.objective import Objective, near_misses, time_to_train
 from autocompile.study.records.record import Measurement, set_attrs
+from autocompile.study.search.baselines import queue_baselines
 from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, PRUNE_WINDOWS, race
 from autocompile.study.statistics.intervals import CompileSpread
-from autocompile.study.tuner import queue_baselines
 from autocompile.trial.timing.result import ProgressEvent
 
 WARMUP_STEPS = 3

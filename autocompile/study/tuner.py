@@ -19,10 +19,9 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autocompile.config.knobs import KnobError
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
-from autocompile.config.space import BASELINES, SearchSpace
+from autocompile.config.space import SearchSpace
 from autocompile.study.estimate import Remaining, announce, expect_phase, remember
 from autocompile.study.phases.plans import recommended
 from autocompile.study.phases.racing import REPEAT_PHASES, alone_window_spread, study_noise
@@ -48,7 +47,8 @@ from autocompile.study.records.optuna_store import (
     tell,
     wait_finished,
 )
-from autocompile.study.records.record import Measurement, TrialRecord, set_attrs, user_attrs
+from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
+from autocompile.study.search.baselines import queue_as_written, queue_baselines
 from autocompile.study.search.numerics import ensure_reference, reference
 from autocompile.study.search.samplers import make_sampler
 from autocompile.study.search.tell import Twin, begin, measure_and_tell
@@ -90,6 +90,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
                          run_dir / "reference")
             ensure_reference(study, settings, run_dir)
             view.finished("reference")
+    if settings.study.baselines and (found := reference(study)) is not None and found.get("compile_calls"):
+        queue_as_written(study, space, found["compile_calls"])
     slots = trial_slots(settings)
     agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)
     log.info("study %s: %d distinct configurations in the space, %d trials asked, %d slot(s); storage %s",
@@ -326,20 +328,6 @@ class Budget:
                 self.stop_reason = f"the last {running} trial(s) still run elsewhere after {self.patience_s:g} s"
                 return None
             self.stop.wait(1.0)
-
-
-def queue_baselines(study: optuna.Study, space: SearchSpace) -> None:
-    for name, knobs in BASELINES.items():
-        clash = {k: v for k, v in space.fixed.items() if k in knobs and knobs[k] != v}
-        if clash:
-            log.info("baseline %s skipped: it contradicts the fixed knobs %s", name, clash)
-            continue
-        try:
-            params = space.baseline_params(name)
-        except KnobError as exc:  # e.g. regional on a model without repeated blocks
-            log.info("baseline %s skipped: %s", name, exc)
-            continue
-        study.enqueue_trial(params, user_attrs=user_attrs(baseline=name), skip_if_exists=True)
 
 
 def failing(trials: list[optuna.trial.FrozenTrial], max_rate: float) -> bool:

@@ -31,7 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.choices import Knobs
 from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
-from autocompile.config.space import SearchSpace
+from autocompile.config.space import AS_WRITTEN, SearchSpace
 from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.phases.racing import phase_trials, step_time, verdicts
 from autocompile.study.records.objective import Objective
@@ -72,7 +72,8 @@ def rotate(items: list[Any], r: int) -> list[Any]:
 # -- plans ---------------------------------------------------------------------------------------------
 
 def confirm_plan(study: optuna.Study, objective: Objective, top: int, repeats: int) -> list[Slot]:
-    """The best ``top`` distinct programs of the search and the eager / default-compile baselines."""
+    """The best ``top`` distinct programs of the search and the eager / default-compile baselines (and a script's
+    own compile arguments, ``as_written``)."""
     ranked = ranked_trials(study, objective)
     chosen: list[tuple[FrozenTrial, TrialRecord]] = []
     programs: set[str] = set()
@@ -82,7 +83,7 @@ def confirm_plan(study: optuna.Study, objective: Objective, top: int, repeats: i
             chosen.append((t, rec))
             programs.add(fingerprint)
     for t, rec in ranked:
-        if rec.baseline in ("eager", "compile") and all(t is not c for c, _ in chosen):
+        if rec.baseline in ("eager", "compile", AS_WRITTEN) and all(t is not c for c, _ in chosen):
             chosen.append((t, rec))
     if len(chosen) < 2:
         return []  # nothing to race

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import optuna
 
@@ -52,6 +52,8 @@ class Reference(TypedDict, total=False):
     """What it is: eager fp32, or the fallback it took (checkpointed, then mixed precision)."""
     knobs: Knobs
     out_of_memory: list[OutOfMemory]
+    compile_calls: list[dict[str, Any]]
+    """A script's own ``torch.compile`` calls (its ``script.compile_calls``): the baseline of it as written."""
 
 
 class OutOfMemory(TypedDict):
@@ -116,6 +118,8 @@ def ensure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -> 
                 "wall_s"):
         if (value := getattr(result, key)) is not None:
             kept[key] = value  # type: ignore[literal-required]
+    if result.script and result.script.get("compile_calls"):
+        kept["compile_calls"] = result.script["compile_calls"]
     study.set_user_attr(REFERENCE, kept)
     if not result.ok:
         log.warning("the numerics reference failed (%s): trials are marked 'unchecked' and none can win",
