@@ -211,3 +211,26 @@ def test_a_loader_bound_script_runs_as_fast_compiled_as_eager(tmp_path: Path) ->
         assert_rates(result, BATCH)
     ratio = compiled["tokens_per_s"] / eager["tokens_per_s"]
     assert 0.75 < ratio < 1.33, (ratio, eager["tokens_per_s_windows"], compiled["tokens_per_s_windows"])
+
+
+def test_a_recompile_limit_the_job_would_live_with_runs_on_and_is_said(tmp_path: Path) -> None:
+    """An evaluation under no_grad is one recompile past the script's limit: under plain torch its calls run eager
+    and training goes on compiled. The trial measures that job (it used to fail with FailOnRecompileLimitHit) and
+    lists the hit, with dynamo's last guard failure."""
+    path = script(tmp_path, f"""
+        torch._dynamo.config.recompile_limit = 1  # the script's own limit: its evaluation's graph is one too many
+        model = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(60):
+            x = torch.randn({BATCH}, 4)
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if i % 3 == 2:
+                with torch.no_grad():
+                    model(x)
+        """)
+    result = ok(run(tmp_path, path, "", {"compile.scope": "module", "compile.backend": "aot_eager"}))
+    assert result["compiled_coverage"] == 1.0  # training stayed compiled
+    (hit,) = set(result["script"]["recompile_limit_hits"])
+    assert hit.startswith("hit config.recompile_limit (1)") and "last reason" in hit

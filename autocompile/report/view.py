@@ -59,6 +59,8 @@ def measurement_table(result: TrialResult, name: str) -> Table:
                          if result.rewarm_steps else ""))
         for reason, count in (result.graph_break_reasons or {}).items():
             table.add_row(f"  graph break x{count}", reason)
+        for hit in (result.script or {}).get("recompile_limit_hits") or []:  # later calls of it ran eager
+            table.add_row("  recompile limit (calls past it run eager)", hit)
         table.add_row("peak memory", fmt_bytes(result.peak_memory_bytes))
         table.add_row("MFU", f"{result.mfu:.1%}" if result.mfu is not None else "- (no known peak)")
         losses = result.losses or []

@@ -56,6 +56,7 @@ from autocompile.trial.script import hooks  # noqa: E402
 from autocompile.trial.script.ending import CannotTakeOver, CompileCall, Prepared  # noqa: E402
 from autocompile.trial.script.meter import Meter  # noqa: E402
 from autocompile.trial.script.variants import Variants  # noqa: E402
+from autocompile.trial.timing.readings import RecompileLimitHits  # noqa: E402
 from autocompile.workload.optim import set_impl  # noqa: E402
 
 _REAL_COMPILE = torch.compile
@@ -141,7 +142,10 @@ class Agent:
         return self.config.compile.scope
 
     def install(self) -> None:
-        torch._dynamo.config.fail_on_recompile_limit_hit = True  # a hit limit would run the rest eager, silently
+        # Alone, as under plain torch, calls past the recompile limit run eager, and the result lists each hit (the
+        # user's job would live with them); side by side, one candidate's would run eager beside the others.
+        torch._dynamo.config.fail_on_recompile_limit_hit = self.variants is not None
+        self.limit_hits = RecompileLimitHits().install()
         if self.variants is not None:  # each candidate a cache entry per code object: each its own budget
             config, n = torch._dynamo.config, len(self.variants.all)
             config.recompile_limit, config.accumulated_recompile_limit = (

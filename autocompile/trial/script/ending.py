@@ -142,7 +142,8 @@ class Ending:
                     "step": self.step_kind, "compile_calls": self.agent.calls, "losses_seen": bool(self.losses),
                     "prepared": self.agent.prepared, "before_first_step_s": before_s,
                     "excluded_before_first_step_s": max(0.0, before_s - before_compile_s),
-                    "loader_queue_drained_steps": self.queued, **self.windows.loader()},
+                    "loader_queue_drained_steps": self.queued, **self.windows.loader(),
+                    "recompile_limit_hits": self.agent.limit_hits.hits},
             timeline=self.timeline,
             environment=environment(device, self.rank, torch.get_num_threads()),
         )

@@ -3,6 +3,7 @@ in, its peak memory and its MFU. Torch only, like the workers that use it."""
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import re
@@ -115,6 +116,26 @@ def recompile_reasons(before: dict[str, int], most: int = 5) -> list[str]:
 
 def _code_name(code: Any) -> str:
     return f"{code.co_name} ({Path(code.co_filename).name}:{code.co_firstlineno})"
+
+
+class RecompileLimitHits(logging.Handler):
+    """Dynamo's "hit config.recompile_limit" warnings, kept: where the limit is not a hard failure, the frame's
+    calls past it run eager (what the user's job gets under plain torch), and the result says so."""
+
+    PREFIX = "torch._dynamo hit config."
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.hits: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text.startswith(self.PREFIX):  # "<limit> (<n>) / function: ... / last reason: ..." on one line
+            self.hits.append(" ".join(line.strip() for line in text.splitlines()[:3])[len("torch._dynamo "):])
+
+    def install(self) -> RecompileLimitHits:
+        logging.getLogger("torch._dynamo.convert_frame").addHandler(self)
+        return self
 
 
 def dynamo_compile_times() -> dict[str, float]:
