@@ -61,6 +61,10 @@ def measurement_table(result: TrialResult, name: str) -> Table:
             table.add_row(f"  graph break x{count}", reason)
         for hit in (result.script or {}).get("recompile_limit_hits") or []:  # later calls of it ran eager
             table.add_row("  recompile limit (calls past it run eager)", hit)
+        if shapes := (result.script or {}).get("input_shapes"):  # what the timing covered, not what comes later
+            table.add_row("input shapes (training forwards)", "; ".join(
+                f"{part} " + ", ".join(f"{shape} x{n}" for shape, n in seen.items())
+                for part, seen in shapes.items() if seen))
         table.add_row("peak memory", fmt_bytes(result.peak_memory_bytes))
         table.add_row("MFU", f"{result.mfu:.1%}" if result.mfu is not None else "- (no known peak)")
         losses = result.losses or []

@@ -143,7 +143,8 @@ class Ending:
                     "prepared": self.agent.prepared, "before_first_step_s": before_s,
                     "excluded_before_first_step_s": max(0.0, before_s - before_compile_s),
                     "loader_queue_drained_steps": self.queued, **self.windows.loader(),
-                    "recompile_limit_hits": self.agent.limit_hits.hits},
+                    "recompile_limit_hits": self.agent.limit_hits.hits,
+                    "input_shapes": {part: dict(seen) for part, seen in self.shapes.items()}},
             timeline=self.timeline,
             environment=environment(device, self.rank, torch.get_num_threads()),
         )

@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -86,6 +87,11 @@ class Meter(Ending):
         self.before_s = self.before_compile_s = 0.0
         self.last = 0.0
         self.waited, self.queued = 0.0, 0
+        self.shapes: dict[str, Counter[str]] = {"warmup": Counter(), "timed": Counter()}
+        """Training forwards by the shape of the input counted (``4x128``): what the timing covered (a curriculum
+        that grows its sequences later is timed at the shapes it had here, which the result says)."""
+        self.window_shapes: Counter[str] = Counter()
+        """The open window's: timed once it closes, warm-up if it compiled (timed again)."""
         self.windows = Windows(spec.measure)
         self.program: Program | None = None
         self.warmup_peak, self.memory_source = 0, ""
@@ -125,13 +131,12 @@ class Meter(Ending):
             return  # an evaluation: before the first step it is no warm-up, within a window it is timed
         self.start_clock()
         for value in (*args, *kwargs.values()):
-            if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.dim() > 0:
-                self.items += value.numel()
-                self.unit = "tokens"
-                return
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-                self.items += value.shape[0]
-                self.unit = "samples"
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                tokens = not value.is_floating_point()
+                self.items += value.numel() if tokens else value.shape[0]
+                self.unit = "tokens" if tokens else "samples"
+                seen = self.window_shapes if self.windows.mark is not None else self.shapes["warmup"]
+                seen["x".join(map(str, value.shape))] += 1
                 return
 
     def on_backward(self, loss: torch.Tensor) -> None:
@@ -214,8 +219,10 @@ class Meter(Ending):
         if self.steps - w.mark.step < self.spec.measure.window_steps:
             return
         sync()
-        if (window := w.close(self.steps, self.items, agree(float(self.frames() - w.mark.frames)),
-                              self.waited)) is None:
+        window = w.close(self.steps, self.items, agree(float(self.frames() - w.mark.frames)), self.waited)
+        self.shapes["warmup" if window is None else "timed"].update(self.window_shapes)
+        self.window_shapes.clear()
+        if window is None:
             self.progress("rewarm", steps=w.rewarm_steps)
         else:
             self.progress("window", **window)
