@@ -236,17 +236,20 @@ def test_a_recompile_limit_the_job_would_live_with_runs_on_and_is_said(tmp_path:
     assert hit.startswith("hit config.recompile_limit (1)") and "last reason" in hit
 
 
-def test_the_input_shapes_the_timing_covered_are_said(tmp_path: Path) -> None:
+def test_the_input_shapes_the_timing_covered_and_what_the_study_may_offer_are_said(tmp_path: Path) -> None:
     """A curriculum that lengthens its sequences at step 10 is timed before it does (the trial ends after 6 steps):
-    the result says which shapes the windows timed, apart from the warm-up's."""
+    the result says which shapes the windows timed, apart from the warm-up's; and what its study's space reads
+    (tests/test_script_reference.py): two backward() calls a step (accumulation), a model with no repeated blocks."""
     path = script(tmp_path, f"""
         model = torch.compile(torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 64)))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for i in range(40):
-            ids = torch.randint(0, 64, ({BATCH}, 8 if i < 10 else 32))
-            torch.nn.functional.cross_entropy(model(ids).reshape(-1, 64), ids.reshape(-1)).backward()
+            for micro in range(2):
+                ids = torch.randint(0, 64, ({BATCH}, 8 if i < 10 else 32))
+                torch.nn.functional.cross_entropy(model(ids).reshape(-1, 64), ids.reshape(-1)).backward()
             opt.step()
             opt.zero_grad()
         """)
-    shapes = ok(run(tmp_path, path, "", COMPILED))["script"]["input_shapes"]
-    assert shapes == {"warmup": {f"{BATCH}x8": 2}, "timed": {f"{BATCH}x8": NEEDED - 2}}
+    found = ok(run(tmp_path, path, "", COMPILED))["script"]
+    assert found["input_shapes"] == {"warmup": {f"{BATCH}x8": 4}, "timed": {f"{BATCH}x8": 2 * (NEEDED - 2)}}
+    assert found["backwards_per_step"] == 2 and found["structure"]["has_blocks"] is False

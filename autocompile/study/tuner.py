@@ -49,7 +49,7 @@ from autocompile.study.records.optuna_store import (
 )
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
 from autocompile.study.search.baselines import queue_as_written, queue_baselines
-from autocompile.study.search.numerics import ensure_reference, reference
+from autocompile.study.search.numerics import ensure_reference, probed_env, reference
 from autocompile.study.search.samplers import make_sampler
 from autocompile.study.search.tell import Twin, begin, measure_and_tell
 from autocompile.study.search.warmstart import prune_caches, warm_start
@@ -78,8 +78,6 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
     objective = Objective(settings.objective)
     study = open_for(settings, run_dir, objective, space)
     remaining = Remaining(study, space, objective, settings)
-    if settings.study.baselines:
-        queue_baselines(study, space)
     (run_dir / "config.yaml").write_text(config_yaml)
     observer.opened(study, objective, remaining)
     if reference(study) is None:
@@ -90,8 +88,15 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
                          run_dir / "reference")
             ensure_reference(study, settings, run_dir)
             view.finished("reference")
-    if settings.study.baselines and (found := reference(study)) is not None and found.get("compile_calls"):
-        queue_as_written(study, space, found["compile_calls"])
+    if settings.script.given:  # what the script's reference run saw narrows its space, as a model's build does
+        space = SearchSpace(probed_env(settings.env, reference(study)), settings.fixed_knobs, settings.study.extended,
+                            settings.lead_knobs)
+        study.sampler = make_sampler(settings.study.sampler, space, settings.study.seed)
+        remaining.args = (study, space, objective, settings)
+    if settings.study.baselines:
+        queue_baselines(study, space)
+        if (found := reference(study)) is not None and found.get("compile_calls"):
+            queue_as_written(study, space, found["compile_calls"])
     slots = trial_slots(settings)
     agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)
     log.info("study %s: %d distinct configurations in the space, %d trials asked, %d slot(s); storage %s",

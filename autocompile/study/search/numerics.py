@@ -15,6 +15,7 @@ then the check compares every trial with the eager program at that precision, wh
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any, TypedDict
@@ -22,7 +23,7 @@ from typing import Any, TypedDict
 import optuna
 
 from autocompile.config.choices import Knobs
-from autocompile.config.knobs import TrialConfig
+from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.study.records.optuna_store import REFERENCE
 from autocompile.trial.launcher import launch
@@ -54,6 +55,10 @@ class Reference(TypedDict, total=False):
     out_of_memory: list[OutOfMemory]
     compile_calls: list[dict[str, Any]]
     """A script's own ``torch.compile`` calls (its ``script.compile_calls``): the baseline of it as written."""
+    structure: dict[str, bool] | None
+    """A script's model as its run found it (``units.Structure``): what its space may offer (:func:`probed_env`)."""
+    backwards_per_step: int
+    """A script's most ``backward()`` calls before one optimizer step: over 1, it accumulates gradients."""
 
 
 class OutOfMemory(TypedDict):
@@ -118,8 +123,9 @@ def ensure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -> 
                 "wall_s"):
         if (value := getattr(result, key)) is not None:
             kept[key] = value  # type: ignore[literal-required]
-    if result.script and result.script.get("compile_calls"):
-        kept["compile_calls"] = result.script["compile_calls"]
+    for key in ("compile_calls", "structure", "backwards_per_step"):
+        if result.script and result.script.get(key):
+            kept[key] = result.script[key]  # type: ignore[literal-required]
     study.set_user_attr(REFERENCE, kept)
     if not result.ok:
         log.warning("the numerics reference failed (%s): trials are marked 'unchecked' and none can win",
@@ -128,3 +134,15 @@ def ensure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -> 
     if failed:
         log.warning("the numerics reference is %s: every trial's losses are compared with it", what)
     return reference(study)
+
+
+def probed_env(env: Env, found: Reference | None) -> Env:
+    """A script study's environment narrowed by what its reference run saw: the model's structure (no repeated
+    blocks: no regional compile nor per-block checkpointing) and gradient accumulation (no CUDA-graph modes, whose
+    replays would overwrite the gradients accumulated before them), as a model study reads them before it starts."""
+    if found is None:
+        return env
+    facts: dict[str, Any] = dict(found.get("structure") or {})
+    if found.get("backwards_per_step", 0) > 1:
+        facts["accumulates"] = True
+    return dataclasses.replace(env, **facts) if facts else env

@@ -6,6 +6,7 @@ Torch only: this runs inside the user's processes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from autocompile.trial.timing.compile_artifacts import save_artifacts
 from autocompile.trial.timing.readings import CudaGraphsSkipped, dynamo_compile_times
 from autocompile.trial.timing.result import Memory, TrialResult
 from autocompile.trial.timing.worker import classify, environment, exit_now, peak_memory, short_reason
+from autocompile.workload.units import Structure
 
 
 class CompileCall(TypedDict):
@@ -144,7 +146,9 @@ class Ending:
                     "excluded_before_first_step_s": max(0.0, before_s - before_compile_s),
                     "loader_queue_drained_steps": self.queued, **self.windows.loader(),
                     "recompile_limit_hits": self.agent.limit_hits.hits,
-                    "input_shapes": {part: dict(seen) for part, seen in self.shapes.items()}},
+                    "input_shapes": {part: dict(seen) for part, seen in self.shapes.items()},
+                    "backwards_per_step": self.backwards,
+                    "structure": dataclasses.asdict(Structure.of(self.models[0])) if self.models else None},
             timeline=self.timeline,
             environment=environment(device, self.rank, torch.get_num_threads()),
         )

@@ -90,6 +90,8 @@ class Meter(Ending):
         self.shapes: dict[str, Counter[str]] = {"warmup": Counter(), "timed": Counter()}
         """Training forwards by the shape of the input counted (``4x128``): what the timing covered (a curriculum
         that grows its sequences later is timed at the shapes it had here, which the result says)."""
+        self.backwards = 0
+        """The most ``backward()`` calls before one step: over 1, the script accumulates gradients."""
         self.window_shapes: Counter[str] = Counter()
         """The open window's: timed once it closes, warm-up if it compiled (timed again)."""
         self.windows = Windows(spec.measure)
@@ -204,6 +206,7 @@ class Meter(Ending):
     def count_step(self) -> None:
         self.start_clock()
         self.steps += 1
+        self.backwards = max(self.backwards, len(self.pending))
         if self.pending:
             self.losses.append(torch.stack([t.float().reshape(()) for t in self.pending]).sum())
             self.pending = []

@@ -1,5 +1,6 @@
-"""A script study's baseline "as written": the script's own ``torch.compile`` arguments, read from its eager
-reference run and queued as a configuration of the space, or none with the reason."""
+"""What a script's eager reference run tells its study: its own ``torch.compile`` arguments, queued as the baseline
+"as written" (or none, with the reason), and its model's structure and gradient accumulation, which narrow the space
+as a model study's build does."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import Any
 import optuna
 import pytest
 
+from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.script_settings import script_env
 from autocompile.config.space import AS_WRITTEN, SearchSpace
 from autocompile.study.search.baselines import as_written, queue_as_written, queue_baselines
+from autocompile.study.search.numerics import probed_env
 
 
 def call(where: str = "train.py:9", **kwargs: str) -> dict[str, Any]:
@@ -72,3 +75,21 @@ def test_arguments_the_space_cannot_run_as_written_queue_nothing_and_say_why(
     assert knobs is None
     assert not [t for t in study.get_trials() if t.user_attrs.get("baseline") == AS_WRITTEN]
     assert says in caplog.text
+
+
+def test_the_reference_runs_structure_and_accumulation_narrow_a_scripts_space() -> None:
+    env = script_env("cpu", 1)
+    assert probed_env(env, None) is env and probed_env(env, {"status": "ok"}) is env  # nothing seen: all offered
+    flat = SearchSpace(probed_env(env, {"structure": {"has_blocks": False, "splits_blocks": False, "has_rest": True,
+                                                      "same_blocks": True}}), {})
+    assert "regional" in SearchSpace(env, {}).options("compile.scope", {})
+    assert "regional" not in flat.options("compile.scope", {})  # no repeated blocks: no regional trial
+    # On a GPU, a script that calls backward() twice per step is offered no CUDA-graph mode.
+    cuda = Env(device="cuda", modes=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+               graph_modes=("reduce-overhead",), script_mode=True)
+    compiled = {"compile.scope": "module", "compile.backend": "inductor"}
+    assert "reduce-overhead" in SearchSpace(cuda, {}).options("compile.mode", compiled)
+    assert probed_env(cuda, {"backwards_per_step": 1}) is cuda
+    accumulating = SearchSpace(probed_env(cuda, {"backwards_per_step": 2}), {})
+    assert accumulating.options("compile.mode", compiled) == ("default", "max-autotune-no-cudagraphs")
+    assert TrialConfig.from_flat({**compiled, "compile.mode": "max-autotune-no-cudagraphs"}, accumulating.env)
