@@ -155,6 +155,19 @@ def test_a_script_study_measures_the_script_as_written_and_confirms_the_winner_a
     assert "baseline as_written: the script's own torch.compile arguments" in (run_dir / "app.log").read_text()
 
 
+@pytest.mark.integration  # the reference run of a tiny script, then the error (10 s)
+def test_a_fixed_knob_the_scripts_model_cannot_take_is_one_error_after_its_reference_run(tmp_path: Path) -> None:
+    script = tmp_path / "train_flat.py"
+    script.write_text(WRITTEN_SCRIPT)  # an nn.Sequential: no repeated blocks, which only its run can tell
+    result = cli(f"script.path={script}", "compile.scope=regional", "compile.backend=aot_eager", "study.n_trials=2",
+                 "tracking.enabled=false", *FAST, f"output_root={tmp_path}")
+    assert result.returncode != 0
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("autocompile: error:")]
+    assert "compile.scope='regional' is not valid here; choose one of 'none', 'module'" in line
+    assert not list(tmp_path.glob("*/trials/*"))  # no trial ran; the reference is kept
+    assert list(tmp_path.glob("*/reference/result.json"))
+
+
 def test_compare_takes_a_script_and_its_candidates_are_script_trials() -> None:
     from autocompile.config.script_settings import ScriptSpec
 

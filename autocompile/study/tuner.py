@@ -19,8 +19,9 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from autocompile.config.knobs import KnobError
 from autocompile.config.sections import Resources
-from autocompile.config.settings import Settings
+from autocompile.config.settings import ConfigError, Settings
 from autocompile.config.space import SearchSpace
 from autocompile.study.estimate import Remaining, announce, expect_phase, remember
 from autocompile.study.phases.plans import recommended
@@ -89,8 +90,11 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
             ensure_reference(study, settings, run_dir)
             view.finished("reference")
     if settings.script.given:  # what the script's reference run saw narrows its space, as a model's build does
-        space = SearchSpace(probed_env(settings.env, reference(study)), settings.fixed_knobs, settings.study.extended,
-                            settings.lead_knobs)
+        try:
+            space = SearchSpace(probed_env(settings.env, reference(study)), settings.fixed_knobs,
+                                settings.study.extended, settings.lead_knobs)
+        except KnobError as exc:  # a fixed knob the script's model cannot take (regional with no blocks)
+            raise ConfigError(f"{exc} (seen in the script's reference run: {run_dir / 'reference'})") from exc
         study.sampler = make_sampler(settings.study.sampler, space, settings.study.seed)
         remaining.args = (study, space, objective, settings)
     if settings.study.baselines:
