@@ -19,6 +19,8 @@ BASELINES = {
 ``torch.compile(model)``, and the default regional compile."""
 AS_WRITTEN = "as_written"
 """A script study's fourth baseline: its own ``torch.compile`` arguments (``study/search/baselines.py``)."""
+CONFIRMED_BASELINES = ("eager", "compile", AS_WRITTEN)
+"""The baselines the confirmation times again beside its candidates, each with its gain."""
 
 
 DEFAULTS = {key: default for key, (_, default) in KNOBS.items()}

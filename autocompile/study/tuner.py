@@ -89,9 +89,10 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
                          run_dir / "reference")
             ensure_reference(study, settings, run_dir)
             view.finished("reference")
+    found = reference(study)
     if settings.script.given:  # what the script's reference run saw narrows its space, as a model's build does
         try:
-            space = SearchSpace(probed_env(settings.env, reference(study)), settings.fixed_knobs,
+            space = SearchSpace(probed_env(settings.env, found), settings.fixed_knobs,
                                 settings.study.extended, settings.lead_knobs)
         except KnobError as exc:  # a fixed knob the script's model cannot take (regional with no blocks)
             raise ConfigError(f"{exc} (seen in the script's reference run: {run_dir / 'reference'})") from exc
@@ -99,7 +100,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
         remaining.args = (study, space, objective, settings)
     if settings.study.baselines:
         queue_baselines(study, space)
-        if (found := reference(study)) is not None and found.get("compile_calls"):
+        if found is not None and found.get("compile_calls"):
             queue_as_written(study, space, found["compile_calls"])
     slots = trial_slots(settings)
     agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from optuna import Study
 
 from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE, Knobs
-from autocompile.config.space import AS_WRITTEN
+from autocompile.config.space import CONFIRMED_BASELINES
 from autocompile.study.phases.racing import compile_spread, phase_trials, simplicity, step_time
 from autocompile.study.phases.sidebyside import speed_changes
 from autocompile.study.phases.together import method
@@ -240,7 +240,7 @@ def confirmed(study: Study, objective: Objective) -> Confirmation | None:
         rows.append(c.row(status[c.label], r, more))
     ties = [c for c in measured if status[c.label] in ("leader", "tied")]
     gains = {c.baseline: Gain(versus(winner, c, objective, False), versus(winner, c, objective, True, spread))
-             for c in measured if c.baseline in ("eager", "compile", AS_WRITTEN) and c is not winner}
+             for c in measured if c.baseline in CONFIRMED_BASELINES and c is not winner}
     compile_base = next((c for c in measured if c.baseline == "compile"), None)
     beats_compile = compile_base is not None and compile_base is not winner and (
         (g := gains.get("compile")) is not None and g.score is not None and g.score.measurable and g.score.change < 0)

@@ -31,7 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.choices import Knobs
 from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
-from autocompile.config.space import AS_WRITTEN, SearchSpace
+from autocompile.config.space import CONFIRMED_BASELINES, SearchSpace
 from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.phases.racing import phase_trials, step_time, verdicts
 from autocompile.study.records.objective import Objective
@@ -83,7 +83,7 @@ def confirm_plan(study: optuna.Study, objective: Objective, top: int, repeats: i
             chosen.append((t, rec))
             programs.add(fingerprint)
     for t, rec in ranked:
-        if rec.baseline in ("eager", "compile", AS_WRITTEN) and all(t is not c for c, _ in chosen):
+        if rec.baseline in CONFIRMED_BASELINES and all(t is not c for c, _ in chosen):
             chosen.append((t, rec))
     if len(chosen) < 2:
         return []  # nothing to race

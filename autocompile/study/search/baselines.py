@@ -29,12 +29,16 @@ ARGUMENT_KNOBS = {"mode": "compile.mode", "fullgraph": "compile.fullgraph", "dyn
 """``torch.compile`` keyword -> knob (``options`` maps key by key onto ``compile.options.*``)."""
 
 
+def clash(space: SearchSpace, knobs: Knobs) -> Knobs:
+    """The fixed knobs ``knobs`` contradicts."""
+    return {k: v for k, v in space.fixed.items() if k in knobs and knobs[k] != v}
+
+
 def queue_baselines(study: optuna.Study, space: SearchSpace) -> None:
     """Queue eager, default compile and default regional, each unless the fixed knobs or the model rule it out."""
     for name, knobs in BASELINES.items():
-        clash = {k: v for k, v in space.fixed.items() if k in knobs and knobs[k] != v}
-        if clash:
-            log.info("baseline %s skipped: it contradicts the fixed knobs %s", name, clash)
+        if contradicted := clash(space, knobs):
+            log.info("baseline %s skipped: it contradicts the fixed knobs %s", name, contradicted)
             continue
         try:
             params = space.baseline_params(name)
@@ -47,7 +51,7 @@ def queue_baselines(study: optuna.Study, space: SearchSpace) -> None:
 def as_written(calls: Sequence[Mapping[str, Any]]) -> tuple[Knobs | None, str]:
     """The knobs of the script's own ``torch.compile`` arguments (``script.compile_calls``: each call's keyword
     arguments as ``repr``), or None and why they are none."""
-    kwargs = [dict(c["kwargs"]) for c in calls if c["kwargs"].get("disable") not in ("True",)]
+    kwargs = [dict(c["kwargs"]) for c in calls if c["kwargs"].get("disable") != "True"]
     if not kwargs:
         return None, "the script calls no torch.compile: as written, it runs eager (the eager baseline)"
     if any(k != kwargs[0] for k in kwargs[1:]):
@@ -77,8 +81,8 @@ def queue_as_written(study: optuna.Study, space: SearchSpace, calls: Sequence[Ma
     knobs, why = as_written(calls)
     if knobs is not None and all(KNOBS[k][1] == v for k, v in knobs.items() if k != "compile.scope"):
         knobs, why = None, "the script's torch.compile passes the defaults: the compile baseline is it as written"
-    if knobs is not None and (clash := {k: v for k, v in space.fixed.items() if k in knobs and knobs[k] != v}):
-        knobs, why = None, f"its arguments contradict the fixed knobs {clash}"
+    if knobs is not None and (contradicted := clash(space, knobs)):
+        knobs, why = None, f"its arguments contradict the fixed knobs {contradicted}"
     if knobs is not None:
         try:
             params = space.offered_params(knobs)

@@ -146,7 +146,8 @@ class Ending:
                     "excluded_before_first_step_s": max(0.0, before_s - before_compile_s),
                     "loader_queue_drained_steps": self.queued, **self.windows.loader(),
                     "recompile_limit_hits": self.agent.limit_hits.hits,
-                    "input_shapes": {part: dict(seen) for part, seen in self.shapes.items()},
+                    "input_shapes": {part: {"x".join(map(str, shape)): n for shape, n in seen.items()}
+                                     for part, seen in self.shapes.items()},
                     "backwards_per_step": self.backwards,
                     "structure": dataclasses.asdict(Structure.of(self.models[0])) if self.models else None},
             timeline=self.timeline,

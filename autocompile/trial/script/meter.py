@@ -87,12 +87,12 @@ class Meter(Ending):
         self.before_s = self.before_compile_s = 0.0
         self.last = 0.0
         self.waited, self.queued = 0.0, 0
-        self.shapes: dict[str, Counter[str]] = {"warmup": Counter(), "timed": Counter()}
-        """Training forwards by the shape of the input counted (``4x128``): what the timing covered (a curriculum
-        that grows its sequences later is timed at the shapes it had here, which the result says)."""
+        self.shapes: dict[str, Counter[torch.Size]] = {"warmup": Counter(), "timed": Counter()}
+        """Training forwards by the shape of the input counted: what the timing covered (a curriculum that grows its
+        sequences later is timed at the shapes it had here, which the result says)."""
         self.backwards = 0
         """The most ``backward()`` calls before one step: over 1, the script accumulates gradients."""
-        self.window_shapes: Counter[str] = Counter()
+        self.window_shapes: Counter[torch.Size] = Counter()
         """The open window's: timed once it closes, warm-up if it compiled (timed again)."""
         self.windows = Windows(spec.measure)
         self.program: Program | None = None
@@ -138,7 +138,7 @@ class Meter(Ending):
                 self.items += value.numel() if tokens else value.shape[0]
                 self.unit = "tokens" if tokens else "samples"
                 seen = self.window_shapes if self.windows.mark is not None else self.shapes["warmup"]
-                seen["x".join(map(str, value.shape))] += 1
+                seen[value.shape] += 1  # formatted once, in the result: this runs at every training forward
                 return
 
     def on_backward(self, loss: torch.Tensor) -> None:

@@ -131,7 +131,9 @@ class RecompileLimitHits(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
         if text.startswith(self.PREFIX):  # "<limit> (<n>) / function: ... / last reason: ..." on one line
-            self.hits.append(" ".join(line.strip() for line in text.splitlines()[:3])[len("torch._dynamo "):])
+            hit = " ".join(line.strip() for line in text.splitlines()[:3])[len("torch._dynamo "):]
+            if hit not in self.hits:  # dynamo says it again at each call past the limit
+                self.hits.append(hit)
 
     def install(self) -> RecompileLimitHits:
         logging.getLogger("torch._dynamo.convert_frame").addHandler(self)
