@@ -38,10 +38,15 @@ def test_compare_prints_the_pair_and_writes_compare_json(tmp_path: Path) -> None
     assert len(list(path.parent.glob("compare/*/cold*"))) == 2  # the A/A pair had one cold run
     slower, same = report["pairs"]
     # Two processes: the process-means interval has 1 df (issue 26), wide but above zero for a 6x slower step.
-    assert (slower["a"], slower["b"]) == (0, 1) and slower["low"] > 0 and "measurably slower" in slower["verdict"]
+    # The verdict may instead be the honest disagreement with the cold runs alone: each is one process, timed
+    # at another moment on cores a second test worker shares (CI saw +1054 % side by side, +803 % alone).
+    honest = ("measurably slower", "neither ratio is the answer")
+    assert (slower["a"], slower["b"]) == (0, 1) and slower["low"] > 0
+    assert any(v in slower["verdict"] for v in honest), slower["verdict"]
     assert same["step"]["processes"] == 2 and same["step"]["rounds"] >= 8
     assert all(c["step_s"] and c["compile_s"] is not None for c in report["candidates"])
-    assert "side by side in 2 fresh processes" in done.stdout and "measurably slower" in done.stdout
+    printed = " ".join(done.stdout.split())  # rich wraps long lines
+    assert "side by side in 2 fresh processes" in printed and any(v in printed for v in honest)
 
 
 @pytest.mark.integration
