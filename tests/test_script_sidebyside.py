@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from autocompile.trial.timing.result import TrialResult
+from tests.conftest import ROOT
 from tests.test_script_cli import settings
 
 BLOCKS = """
@@ -118,6 +119,27 @@ def test_a_scripts_candidates_that_cannot_share_a_process_say_why() -> None:
     calls = [{"target": "GPT", "module": True}, {"target": "train_step", "module": False}]
     function = TrialResult(script={"compile_calls": calls})
     assert "the function(s) train_step" in why(["compile.scope=none", "compile.scope=module"], cold=function)
+
+
+@pytest.mark.integration
+def test_regional_beside_module_compiles_what_an_evaluation_at_step_0_made_dynamic_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # nanoGPT's evaluation at step 0 sends its 2-D ids and 1-D positions through nn.Embedding's one frame: alone,
+    # regional's first training graph of the token embedding is symbolic. Beside module, the evaluation ran under
+    # whichever candidate went first, and regional compiled it static, another program, until each candidate
+    # took its own process's automatic-dynamic memory (trial/timing/shape_state).
+    from autocompile.study.compare import compare
+    from tests.test_script_cli import GPT, SMALL
+
+    monkeypatch.chdir(ROOT)
+    args = SMALL.replace("--eval_interval=4", "--eval_interval=1000")
+    s = settings(f"script.path={GPT}", f"script.args='{args}'", "task=compare", *FAST, "compare.processes=2",
+                 f"output_root={tmp_path}", f'compare.candidates=["{MODULE}","compile.scope=regional '
+                 'compile.backend=aot_eager"]')
+    report = compare(s, tmp_path / "run").as_dict()
+    # regional goes first in one process, second in the other
+    assert (report["method"], report["why"]) == ("side_by_side", "")
+    assert all(p["step"]["basis"] != "fresh-process rounds" for p in report["pairs"])
 
 
 @pytest.mark.integration

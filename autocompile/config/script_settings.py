@@ -16,7 +16,7 @@ import json
 import os
 import shlex
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autocompile.config.choices import Knobs
@@ -180,6 +180,8 @@ class ScriptRotation:
     expected: list[str | None]
     """Each candidate's fingerprint in its own cold process: another one beside the others fails it."""
     artifacts: list[str | None]
+    shape_states: list[str | None] = field(default_factory=list)
+    """Each candidate's automatic-dynamic memory at its cold run's first training step (``shape_state``)."""
     window_steps: int = 10
     min_rounds: int = 12
     precision: float = 0.01

@@ -26,6 +26,7 @@ from autocompile.config.spec import SideBySideSpec
 from autocompile.trial.launcher import Agents, launch
 from autocompile.trial.slots import slot_threads
 from autocompile.trial.timing.result import ProgressEvent, TrialResult
+from autocompile.trial.timing.shape_state import SHAPE_STATE_FILE
 from autocompile.trial.timing.stats import ChangePoint, change_point, descheduled
 
 log = logging.getLogger(__name__)
@@ -141,10 +142,16 @@ def script_spec_for(members: list[Member], settings: Settings, shift: int, threa
     spec.measure = replace(spec.measure, timeout_s=model_path.timeout_s)
     spec.rotation = ScriptRotation(
         knobs=[m.config.flat() for m in members], labels=model_path.labels, expected=model_path.expected,
-        artifacts=model_path.artifacts, window_steps=model_path.window_steps, min_rounds=model_path.min_rounds,
+        artifacts=model_path.artifacts, shape_states=[_shape_state(m) for m in members],
+        window_steps=model_path.window_steps, min_rounds=model_path.min_rounds,
         precision=model_path.precision, max_timed_s=model_path.max_timed_s, settle_steps=model_path.settle_steps,
         shift=shift)
     return spec
+
+
+def _shape_state(member: Member) -> str | None:
+    path = Path(member.cold.trial_dir or "") / SHAPE_STATE_FILE
+    return str(path) if member.cold.trial_dir and path.is_file() else None
 
 
 def run_process(out_dir: Path, members: list[Member], settings: Settings, shift: int,

@@ -52,6 +52,7 @@ from autocompile.trial.script.ranks import agree, device_of, sync
 from autocompile.trial.script.windows import Windows
 from autocompile.trial.timing.readings import dynamo_compile_times, reset_peak_memory
 from autocompile.trial.timing.recordings import cudagraph_recordings
+from autocompile.trial.timing.shape_state import SHAPE_STATE_FILE, save_shape_state
 from autocompile.trial.timing.worker import peak_memory
 
 log = logging.getLogger("autocompile.trial.script")
@@ -201,6 +202,8 @@ class Meter(Ending):
         # what dynamo compiled in it is compile time all the same.
         self.before_s = self.started - self.first_forward
         self.before_compile_s = min(self.before_s, dynamo_compile_times().get("_compile.compile_inner", 0.0))
+        if self.rank == 0 and self.spec.rotation is None:  # for this candidate's turn beside others
+            save_shape_state(self.trial_dir / SHAPE_STATE_FILE, self.models)
         self.progress("warmup_start")
 
     def count_step(self) -> None:

@@ -37,10 +37,10 @@ from autocompile.trial.script.variants import Variants
 from autocompile.trial.timing.compile_artifacts import load_artifacts
 from autocompile.trial.timing.readings import classify, environment
 from autocompile.trial.timing.result import TrialResult
+from autocompile.trial.timing.shape_state import load_shape_state
 from autocompile.trial.timing.sidebyside_worker import (
     LOSSES_KEPT,
     NotSameProgram,
-    fresh_shape_state,
     rotate,
     rounds_done,
     worst_half_width,
@@ -91,7 +91,11 @@ class RotationMeter(Meter):
         if warm:
             if artifacts := self.rotation.artifacts[i]:
                 load_artifacts(artifacts)
-            fresh_shape_state()  # automatic dynamic as in its own process (see sidebyside_worker)
+            # automatic dynamic as in its own process at its first training step (an evaluation before it, run
+            # here under another candidate, shaped its graphs there: see shape_state)
+            if i != self.order[0]:
+                load_shape_state(self.rotation.shape_states[i] if self.rotation.shape_states else None,
+                                 self.models)
         self.variants.active = i
 
     # -- the warm-ups, one candidate after the other -----------------------------------------------------------

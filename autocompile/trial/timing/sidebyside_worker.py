@@ -57,6 +57,7 @@ from autocompile.trial.timing.compile_artifacts import load_artifacts
 from autocompile.trial.timing.readings import classify, environment, guard_failure_counts, recompile_reasons
 from autocompile.trial.timing.recordings import cudagraph_recordings
 from autocompile.trial.timing.result import TrialResult
+from autocompile.trial.timing.shape_state import fresh_shape_state
 from autocompile.trial.timing.stats import clean_rounds, descheduled, t975
 from autocompile.trial.timing.worker import WORKER_START, exit_now
 
@@ -69,19 +70,6 @@ AGREE_S = 120.0
 """How long a rank waits for the others to report a candidate's status (``AUTOCOMPILE_AGREE_S``): ranks that
 failed alike arrive within seconds of each other; one still missing is stuck in a collective."""
 
-
-
-def fresh_shape_state() -> None:
-    """Forget which dimensions dynamo has seen change, as a fresh process has: automatic dynamic keeps that per
-    code object for the whole process, so a candidate warmed up after another that ran the same code (T5's
-    blocks at the encoder's and the decoder's lengths) would compile dynamic graphs from the start where alone
-    it compiles a static one first, and run another program than it runs alone (the fingerprint check's
-    ``NotSameProgram``). ``torch._dynamo.pgo.reset_code_state`` (torch 2.6+); the check stays the guard."""
-    try:
-        from torch._dynamo.pgo import reset_code_state
-    except ImportError:
-        return
-    reset_code_state()
 
 class NotSameProgram(RuntimeError):
     """Beside the others, a candidate compiled another program than in its own process."""
