@@ -17,9 +17,9 @@ common=(study.n_trials=6 tracking.enabled=false)
 for name in "${@:-train_gpt train_gpt_prepare train_hf train_ddp}"; do
   for one in $name; do
     case $one in
-      train_gpt) extra=("script.args=--max_iters=200") ;;
+      train_gpt) extra=("script.args=--max_iters=5000") ;;  # side by side: every candidate in one process
       train_gpt_prepare)  # prepare() opens ac.policy and optim.impl
-        extra=("script.args=--max_iters=200" "study.verdicts=[compile.scope,ac.policy,optim.impl]") ;;
+        extra=("script.args=--max_iters=5000" "study.verdicts=[compile.scope,ac.policy,optim.impl]") ;;
       train_hf) extra=("script.args=--max_iters=100" "study.verdicts=[compile.scope]") ;;
       train_ddp) extra=("script.args=--max_iters=50" workload.nproc_per_node=2 "study.verdicts=[compile.scope]") ;;
       *) echo "unknown example $one (train_gpt, train_gpt_prepare, train_hf, train_ddp)" >&2; exit 2 ;;

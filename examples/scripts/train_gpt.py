@@ -8,7 +8,7 @@ checkpoint when ``--out_dir`` is given. The data is a fixed token stream made fr
 
     python examples/scripts/train_gpt.py --max_iters=200                         # as a user runs it
     torchrun --nproc-per-node=2 examples/scripts/train_gpt.py --max_iters=200    # DDP
-    python -m autocompile script.path=examples/scripts/train_gpt.py script.args='--max_iters=200'
+    python -m autocompile script.path=examples/scripts/train_gpt.py script.args='--max_iters=5000'
 """
 
 import argparse

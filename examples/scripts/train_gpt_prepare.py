@@ -8,7 +8,7 @@ hands the model to the trial's agent (the trial's compile knobs, applied in plac
 
     python examples/scripts/train_gpt_prepare.py --max_iters=200
     AUTOCOMPILE_BEST_CONFIG=outputs/<study>/best_config.yaml python examples/scripts/train_gpt_prepare.py
-    python -m autocompile script.path=examples/scripts/train_gpt_prepare.py script.args='--max_iters=200'
+    python -m autocompile script.path=examples/scripts/train_gpt_prepare.py script.args='--max_iters=5000'
 """
 
 import argparse
