@@ -64,7 +64,7 @@ for part in "$@"; do
       (cd examples/nanogpt && python make_data.py > /dev/null)
       root=$PWD
       args="config/train_shakespeare_char.py --device=cpu --dtype=float32 --batch_size=8 --block_size=128"
-      args+=" --n_layer=2 --n_head=2 --n_embd=64 --max_iters=400 --eval_interval=100000 --eval_iters=2"
+      args+=" --n_layer=2 --n_head=2 --n_embd=64 --max_iters=5000 --eval_interval=100000 --eval_iters=2"
       args+=" --log_interval=100000 --dropout=0.0"
       (cd examples/nanogpt && bash "$root/scripts/record.sh" "$root/$out/study_nanogpt_train_py.txt" python -m autocompile \
         script.path=train.py "script.args=\"$args\"" study.n_trials=6 'study.verdicts=[compile.scope]' \
