@@ -147,3 +147,49 @@ def test_a_lightning_trainer_script_is_tuned_whether_it_compiles_its_module_or_n
             assert result["compiled_coverage"] == 1.0 and result["graph_breaks"] == 0
             fingerprints[name, scope] = result["fingerprint"]
     assert fingerprints["compiles", "module"] == fingerprints["plain", "module"] != fingerprints["compiles", "regional"]
+
+
+PATCHING_LIBRARY = """
+import torch
+
+calls = []
+_previous = torch.compile  # what stood there when the library was imported: the agent's, inside a trial
+
+
+def compile_with_markers(model=None, **kwargs):  # as profilers and fine-tuning kits wrap torch.compile
+    calls.append(sorted(kwargs))
+    return _previous(model, **kwargs)
+
+
+torch.compile = compile_with_markers
+"""
+PATCHED_SCRIPT = """
+import json, os
+import torch
+import patching_library  # patches torch.compile on import, as the script's libraries may
+
+model = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)),
+                      mode="default")
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "calls.json"), "w") as f:
+    json.dump(patching_library.calls, f)
+for i in range(40):
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.integration
+def test_a_library_that_wraps_torch_compile_chains_with_the_agent(tmp_path: Path) -> None:
+    """A library the script imports wraps ``torch.compile`` (its wrapper calls what stood before: the agent's):
+    the library's wrapper still runs, and the trial's knobs still decide what is compiled (eager under none)."""
+    (tmp_path / "patching_library.py").write_text(PATCHING_LIBRARY)
+    script = tmp_path / "train_patched.py"
+    script.write_text(PATCHED_SCRIPT)
+    for scope, compiled in (("module", True), ("none", False)):
+        spec = script_spec(script, "", {"compile.scope": scope, "compile.backend": "eager"})
+        result = launched(tmp_path / f"trial_{scope}", spec)
+        assert result["status"] == "ok", (scope, result.get("reason"))
+        assert bool(result["compiled"]) == compiled, (scope, result["compiled"])
+        assert json.loads((tmp_path / "calls.json").read_text()) == [["mode"]]  # the library saw the script's call
