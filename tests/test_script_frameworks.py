@@ -187,9 +187,10 @@ def test_a_library_that_wraps_torch_compile_chains_with_the_agent(tmp_path: Path
     (tmp_path / "patching_library.py").write_text(PATCHING_LIBRARY)
     script = tmp_path / "train_patched.py"
     script.write_text(PATCHED_SCRIPT)
-    for scope, compiled in (("module", True), ("none", False)):
-        spec = script_spec(script, "", {"compile.scope": scope, "compile.backend": "eager"})
-        result = launched(tmp_path / f"trial_{scope}", spec)
+    for knobs, compiled in (({"compile.scope": "module", "compile.backend": "eager"}, True),
+                            ({"compile.scope": "none"}, False)):
+        scope = knobs["compile.scope"]
+        result = launched(tmp_path / f"trial_{scope}", script_spec(script, "", knobs))
         assert result["status"] == "ok", (scope, result.get("reason"))
         assert bool(result["compiled"]) == compiled, (scope, result["compiled"])
         assert json.loads((tmp_path / "calls.json").read_text()) == [["mode"]]  # the library saw the script's call
