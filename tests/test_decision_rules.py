@@ -31,8 +31,8 @@ from autocompile.study.statistics.decisions import (
     sd_bound,
     window_spread,
 )
-from autocompile.study.statistics.intervals import level, paired_windows, time_to_train
-from autocompile.trial.timing.stats import Ratio, paired_ratio, pooled_noise
+from autocompile.study.statistics.intervals import Ratio, level, paired_ratio, paired_windows, time_to_train
+from autocompile.study.statistics.noise import pooled_noise
 
 MARGIN = 0.02
 

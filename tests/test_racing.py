@@ -17,7 +17,9 @@ from autocompile.config.spec import MeasureSettings
 from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.phases.racing import verdicts
 from autocompile.study.records.objective import Objective
-from autocompile.trial.timing.stats import paired_ratio, pooled_noise, relative_half_width, t975
+from autocompile.study.statistics.intervals import paired_ratio
+from autocompile.study.statistics.noise import pooled_noise
+from autocompile.trial.timing.stats import relative_half_width, t975
 
 
 def test_tabulated_t_quantiles_agree_with_scipy() -> None:

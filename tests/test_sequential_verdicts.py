@@ -16,9 +16,9 @@ from optuna.trial import TrialState
 from autocompile.config.choices import SIDE_BY_SIDE
 from autocompile.config.settings import ObjectiveSettings
 from autocompile.study.phases.racing import decided_early, verdicts
-from autocompile.study.phases.together import set_method
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import VERDICT_LOOK
+from autocompile.study.records.phase_trials import set_method
 from autocompile.study.statistics.decisions import ALPHA, first_look, holm, p_value, two_looks
 from autocompile.study.statistics.intervals import paired_windows
 from tests.test_decision_rules import mc_se

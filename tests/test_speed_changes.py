@@ -20,10 +20,10 @@ from autocompile.study.comparison import Comparison
 from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.records.objective import Objective
 from autocompile.study.statistics.intervals import Paired
+from autocompile.study.statistics.noise import change_point
 from autocompile.trial.timing import worker
 from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.sidebyside_worker import rounds_done
-from autocompile.trial.timing.stats import change_point
 from tests.conftest import make_spec
 
 

@@ -213,16 +213,15 @@ class Settings:
         one (dedupe reuses them)."""
         skip = ("timeout_s", "peak_tflops", "artifacts", "launcher")  # python or torchrun: the same measurement
         measure = {k: v for k, v in asdict(self.measure).items() if k not in skip}
+        machine = {"measure": measure, "device_name": device_name(self.device), "versions": versions()}
         if self.script.given:
             # An unset accelerate config leaves the identity of the studies made before it existed.
             script = {k: v for k, v in asdict(self.script).items() if k != "accelerate_config" or v}
             return {"script": script, "script_code": self.script.source_hash(),
                     "workload": {"nproc_per_node": self.workload.nproc_per_node, "nnodes": self.workload.nnodes,
-                                 "device": self.device, "threads": self.threads},
-                    "measure": measure, "device_name": device_name(self.device), "versions": versions()}
+                                 "device": self.device, "threads": self.threads}, **machine}
         return {"model": asdict(self.model), "model_code": model_code(self.model.target),
-                "workload": {**asdict(self.workload), "device": self.device, "threads": self.threads},
-                "measure": measure, "device_name": device_name(self.device), "versions": versions()}
+                "workload": {**asdict(self.workload), "device": self.device, "threads": self.threads}, **machine}
 
     def trial_spec(self, config: TrialConfig, threads: int | None = None) -> TrialSpec | ScriptSpec:
         measure = replace(self.measure, timeout_s=self.timeout_s(config))

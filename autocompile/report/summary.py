@@ -28,7 +28,7 @@ from autocompile.report.race_table import print_confirmed
 from autocompile.report.view import console as make_console
 from autocompile.study.phases.confirmation import Confirmation, confirmed
 from autocompile.study.phases.plans import recommended as recommended_trial
-from autocompile.study.phases.racing import phase, phase_trials, study_noise, verdicts
+from autocompile.study.phases.racing import study_noise, verdicts
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import (
     EXPECTED,
@@ -40,10 +40,11 @@ from autocompile.study.records.optuna_store import (
     journal_file,
     measured_trials,
 )
+from autocompile.study.records.phase_trials import phase, phase_trials
 from autocompile.study.records.record import TrialRecord
 from autocompile.study.statistics.effect import Effect
+from autocompile.study.statistics.noise import Noise
 from autocompile.trial.timing.compile_artifacts import WarmStart, warm_line
-from autocompile.trial.timing.stats import Noise
 from autocompile.workload.data import rate_label
 
 
@@ -176,8 +177,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     chosen, changed = recommended_trial(study, objective)
     if chosen is not None and ((outcome and outcome.winner) or changed):
         recommended = Entry.of(chosen, objective)
-    counts |= {"confirm_repeats": len(phase_trials(study, "confirm")),
-               "verdict_repeats": len(phase_trials(study, "verdict"))}
+    counts |= {f"{p}_repeats": len(phase_trials(study, p)) for p in ("confirm", "verdict")}
     report = Report(
         study_name=study.study_name, model=settings.model.name, objective=objective.kind,
         horizon_steps=settings.objective.horizon_steps, stop_reason=stop_reason, wall_s=wall_s, counts=counts,

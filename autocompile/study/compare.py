@@ -11,7 +11,7 @@
    within processes, a random effect per process), of time to train with the cold compiles, when a
    slower-compiling candidate pays back, and a verdict in words. ``compare.json`` in the run directory.
 
-A candidate whose windows changed speed within a process (:func:`autocompile.trial.timing.stats.change_point`) is
+A candidate whose windows changed speed within a process (:func:`autocompile.study.statistics.noise.change_point`) is
 named, one line each, and a side-by-side ratio that disagrees with the candidates' cold runs alone beyond
 their noise is reported as that disagreement, not as the answer.
 
@@ -40,14 +40,15 @@ from autocompile.study.phases import sidebyside
 from autocompile.study.statistics.intervals import (
     Paired,
     break_even,
+    paired_ratio,
     paired_windows,
     satterthwaite,
     t_quantile,
     time_to_train,
 )
+from autocompile.study.statistics.noise import change_point
 from autocompile.trial.launcher import launch
 from autocompile.trial.timing.result import TrialResult
-from autocompile.trial.timing.stats import change_point, paired_ratio
 
 log = logging.getLogger(__name__)
 

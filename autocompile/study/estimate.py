@@ -38,6 +38,7 @@ from autocompile.study.records.optuna_store import (
     interrupted,
     measured_trials,
 )
+from autocompile.study.records.phase_trials import method, phase_trials
 from autocompile.study.search.samplers import eager_runs_left
 
 log = logging.getLogger(__name__)
@@ -192,8 +193,6 @@ def phase_costs(study: optuna.Study, space: SearchSpace, objective: Objective, s
     """Seconds left of the confirmation and the verdict phase: the one place that reads how the phases
     run (:mod:`autocompile.study.phases.run`): side by side, or in fresh-process rounds. ``winner``: the trial
     (or :func:`stand_in`) whose neighbours the verdicts are priced at."""
-    from autocompile.study.phases.together import method
-
     if settings.study.side_by_side and all(
             METHOD[p] not in study.user_attrs or method(study, p)["method"] == SIDE_BY_SIDE
             for p in ("confirm", "verdict")):
@@ -213,7 +212,6 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
     """Side by side: ``compare.processes`` processes per phase, minus those done; verdict neighbours
     first run once cold."""
     from autocompile.study.phases.plans import confirm_plan, neighbours
-    from autocompile.study.phases.racing import phase_trials
     from autocompile.study.phases.run import searched_runs
 
     s, processes = settings.study, settings.compare.processes
@@ -349,7 +347,7 @@ def expect_phase(remaining: Remaining, phase: str) -> None:
     found = remaining.update(force=True)
     if found is None:
         return
-    remember(remaining.args[0], "after_search" if phase == "confirm" else "after_confirm", found)
+    remember(remaining.study, "after_search" if phase == "confirm" else "after_confirm", found)
     seconds = found.confirm_s if phase == "confirm" else found.verdict_s
     log.info("%s phase: expected ~%s (%s); the rest of the study ~%s", "confirmation" if phase == "confirm" else
              "verdict", duration(seconds), found.costs.basis, duration(found.total_s))
@@ -359,20 +357,19 @@ class Remaining:
     """The live view's "~N min left": the estimate at the last trial boundary, counted down since."""
 
     def __init__(self, study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings) -> None:
-        self.args = (study, space, objective, settings)
+        self.study, self.space, self.objective, self.settings = study, space, objective, settings
         self.prior = compile_prior_s(settings)
         self.at: tuple[float, float] | None = None
         self.finished = -1
 
     def update(self, force: bool = False) -> StudyEstimate | None:
         """Estimate again when a trial finished since the last time (cheap otherwise), or ``force``."""
-        study = self.args[0]
-        done = sum(t.state in FINISHED for t in study.get_trials(deepcopy=False))
+        done = sum(t.state in FINISHED for t in self.study.get_trials(deepcopy=False))
         if done == self.finished and not force:
             return None
         self.finished = done
         try:
-            found = estimate(*self.args, prior=self.prior)
+            found = estimate(self.study, self.space, self.objective, self.settings, prior=self.prior)
         except Exception as exc:  # noqa: BLE001 - an estimate must never stop the study
             log.debug("no estimate: %r", exc)
             return None

@@ -97,7 +97,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
         except KnobError as exc:  # a fixed knob the script's model cannot take (regional with no blocks)
             raise ConfigError(f"{exc} (seen in the script's reference run: {run_dir / 'reference'})") from exc
         study.sampler = make_sampler(settings.study.sampler, space, settings.study.seed)
-        remaining.args = (study, space, objective, settings)
+        remaining.space = space
     if settings.study.baselines:
         queue_baselines(study, space)
         if found is not None and found.get("compile_calls"):
@@ -118,10 +118,11 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
     interrupted = budget.stop.is_set()
     if not interrupted and budget.stop_reason != "failure guard":
         interrupted = run.phases(slots[0])
-    if settings.study.warm_start and not interrupted:
-        warm_start(study, settings, recommended(study, objective)[0], run_dir)
-    if not interrupted:  # a resumed study's repeats start warm from the caches it still has
-        prune_caches(study, recommended(study, objective)[0], run_dir)
+    if not interrupted:
+        winner = recommended(study, objective)[0]
+        if settings.study.warm_start:
+            warm_start(study, settings, winner, run_dir)
+        prune_caches(study, winner, run_dir)  # a resumed study's repeats start warm from the caches it still has
     return Outcome(study, space, objective, budget.stop_reason, time.time() - budget.started, interrupted,
                    len(budget.released))
 

@@ -19,7 +19,7 @@ import statistics
 from scipy.stats import f as f_dist
 
 from autocompile.study.statistics.intervals import level, paired_windows, time_to_train
-from autocompile.trial.timing.stats import pooled_noise
+from autocompile.study.statistics.noise import pooled_noise
 
 PRIOR_CV, PRIOR_DF = 0.06, 4
 HORIZON, STEP, COMPILE, RATIO = 10000, 0.010, 20.0, 0.99

@@ -11,7 +11,7 @@ import statistics
 import sys
 
 from autocompile.study.statistics.decisions import classify, processes_to_decide
-from autocompile.trial.timing.stats import paired_ratio
+from autocompile.study.statistics.intervals import paired_ratio
 from tests.test_decision_rules import MARGIN, rounds
 
 N0 = int(sys.argv[1]) if len(sys.argv) > 1 else 3

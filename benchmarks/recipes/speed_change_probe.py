@@ -5,7 +5,7 @@ Each window runs ``--steps`` eager training steps of nanoGPT's own GPT at issue 
 (``examples/models/nanogpt.py``: 2 layers, n_embd 64, batch 8, 128 tokens), then a fixed pure-Python
 integer loop (the control: no tensors, no allocator, no OpenMP threads, one core). Per window it records
 the step's wall and process CPU seconds, the control's wall seconds, the machine's steal time
-(``/proc/stat``) and the process's page faults. Then :func:`autocompile.trial.timing.stats.change_point` on each
+(``/proc/stat``) and the process's page faults. Then :func:`autocompile.study.statistics.noise.change_point` on each
 series:
 
 - the steps shift and the control shifts with them: the machine changed speed (the host, its frequency,
@@ -52,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from autocompile.trial.timing.stats import change_point
+    from autocompile.study.statistics.noise import change_point
     from examples.models.nanogpt import tiny
 
     torch.set_num_threads(args.threads)

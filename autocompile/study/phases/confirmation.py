@@ -18,15 +18,22 @@ from optuna import Study
 
 from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE, Knobs
 from autocompile.config.space import CONFIRMED_BASELINES
-from autocompile.study.phases.racing import compile_spread, phase_trials, simplicity, step_time
+from autocompile.study.phases.racing import compile_spread, simplicity
 from autocompile.study.phases.sidebyside import speed_changes
-from autocompile.study.phases.together import method
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.objective import time_to_train as time_to_train_s
+from autocompile.study.records.phase_trials import method, phase_trials, step_time
 from autocompile.study.records.record import TrialRecord
 from autocompile.study.statistics.decisions import processes_to_decide, race
-from autocompile.study.statistics.intervals import CompileSpread, from_rounds, level, paired_windows, time_to_train
-from autocompile.trial.timing.stats import Ratio, paired_ratio
+from autocompile.study.statistics.intervals import (
+    CompileSpread,
+    Ratio,
+    from_rounds,
+    level,
+    paired_ratio,
+    paired_windows,
+    time_to_train,
+)
 
 Status = Literal["leader", "tied", "slower", "faster", "undetermined"]
 """A candidate against the leader (:func:`autocompile.study.statistics.decisions.classify`)."""

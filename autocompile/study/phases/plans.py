@@ -33,9 +33,10 @@ from autocompile.config.choices import Knobs
 from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
 from autocompile.config.space import CONFIRMED_BASELINES, SearchSpace
 from autocompile.study.phases.confirmation import confirmed
-from autocompile.study.phases.racing import phase_trials, step_time, verdicts
+from autocompile.study.phases.racing import verdicts
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import feasible, measured_trials
+from autocompile.study.records.phase_trials import phase_trials, step_time
 from autocompile.study.records.record import TrialRecord, user_attrs
 
 log = logging.getLogger(__name__)

@@ -22,46 +22,27 @@ from autocompile.config.choices import SIDE_BY_SIDE, Knobs, compiles
 from autocompile.config.knobs import KNOBS, Env
 from autocompile.config.sections import ObjectiveSettings
 from autocompile.study.phases.sidebyside import speed_changes
-from autocompile.study.phases.together import method
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.optuna_store import REFERENCE, VERDICT_LOOK, feasible, interrupted, measured_trials
+from autocompile.study.records.optuna_store import REFERENCE, VERDICT_LOOK, interrupted, measured_trials
+from autocompile.study.records.phase_trials import phase_trials, step_time
 from autocompile.study.records.record import TrialRecord
 from autocompile.study.statistics.decisions import ALPHA, LOOK_ALPHAS, holm, p_value, two_looks, window_spread
 from autocompile.study.statistics.effect import Effect
 from autocompile.study.statistics.intervals import (
     CompileSpread,
     Paired,
+    Ratio,
     at_level,
     break_even,
     from_rounds,
     level,
+    paired_ratio,
     paired_windows,
     time_to_train,
 )
-from autocompile.trial.timing.stats import Noise, Ratio, paired_ratio, pooled_noise
+from autocompile.study.statistics.noise import Noise, pooled_noise
 
 REPEAT_PHASES = ("confirm", "verdict")
-
-
-def phase(trial: FrozenTrial) -> str:
-    return TrialRecord.of(trial).phase
-
-
-def phase_trials(study: Study, name: str) -> list[FrozenTrial]:
-    """Finished repeats of one phase that were not interrupted (an interrupted one is measured again), of
-    the method the phase runs by (a phase that fell back from side by side leaves those trials aside)."""
-    how = method(study, name)["method"]
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                                 TrialState.FAIL))
-            if (rec := TrialRecord.of(t)).phase == name and not interrupted(t) and rec.method == how]
-
-
-def step_time(trial: FrozenTrial) -> float | None:
-    """A repeat's step time when it measured one and passed the numerics and memory checks."""
-    result = TrialRecord.of(trial).measured
-    if trial.state != TrialState.COMPLETE or not result.ok or not feasible(trial):
-        return None
-    return result.step_s
 
 
 def simplicity(config: Knobs) -> tuple[int, int]:

@@ -19,10 +19,9 @@ from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
 from autocompile.study.phases.plans import Slot, key_of
-from autocompile.study.phases.racing import phase_trials
-from autocompile.study.phases.together import method
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import file_lock, measured_here, owner
+from autocompile.study.records.phase_trials import method, phase_trials
 from autocompile.study.records.record import TrialRecord, set_attrs, user_attrs
 from autocompile.study.search.tell import Twin, begin, measure_and_tell
 from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted

@@ -28,9 +28,9 @@ from autocompile.study.phases.plans import (
     verdict_plan,
     winner_trial,
 )
-from autocompile.study.phases.racing import decided_early, phase_trials, step_time
+from autocompile.study.phases.racing import decided_early
 from autocompile.study.phases.repeats import Measure, run_plan, slot_done
-from autocompile.study.phases.together import MeasureTogether, cold_of, method, set_method
+from autocompile.study.phases.together import MeasureTogether, cold_of
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import (
     METHOD,
@@ -40,6 +40,7 @@ from autocompile.study.records.optuna_store import (
     measured_trials,
     owner,
 )
+from autocompile.study.records.phase_trials import method, phase_trials, set_method, step_time
 from autocompile.study.records.record import TrialRecord, set_attrs, user_attrs
 from autocompile.study.statistics.decisions import first_look
 

@@ -23,11 +23,12 @@ from autocompile.config.script_settings import ScriptRotation, ScriptSpec
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.config.spec import SideBySideSpec
+from autocompile.study.statistics.noise import ChangePoint, change_point
 from autocompile.trial.launcher import Agents, launch
 from autocompile.trial.slots import slot_threads
 from autocompile.trial.timing.result import ProgressEvent, TrialResult
 from autocompile.trial.timing.shape_state import SHAPE_STATE_FILE
-from autocompile.trial.timing.stats import ChangePoint, change_point, descheduled
+from autocompile.trial.timing.stats import descheduled
 
 log = logging.getLogger(__name__)
 MEMORY_SHARE = 0.8
@@ -212,8 +213,8 @@ def windows(results: list[TrialResult], cpu: bool = False) -> dict[str, dict[int
 def speed_changes(per: dict[str, dict[int, list[float]]], cpu: dict[str, dict[int, list[float]]] | None = None
                   ) -> list[tuple[str, int, ChangePoint]]:
     """(label, process, change) for every candidate whose windows changed speed within a process
-    (:func:`trial.stats.change_point`): its process's mean then blends two speeds, which a ratio beside
-    another candidate that did not change hides."""
+    (:func:`change_point`): its process's mean then blends two speeds, which a ratio beside another candidate
+    that did not change hides."""
     found = []
     for label, processes in per.items():
         for p, w in sorted(processes.items()):

@@ -24,12 +24,11 @@ from typing import Any
 
 import optuna
 
-from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
+from autocompile.config.choices import SIDE_BY_SIDE
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace
 from autocompile.study.phases import sidebyside
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.optuna_store import METHOD
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
 from autocompile.study.search.tell import begin, tell_measured
 from autocompile.trial.timing.compile_artifacts import TRIAL_FILE
@@ -38,18 +37,6 @@ from autocompile.trial.timing.result import TrialResult
 log = logging.getLogger(__name__)
 
 MeasureTogether = Callable[[list[optuna.Trial]], None]
-
-
-def method(study: optuna.Study, phase: str) -> dict[str, str]:
-    """How ``phase`` timed its candidates: ``{"method": SIDE_BY_SIDE | FRESH_PROCESSES, "why": ...}``."""
-    return study.user_attrs.get(METHOD[phase]) or {"method": FRESH_PROCESSES, "why": "recorded before side "
-                                                                                          "by side existed"}
-
-
-def set_method(study: optuna.Study, phase: str, name: str, why: str = "") -> None:
-    study.set_user_attr(METHOD[phase], {"method": name, "why": why})
-    if name != SIDE_BY_SIDE:
-        log.warning("%s phase: fresh-process rounds instead of side by side: %s", phase, why)
 
 
 def cold_of(trial: optuna.trial.FrozenTrial) -> TrialResult:

@@ -92,7 +92,7 @@ class Measurement:
     """Step seconds of each timed window (side by side: aligned with the other candidates' windows)."""
     step_cpu_s_windows: list[float] | None = None
     """Process CPU seconds per step of each timed window, aligned with ``step_s_windows``: a window far slower
-    on the wall clock than its CPU seconds account for was descheduled (``trial.stats.descheduled``); None in
+    on the wall clock than its CPU seconds account for was descheduled (``trial.timing.stats.descheduled``); None in
     results from before it was recorded (the wall-clock stall rule stands in)."""
     rewarm_steps: int | None = None
     """Steps run again after late compiles in the timed part, before timing again."""

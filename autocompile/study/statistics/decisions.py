@@ -11,7 +11,7 @@
   rest, the 5% split between the looks (``LOOK_ALPHAS``).
 
 Every rule works on the log scale, where the intervals of :mod:`autocompile.study.statistics.intervals` and
-:mod:`autocompile.trial.timing.stats` are symmetric.
+:mod:`autocompile.study.statistics.intervals` are symmetric.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from scipy import special
 
-from autocompile.trial.timing.stats import Ratio
+from autocompile.study.statistics.intervals import Ratio
 
 ALPHA = 0.05
 """Two-sided level of every interval, family-wise level of the verdicts."""

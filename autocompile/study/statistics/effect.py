@@ -68,7 +68,7 @@ class Effect:
     optimizer's implementation too), knob -> its value."""
     speed_changes: list[str] = field(default_factory=list)
     """Verdict phase: the winner or the neighbour changed speed within a process (one line each,
-    ``trial.stats.ChangePoint.text``): a process mean that blends two speeds."""
+    ``statistics.noise.ChangePoint.text``): a process mean that blends two speeds."""
 
     score_measurable: bool | None = None
     """Verdict phase: the time-to-train difference is measurable after Holm's correction (None: not tested)."""

@@ -18,6 +18,11 @@ process, or one round per process, whose process means are then the data).
 
 With one process the process effect cannot be seen: the interval is the windows' alone and says so.
 ``exp`` of the interval is the ratio ``b / a`` a user reads ("+3.1 %").
+
+Fresh-process rounds are paired by round (:func:`paired_ratio`). Why log-ratios: step times are positive and
+their noise is multiplicative (a busy neighbour slows every step by some factor), so ``log(a / b)`` is close to
+symmetric and its mean over rounds, exponentiated, is a ratio a user reads. Pairing by round cancels what a
+round shares: candidates measured back to back in one round saw the same machine state.
 """
 
 from __future__ import annotations
@@ -29,7 +34,46 @@ from dataclasses import dataclass, replace
 
 from scipy import special
 
-from autocompile.trial.timing.stats import Ratio, clean_rounds, t975
+from autocompile.trial.timing.stats import clean_rounds, t975
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A ratio ``a / b`` estimated over paired rounds, as a relative change with its 95% interval."""
+
+    change: float
+    """exp(mean log ratio) - 1: +0.05 = a is 5% slower than b."""
+    low: float | None
+    """Lower end of the 95% interval of ``change``; None with fewer than two rounds."""
+    high: float | None
+    rounds: int
+
+    @property
+    def measurable(self) -> bool:
+        """The interval excludes zero: a difference the repeats can tell from noise."""
+        return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
+
+    def text(self) -> str:
+        """``+0.3 % [95 % CI -1.1, +1.7]``."""
+        if self.low is None or self.high is None:
+            return f"{self.change:+.1%} (1 round: no interval)"
+        return f"{self.change:+.1%} [95% CI {self.low * 100:+.1f}, {self.high * 100:+.1f}]"
+
+    def as_dict(self) -> dict[str, float | int | bool | None]:
+        return {"change": self.change, "low": self.low, "high": self.high, "rounds": self.rounds,
+                "measurable": self.measurable}
+
+
+def paired_ratio(a: Mapping[int, float], b: Mapping[int, float]) -> Ratio | None:
+    """``a / b`` over the rounds both measured (round -> value); None when they share no round."""
+    logs = [math.log(a[r] / b[r]) for r in sorted(a.keys() & b.keys()) if a[r] > 0 and b[r] > 0]
+    if not logs:
+        return None
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return Ratio(math.expm1(mean), None, None, 1)
+    half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return Ratio(math.expm1(mean), math.expm1(mean - half), math.expm1(mean + half), len(logs))
 
 
 @dataclass(frozen=True)
@@ -45,7 +89,7 @@ class Paired(Ratio):
     """Standard error of the mean log-ratio, and its degrees of freedom (for combining with compile time)."""
     df: float = 0.0
     dropped: int = 0
-    """Rounds left out because a window of either side stalled (``trial.stats.STALL``)."""
+    """Rounds left out because a window of either side stalled (``trial.timing.stats.STALL``)."""
 
     def as_dict(self) -> dict[str, float | int | bool | str | None]:
         return {**super().as_dict(), "processes": self.processes, "basis": self.basis, "process_p": self.process_p,
@@ -57,7 +101,7 @@ def paired_windows(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[fl
                    cpu_b: Mapping[int, Sequence[float]] | None = None) -> Paired | None:
     """``b / a`` from window step times per process (process -> windows, aligned by round); None when no
     process timed both. ``cpu_a`` / ``cpu_b``: the windows' process CPU seconds, which tell a descheduled
-    window from the program's own slow one (``trial.stats.descheduled``); without them a window over
+    window from the program's own slow one (``trial.timing.stats.descheduled``); without them a window over
     ``STALL`` x the median is taken for a stall."""
     groups = []
     dropped = 0
@@ -141,7 +185,7 @@ class CompileSpread:
 
 
 def from_rounds(ratio: Ratio | None) -> Paired | None:
-    """A fresh-process rounds ratio (``trial.stats.paired_ratio``) as a :class:`Paired` with its log-scale
+    """A fresh-process rounds ratio (:func:`paired_ratio`) as a :class:`Paired` with its log-scale
     standard error and ``rounds - 1`` degrees of freedom (each round a process per candidate)."""
     if ratio is None:
         return None
