@@ -31,13 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-
-def control(n: int = 300_000) -> float:
-    start = time.perf_counter()
-    x = 0
-    for i in range(n):
-        x = (x * 31 + i) & 0xFFFF
-    return time.perf_counter() - start
+from benchmarks.recipes.speed_change_probe import control  # the same one-thread loop
 
 
 def rss_mb() -> float:
