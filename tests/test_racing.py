@@ -281,3 +281,34 @@ def test_a_neighbour_the_search_measured_takes_that_trial_as_its_cold_run() -> N
     assert reuse_search_runs(study, study.trials[0], cold, identities) == 0
     # One compile, not two: a copy never enters the compile spread as a second cold compile of its program.
     assert compile_spread(study, ObjectiveSettings()) == spread and spread.df == 1
+
+
+def test_auto_verdicts_ask_checkpointing_only_where_memory_binds() -> None:
+    """``study.verdicts=auto`` (the default): activation checkpointing buys memory with step time, so at a winner
+    that does not checkpoint and with no memory limit it cannot change the recommendation and is not asked; the
+    report lists it with why. A memory limit, or a winner that checkpoints, asks it; ``all`` always does."""
+    from autocompile.study.phases.plans import asked
+    from autocompile.study.records.optuna_store import NOT_ASKED
+
+    study = optuna.create_study()
+    plain = optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0],
+                                      user_attrs={"config": {"compile.scope": "module", "ac.policy": "none"}})
+    wanted, left = asked(plain, "auto", 0.0)
+    assert wanted is not None and "ac.policy" not in wanted and "compile.mode" in wanted and "ac.policy" in left
+    assert "ac.policy" in asked(plain, "auto", 8.0)[0]  # type: ignore[operator]
+    block = optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0],
+                                      user_attrs={"config": {"compile.scope": "module", "ac.policy": "block"}})
+    assert "ac.policy" in asked(block, "auto", 0.0)[0]  # type: ignore[operator]
+    assert asked(plain, "all", 0.0) == (None, {}) and asked(plain, "none", 0.0) == ([], {})
+    assert asked(plain, ["amp.dtype"], 0.0) == (["amp.dtype"], {})
+    # The report: a not-asked row beside the measured verdicts, never measurable, saying why.
+    repeat(study, "verdict", 0, "winner", 0.010, config={"compile.scope": "module", "ac.policy": "none"})
+    repeat(study, "verdict", 1, "winner", 0.010, config={"compile.scope": "module", "ac.policy": "none"})
+    for r, s in enumerate([0.013, 0.013]):
+        repeat(study, "verdict", r, "amp.dtype=bfloat16", s, knob="amp.dtype", value="bfloat16", reference="none",
+               config={"compile.scope": "module", "amp.dtype": "bfloat16"})
+    study.set_user_attr(NOT_ASKED, left)
+    found = {e.knob: e for e in verdicts(study)}
+    assert set(found) == {"amp.dtype", "ac.policy"}
+    assert not found["ac.policy"].measurable and "not asked" in found["ac.policy"].verdict
+    assert "memory_limit_gb" in found["ac.policy"].verdict and found["amp.dtype"].family == 1

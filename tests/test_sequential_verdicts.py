@@ -110,9 +110,11 @@ def test_large_effects_leave_at_the_first_look_and_small_ones_are_still_found() 
 
 
 def looked_study(effects: dict[str, float], look: int = 4, processes: int = PROCESSES,
-                 seed: int = 0) -> optuna.Study:
+                 seed: int = 0, compile_s: dict[str, float] | None = None,
+                 left: set[str] | None = None) -> optuna.Study:
     """A side-by-side verdict phase as the phase records it: the winner and each neighbour one trial per
-    process with its windows; a neighbour decided at ``look`` has no later processes."""
+    process with its windows; a neighbour decided at ``look`` (``left``, by default every one over 10 %) has no
+    later processes. ``compile_s``: a label's cold compile seconds (10 otherwise)."""
     rng = random.Random(seed)
     study = optuna.create_study()
     study.set_user_attr(VERDICT_LOOK, look)
@@ -120,15 +122,18 @@ def looked_study(effects: dict[str, float], look: int = 4, processes: int = PROC
     knobs = {"amp.dtype": "bfloat16", "optim.impl": "foreach", "compile.mode": "max-autotune-no-cudagraphs"}
     labels = {"winner": 0.0, **effects}
     data = side_by_side(list(labels.values()), rng, processes)
-    big = {label for label, e in effects.items() if abs(e) > 0.1}  # what the first look stops (checked below)
+    big = left if left is not None else {label for label, e in effects.items() if abs(e) > 0.1}  # checked below
+    compiles = {label: (compile_s or {}).get(label, 10.0) for label in labels}
     for p in range(processes):
         for (label, _), windows in zip(labels.items(), data, strict=True):
             if p >= look and label in big:
                 continue
             w = windows[p]
             attrs = {"phase": "verdict", "round": p, "label": label, "identity": label, "constraints": {},
-                     "method": SIDE_BY_SIDE, "compile_s_cold": 10.0, "config": {"compile.scope": "module"},
-                     "result": {"status": "ok", "step_s": sum(w) / len(w), "step_s_windows": w, "compile_s": 10.0,
+                     "method": SIDE_BY_SIDE, "compile_s_cold": compiles[label],
+                     "config": {"compile.scope": "module"},
+                     "result": {"status": "ok", "step_s": sum(w) / len(w), "step_s_windows": w,
+                                "compile_s": compiles[label],
                                 "fingerprint": label}}
             if label != "winner":
                 attrs |= {"knob": label, "value": knobs[label], "reference": "x"}
@@ -150,3 +155,23 @@ def test_a_verdict_decided_at_the_first_look_keeps_that_looks_reading_at_99_perc
     study.set_user_attr(VERDICT_LOOK, None)
     assert decided_early(study, objective) == set()
     assert {e.level for e in verdicts(study, objective)} == {0.95}
+
+
+def test_a_neighbour_whose_time_to_train_only_more_cold_compiles_could_decide_leaves_at_the_first_look() -> None:
+    """20 % slower steps and a compile 20 s shorter than the winner's 60 s: over 10 000 steps of 10 ms both train
+    in about 160 s, and the two cold compiles leave that ratio +-8 % (6 % spread, 4 df), which no process narrows.
+    Decided in step time at the first look, it leaves; its time to train is never called measurable (stopping it
+    can reject nothing); a neighbour whose time to train the processes can still decide stays."""
+    objective = Objective(ObjectiveSettings(horizon_steps=10000))
+    effects = {"amp.dtype": math.log(1.2), "optim.impl": math.log(1.5)}
+    study = looked_study(effects, compile_s={"winner": 60.0, "amp.dtype": 40.0, "optim.impl": 60.0},
+                         left={"amp.dtype", "optim.impl"})
+    assert decided_early(study, objective) == {"amp.dtype=bfloat16", "optim.impl=foreach"}
+    found = {e.knob: e for e in verdicts(study, objective)}
+    amp, opt = found["amp.dtype"], found["optim.impl"]
+    assert amp.look == 1 and amp.family_measurable and not amp.score_measurable and not amp.beats_winner
+    assert amp.score_floor is not None and "more cold compiles would" in amp.verdict
+    assert opt.look == 1 and opt.score_measurable  # 50 % slower steps, the same compile: +27 % to train, decided
+    # The same compiles but steps 1 % apart: the step time is not decided, so it stays whatever its time to train.
+    close = looked_study({"amp.dtype": 0.01}, compile_s={"winner": 60.0, "amp.dtype": 40.0}, left=set())
+    assert decided_early(close, objective) == set()

@@ -76,9 +76,12 @@ class StudySettings:
     """The phases time their candidates side by side in one process (paired windows, far less noise
     than one process per candidate); false, or candidates that cannot share a process, fall back to
     one fresh process per candidate and round, and the report says which ran and why."""
-    verdicts: Any = "all"
-    """Questions answered by measuring the winner's one-knob neighbours in rounds with it: ``all``
-    (every searched knob with a question), ``none``, or a list of knob keys ([amp.placement,compile.mode])."""
+    verdicts: Any = "auto"
+    """Questions answered by measuring the winner's one-knob neighbours in rounds with it: ``auto`` (every
+    searched knob with a question that can change the recommendation at the winner: activation checkpointing,
+    which only trades step time for memory, is asked where memory binds, ``objective.memory_limit_gb`` set or
+    the winner checkpointing; the report says what was not asked and why), ``all`` (every searched knob with a
+    question), ``none``, or a list of knob keys ([amp.placement,compile.mode])."""
     warm_start: bool = True
     """Keep the winner's compile artifacts next to best_config.py (which loads them) and measure once
     more, in a fresh process with them loaded, how much compile time that warm start saves."""
@@ -109,19 +112,20 @@ class StudySettings:
 
     @staticmethod
     def verdict_keys_checked(value: Any) -> Any:
-        if value in ("all", "none"):
+        if value in ("auto", "all", "none"):
             return value
         keys = [value] if isinstance(value, str) else list(value)
         unknown = [k for k in keys if k not in KNOBS or not KNOBS[k][0].question]
         if unknown:
             asked = ", ".join(k for k, (spec, _) in KNOBS.items() if spec.question)
-            raise ValueError(f"study.verdicts: {unknown[0]!r} is no knob with a question; use all, none or a "
+            raise ValueError(f"study.verdicts: {unknown[0]!r} is no knob with a question; use auto, all, none or a "
                              f"list of: {asked}")
         return keys
 
     def verdict_knobs(self) -> list[str] | None:
-        """Knob keys whose verdicts are measured: None = all, [] = none."""
-        return None if self.verdicts == "all" else [] if self.verdicts == "none" else list(self.verdicts)
+        """Knob keys whose verdicts are measured: None = all (``auto``: all that can change the recommendation,
+        :func:`autocompile.study.phases.plans.asked`), [] = none."""
+        return None if self.verdicts in ("all", "auto") else [] if self.verdicts == "none" else list(self.verdicts)
 
 
 @dataclass

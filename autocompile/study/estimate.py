@@ -207,6 +207,15 @@ def process_s(costs: RunCosts, compiled: int, settings: Settings) -> float:
     return costs.eager_s + compiled * (costs.warm_s - costs.eager_s) + settings.compare.max_timed_s
 
 
+def asked_at(winner: Any, settings: Settings) -> list[str] | None:
+    """The verdicts' knobs at ``winner`` (:func:`plans.asked`; every one of ``study.verdicts`` without a winner)."""
+    from autocompile.study.phases.plans import asked
+
+    s = settings.study
+    return asked(winner, s.verdicts, settings.objective.memory_limit_gb)[0] if winner is not None else \
+        s.verdict_knobs()
+
+
 def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
                         costs: RunCosts, winner: Any) -> tuple[float, float]:
     """Side by side: ``compare.processes`` processes per phase, minus those done; verdict neighbours
@@ -216,7 +225,7 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
 
     s, processes = settings.study, settings.compare.processes
     trials = study.get_trials(deepcopy=False)
-    wanted = s.verdict_knobs()
+    wanted = asked_at(winner, settings)
     searching = sum(counted(t) for t in trials) < s.n_trials or not any(t.state == TrialState.COMPLETE for t in trials)
     if searching:
         # The top trials and the two baselines besides eager: all but one compile.
@@ -259,7 +268,7 @@ def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objec
 
     s = settings.study
     trials = study.get_trials(deepcopy=False)
-    wanted = s.verdict_knobs()
+    wanted = asked_at(winner, settings)
     if sum(counted(t) for t in trials) < s.n_trials or not any(t.state == TrialState.COMPLETE for t in trials):
         n = len(neighbours(winner, space, wanted)) if wanted != [] else 0
         confirm_s = (s.confirm_top + 2) * s.repeats * costs.warm_s if s.confirm_top else 0.0

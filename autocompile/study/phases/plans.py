@@ -127,6 +127,27 @@ def recommended(study: optuna.Study, objective: Objective) -> tuple[FrozenTrial 
         f"{best.family} verdicts)")
 
 
+def asked(winner: FrozenTrial, verdicts: Any, memory_limit_gb: float) -> tuple[list[str] | None, dict[str, str]]:
+    """The knobs whose verdicts the phase asks at ``winner`` (as :func:`neighbours` takes them: None = every knob
+    with a question) and, for ``study.verdicts=auto``, the questions left out, each with why it cannot change
+    the recommendation. Activation checkpointing recomputes what it does not keep: it buys memory with step
+    time, so it cannot make a winner that does not checkpoint train faster unless memory binds (a memory limit
+    set, where it can make a faster program fit; a winner that checkpoints, whose neighbour without is asked)."""
+    if verdicts == "none":
+        return [], {}
+    if verdicts == "all":
+        return None, {}
+    if verdicts != "auto":
+        return list(verdicts), {}
+    config = TrialRecord.of(winner).config
+    left: dict[str, str] = {}
+    if memory_limit_gb <= 0 and config.get("ac.policy", KNOBS["ac.policy"][1]) == "none":
+        left["ac.policy"] = ("activation checkpointing trades step time for memory, and no memory limit binds "
+                             "(objective.memory_limit_gb=0): it cannot make the winner train faster; "
+                             "study.verdicts=all asks it")
+    return [key for key, (spec, _) in KNOBS.items() if spec.question and key not in left], left
+
+
 def neighbours(winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
                left_out: list[str] | None = None) -> list[tuple[str, Any, TrialConfig]]:
     """(knob, value, configuration) for every searched knob with a question, changed at the winner.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 
 from optuna import Study
 from optuna.trial import FrozenTrial, TrialState
@@ -23,7 +24,7 @@ from autocompile.config.knobs import KNOBS, Env
 from autocompile.config.sections import ObjectiveSettings
 from autocompile.study.phases.sidebyside import speed_changes
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.optuna_store import REFERENCE, VERDICT_LOOK, interrupted, measured_trials
+from autocompile.study.records.optuna_store import NOT_ASKED, REFERENCE, VERDICT_LOOK, interrupted, measured_trials
 from autocompile.study.records.phase_trials import phase_trials, step_time
 from autocompile.study.records.record import TrialRecord
 from autocompile.study.statistics.decisions import ALPHA, LOOK_ALPHAS, holm, p_value, two_looks, window_spread
@@ -38,6 +39,7 @@ from autocompile.study.statistics.intervals import (
     level,
     paired_ratio,
     paired_windows,
+    t_quantile,
     time_to_train,
 )
 from autocompile.study.statistics.noise import Noise, pooled_noise
@@ -117,11 +119,25 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
     twice (:func:`decisions.two_looks`): a neighbour decided in both families after the first half left the
     later processes, and its verdict is that look's, its intervals at 99 %; the rest are read at the end, at
     96 % (the 5 % split between the looks)."""
+    measured = _measured_verdicts(study, objective)
+    return _sorted(measured + not_asked(study)) if measured else []
+
+
+def not_asked(study: Study) -> list[Effect]:
+    """The questions ``study.verdicts=auto`` left out at the winner, each saying why (nothing measured)."""
+    won = next((TrialRecord.of(t).config for t in phase_trials(study, "verdict")
+                if TrialRecord.of(t).label == "winner"), {})
+    return [Effect(key, KNOBS[key][0].question, won.get(key, KNOBS[key][1]), None, 0.0, 0.0, 0.0, 0, False,
+                   basis="verdict", not_asked=why) for key, why in (study.user_attrs.get(NOT_ASKED) or {}).items()
+            if key in KNOBS]
+
+
+def _measured_verdicts(study: Study, objective: Objective | None) -> list[Effect]:
     look = study.user_attrs.get(VERDICT_LOOK)
     if look is None:
         reads = _reads(study, objective)
         _decide(reads, [e.p_value for e, _, _ in reads], [p_value(s) for _, _, s in reads], ALPHA)
-        return _sorted([e for e, _, _ in reads])
+        return [e for e, _, _ in reads]
     first = {_label(read[0]): read for read in _reads(study, objective, before=look)}
     stopped = stopped_at(list(first.values()))
     reads = [first[_label(r[0])] if _label(r[0]) in stopped else r for r in _reads(study, objective)]
@@ -133,7 +149,7 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
         done = _label(e) in stopped
         _read(e, step, score, LOOK_ALPHAS[0] if done else LOOK_ALPHAS[1], family, a1 or a2, b1 or b2)
         e.look = 1 if done else 2
-    return _sorted([e for e, _, _ in reads])
+    return [e for e, _, _ in reads]
 
 
 Read = tuple[Effect, Paired | None, Paired | None]
@@ -141,11 +157,24 @@ Read = tuple[Effect, Paired | None, Paired | None]
 
 
 def stopped_at(first: list[Read]) -> set[str]:
-    """The neighbours (labels) decided at the first look in both families: measurably different in step time,
-    and in time to train where the study has an objective (Holm at ``LOOK_ALPHAS[0]``); they leave the phase."""
+    """The neighbours (labels) decided at the first look: measurably different in step time (Holm at
+    ``LOOK_ALPHAS[0]``), and in time to train where the study has an objective, either decided alike or out of
+    reach of the later processes (:func:`beyond_processes`); they leave the phase."""
     steps = holm([e.p_value for e, _, _ in first], LOOK_ALPHAS[0])
     scores = holm([p_value(s) for _, _, s in first], LOOK_ALPHAS[0])
-    return {_label(e) for (e, _, score), a, b in zip(first, steps, scores, strict=True) if a and (b or score is None)}
+    return {_label(e) for (e, _, score), a, b in zip(first, steps, scores, strict=True)
+            if a and (b or score is None or beyond_processes(e, score))}
+
+
+def beyond_processes(e: Effect, score: Paired) -> bool:
+    """Whether more side-by-side processes cannot decide this time to train: at its estimate, the part of its
+    interval that the two cold compiles leave (``Effect.score_floor``; no process adds a cold compile) already
+    covers no change at the end's level. Such a neighbour stops: its end-level p-value then exceeds
+    ``LOOK_ALPHAS[1]`` (its interval holds the floor's), so stopping it can reject nothing, only save processes."""
+    if e.score_floor is None:
+        return False
+    se, df = e.score_floor
+    return abs(math.log1p(score.change)) <= t_quantile(df, 1 - LOOK_ALPHAS[1]) * se
 
 
 def decided_early(study: Study, objective: Objective | None) -> set[str]:
@@ -256,11 +285,16 @@ def _reads(study: Study, objective: Objective | None, before: int | None = None)
                               objective.settings.horizon_steps, spread.cv, spread.df,
                               step_level=level(winner_windows or {r: [s] for r, s in winner.items()})) \
             if objective is not None and spread is not None and step is not None and theirs else None
+        floor = time_to_train(replace(step, log_se=0.0, df=math.inf), (theirs, cold), (mine, compile_s or 0.0),
+                              objective.settings.horizon_steps, spread.cv, spread.df) \
+            if score is not None and step is not None and spread is not None and objective is not None else None
         reads.append((Effect(key, question, ref, value, ratio.change, half, (compile_s or 0.0) - cold,
                              ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high, how=how,
                              pays_back=pays or "", p_value=p_value(ratio), trial=first_trial.number,
                              also={k: v for k, v in first.config.items() if k != key and k in won and won[k] != v},
                              speed_changes=changes,
                              memory_change=result.peak_memory_bytes / won_peak - 1
-                             if result.peak_memory_bytes and won_peak else None), step, score))
+                             if result.peak_memory_bytes and won_peak else None,
+                             score_floor=(floor.log_se, floor.df) if floor is not None and floor.df >= 1 else None),
+                      step, score))
     return reads

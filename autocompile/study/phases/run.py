@@ -10,6 +10,7 @@ import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -21,6 +22,7 @@ from autocompile.config.space import SearchSpace, identity
 from autocompile.study.phases import sidebyside
 from autocompile.study.phases.plans import (
     Slot,
+    asked,
     confirm_plan,
     describe_plan,
     key_of,
@@ -34,6 +36,7 @@ from autocompile.study.phases.together import MeasureTogether, cold_of
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import (
     METHOD,
+    NOT_ASKED,
     VERDICT_LOOK,
     feasible,
     interrupted,
@@ -59,8 +62,10 @@ class PhaseSettings:
     """Side-by-side processes of a phase (``compare.processes``)."""
     side_by_side: bool
     """``study.side_by_side``: False runs every phase in fresh-process rounds."""
-    verdict_knobs: list[str] | None
-    """The knobs whose verdicts are asked (None: every knob with a question; []: none)."""
+    verdicts: Any
+    """``study.verdicts``: ``auto``, ``all``, ``none`` or knob keys (:func:`plans.asked` reads it at the winner)."""
+    memory_limit_gb: float
+    """``objective.memory_limit_gb``: whether memory binds, which decides if ``auto`` asks checkpointing."""
     why_fresh: str
     """Why a phase runs in fresh-process rounds when ``side_by_side`` is off or no process can share."""
     env: Env
@@ -71,8 +76,8 @@ class PhaseSettings:
     @classmethod
     def of(cls, settings: Settings) -> PhaseSettings:
         s = settings.study
-        return cls(s.confirm_top, s.repeats, settings.compare.processes, s.side_by_side, s.verdict_knobs(),
-                   "study.side_by_side=false", settings.env,
+        return cls(s.confirm_top, s.repeats, settings.compare.processes, s.side_by_side, s.verdicts,
+                   settings.objective.memory_limit_gb, "study.side_by_side=false", settings.env,
                    functools.partial(sidebyside.cannot_share, settings=settings))
 
 
@@ -96,10 +101,13 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
         else:
             log.info("confirmation phase skipped: fewer than two feasible distinct programs completed in the search "
                      "(infeasible: loss drift or memory over its limit, see the trial table)")
-    wanted = s.verdict_knobs
-    winner = winner_trial(study, objective) if wanted != [] else None
+    winner = winner_trial(study, objective) if s.verdicts != "none" else None
     if winner is None:
         return
+    wanted, left = asked(winner, s.verdicts, s.memory_limit_gb)
+    for key, why in left.items():
+        log.info("verdict %s not asked (study.verdicts=auto): %s", key, why)
+    study.set_user_attr(NOT_ASKED, left)
     plan = verdict_plan(study, winner, space, wanted, s.repeats)
     if len(plan) <= s.repeats:
         log.info("verdict phase skipped: no searched knob with a question can change at the winner")

@@ -42,6 +42,8 @@ EXPECTED = "expected_s"
 (``search``, ``confirm``, ``verdict``, ``warm_start``, ``total``) still to run then (``study/estimate.py``)."""
 METHOD = {"confirm": "method.confirm", "verdict": "method.verdict"}
 """How each phase timed its candidates: ``{"method": Method, "why": ...}`` (``study/phases/together.py``)."""
+NOT_ASKED = "verdict.not_asked"
+"""The questions ``study.verdicts=auto`` left out at the winner: knob -> why it cannot change the recommendation."""
 VERDICT_LOOK = "verdict.first_look"
 """After how many side-by-side processes the verdicts were read first (``statistics/decisions.py:
 first_look``), set as the phase starts; absent: one look."""

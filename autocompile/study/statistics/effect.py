@@ -79,13 +79,20 @@ class Effect:
     """Verdict phase read at two looks: the look that decided it (1: it left after half the processes; 2: the
     end); 0: one look."""
 
+    score_floor: tuple[float, float] | None = None
+    """Verdict phase: (log-scale sd, degrees of freedom) of the time-to-train ratio from the two cold compiles
+    alone, the part of its interval that more side-by-side processes cannot narrow."""
+    not_asked: str = ""
+    """Verdict phase: why ``study.verdicts=auto`` did not ask this question at the winner (it cannot change the
+    recommendation there); nothing was measured for it."""
+
     memory_change: float | None = None
     """Verdict phase: relative change of peak memory, the neighbour's cold run alone against the winner's (one run
     each): what checkpointing or a memory budget buys, weighed beside its step time."""
 
     @property
     def measurable(self) -> bool:
-        if self.identical or self.failure:
+        if self.identical or self.failure or self.not_asked:
             return False
         if self.basis == "verdict":
             apart = self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
@@ -110,6 +117,8 @@ class Effect:
         return f"{self.value} vs {self.reference}: {step_part}, {compile_part}; {basis}, single-process measurements"
 
     def _verdict_phase(self) -> str:
+        if self.not_asked:
+            return f"not asked at the best configuration ({self.knob}={self.reference}): {self.not_asked}"
         head = f"at the best configuration, {self.value} instead of {self.reference}"
         if self.also:
             changed = ", ".join(f"{k}={v}" for k, v in self.also.items())
@@ -136,7 +145,11 @@ class Effect:
                    f"{self.score_high * 100:+.1f}]" + (", measurably faster than the winner" if self.beats_winner
                                                          else ""))
         changes = "".join(f"; {line}" for line in self.speed_changes)
-        if self.look == 1:
+        if self.look == 1 and self.score_measurable is False:
+            changes += ("; decided in step time after the first half of the processes (read at 1 %), it left the "
+                        "rest: its time to train lies within what its and the winner's cold compiles leave open, "
+                        "which more processes cannot narrow (more cold compiles would)")
+        elif self.look == 1:
             changes += "; decided after the first half of the processes (read at 1 %), it left the rest"
         memory = f", peak memory {self.memory_change:+.0%}" if self.memory_change is not None else ""
         return (f"{head}: step time {interval}, {judged}; compile {self.compile_change_s:+.1f} s{memory} (cold, one "
@@ -153,4 +166,4 @@ class Effect:
                 "score_high": self.score_high, "score_p_value": self.score_p_value, "beats_winner": self.beats_winner,
                 "also": self.also, "speed_changes": self.speed_changes, "memory_change": self.memory_change,
                 "score_measurable": self.score_measurable, "level": self.level, "look": self.look,
-                "verdict": self.verdict}
+                "not_asked": self.not_asked, "verdict": self.verdict}
