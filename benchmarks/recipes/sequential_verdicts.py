@@ -28,3 +28,29 @@ for name, true in CASES.items():
     two = sum(r[f"found_two_{i}"] for i in real) / len(real) if real else math.nan
     print(f"| {name} | {reps} | {r['false_one']:.1%} | {r['false_two']:.1%} | {one:.1%} | {two:.1%} | "
           f"{r['saved']:.1%} |")
+
+# The time-to-train family (issue 35, the stop for a time to train beyond the processes): a neighbour decided in
+# step time whose time to train only more cold compiles could decide leaves at the first look too.
+from tests.test_sequential_verdicts import COMPILE_CV, HORIZON, STEP_S, simulate_scores  # noqa: E402
+
+SCORE_CASES = {
+    "4 equal to train (steps +20 %, compile 40 s vs the winner's 60 s), 2 +20 % to train":
+        ([math.log(1.2)] * 6, [60.0] + [40.0] * 4 + [92.0] * 2),
+    "6 equal to train (steps +5 %, compile 55 s vs 60 s)": ([math.log(1.05)] * 6, [60.0] + [55.0] * 6),
+    "6 at +10 % steps, the same compile (+6 % to train)": ([math.log(1.1)] * 6, [60.0] * 7),
+    "6 at +30 % steps, the same compile (+19 % to train)": ([math.log(1.3)] * 6, [60.0] * 7),
+    "6 of no effect (same steps, same compile)": ([0.0] * 6, [60.0] * 7),
+}
+print(f"\n# time to train {HORIZON} steps of {STEP_S * 1e3:.0f} ms, cold compiles spread {COMPILE_CV:.0%} (4 df)")
+print("| neighbours | studies | >= 1 false 'measurably' to train: first look decided only | with the stop beyond the "
+      "processes | time to train found (truly different), without | with | neighbour-processes saved, without | with |")
+print("|---|---|---|---|---|---|---|---|")
+for name, (true, compiles) in SCORE_CASES.items():
+    reps = 1000
+    off = simulate_scores(true, compiles, reps, seed=0, stop_beyond=False)
+    on = simulate_scores(true, compiles, reps, seed=0)
+    ttt = [c + HORIZON * STEP_S * math.exp(s) for c, s in zip(compiles, [0.0, *true], strict=True)]
+    real = [i for i, t in enumerate(ttt[1:]) if abs(t / ttt[0] - 1) >= 1e-3]
+    found = [sum(r[f"found_{i}"] for i in real) / len(real) if real else math.nan for r in (off, on)]
+    print(f"| {name} | {reps} | {off['false']:.1%} | {on['false']:.1%} | {found[0]:.1%} | {found[1]:.1%} | "
+          f"{off['saved']:.1%} | {on['saved']:.1%} |")
