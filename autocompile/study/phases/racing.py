@@ -169,12 +169,13 @@ def stopped_at(first: list[Read]) -> set[str]:
 def beyond_processes(e: Effect, score: Paired) -> bool:
     """Whether more side-by-side processes cannot decide this time to train: at its estimate, the part of its
     interval that the two cold compiles leave (``Effect.score_floor``; no process adds a cold compile) already
-    covers no change at the end's level. Such a neighbour stops: its end-level p-value then exceeds
-    ``LOOK_ALPHAS[1]`` (its interval holds the floor's), so stopping it can reject nothing, only save processes."""
-    if e.score_floor is None:
+    covers no change at the end's level. Read at the interval's own degrees of freedom (not the floor's, which are
+    fewer), so its end-level interval, whose variance holds the floor's, covers no change too: its p-value exceeds
+    ``LOOK_ALPHAS[1]``, and stopping it can reject nothing, only save processes."""
+    if e.score_floor is None or score.df < 1:
         return False
-    se, df = e.score_floor
-    return abs(math.log1p(score.change)) <= t_quantile(df, 1 - LOOK_ALPHAS[1]) * se
+    se, _ = e.score_floor
+    return abs(math.log1p(score.change)) <= t_quantile(score.df, 1 - LOOK_ALPHAS[1]) * se
 
 
 def decided_early(study: Study, objective: Objective | None) -> set[str]:
