@@ -202,7 +202,7 @@ def score_reads(data: list[dict[int, list[float]]], compiles: list[float], befor
         floor = time_to_train(replace(step, log_se=0.0, df=math.inf), (sa, compiles[0]), (sb, cb), HORIZON,
                               COMPILE_CV, 4)
         e = Effect("k", "q", 0, 1, step.change, 0.0, 0.0, 1, True, basis="verdict", p_value=p_value(step),
-                   score_floor=(floor.log_se, floor.df))
+                   score_floor=floor.log_se)
         out.append((e, score))
     return out
 

@@ -125,7 +125,12 @@ class StudySettings:
     def verdict_knobs(self) -> list[str] | None:
         """Knob keys whose verdicts are measured: None = all (``auto``: all that can change the recommendation,
         :func:`autocompile.study.phases.plans.asked`), [] = none."""
-        return None if self.verdicts in ("all", "auto") else [] if self.verdicts == "none" else list(self.verdicts)
+        return self.knobs_of(self.verdicts)
+
+    @staticmethod
+    def knobs_of(verdicts: Any) -> list[str] | None:
+        """:meth:`verdict_knobs` of a ``study.verdicts`` value."""
+        return None if verdicts in ("all", "auto") else [] if verdicts == "none" else list(verdicts)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.choices import Knobs
 from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
+from autocompile.config.sections import StudySettings
 from autocompile.config.space import CONFIRMED_BASELINES, SearchSpace
 from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.phases.racing import verdicts
@@ -133,12 +134,8 @@ def asked(winner: FrozenTrial, verdicts: Any, memory_limit_gb: float) -> tuple[l
     the recommendation. Activation checkpointing recomputes what it does not keep: it buys memory with step
     time, so it cannot make a winner that does not checkpoint train faster unless memory binds (a memory limit
     set, where it can make a faster program fit; a winner that checkpoints, whose neighbour without is asked)."""
-    if verdicts == "none":
-        return [], {}
-    if verdicts == "all":
-        return None, {}
     if verdicts != "auto":
-        return list(verdicts), {}
+        return StudySettings.knobs_of(verdicts), {}
     config = TrialRecord.of(winner).config
     left: dict[str, str] = {}
     if memory_limit_gb <= 0 and config.get("ac.policy", KNOBS["ac.policy"][1]) == "none":

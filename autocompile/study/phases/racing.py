@@ -125,8 +125,8 @@ def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:
 
 def not_asked(study: Study) -> list[Effect]:
     """The questions ``study.verdicts=auto`` left out at the winner, each saying why (nothing measured)."""
-    won = next((TrialRecord.of(t).config for t in phase_trials(study, "verdict")
-                if TrialRecord.of(t).label == "winner"), {})
+    won = next((rec.config for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).label == "winner"),
+               {})
     return [Effect(key, KNOBS[key][0].question, won.get(key, KNOBS[key][1]), None, 0.0, 0.0, 0.0, 0, False,
                    basis="verdict", not_asked=why) for key, why in (study.user_attrs.get(NOT_ASKED) or {}).items()
             if key in KNOBS]
@@ -174,8 +174,7 @@ def beyond_processes(e: Effect, score: Paired) -> bool:
     ``LOOK_ALPHAS[1]``, and stopping it can reject nothing, only save processes."""
     if e.score_floor is None or score.df < 1:
         return False
-    se, _ = e.score_floor
-    return abs(math.log1p(score.change)) <= t_quantile(score.df, 1 - LOOK_ALPHAS[1]) * se
+    return abs(math.log1p(score.change)) <= t_quantile(score.df, 1 - LOOK_ALPHAS[1]) * e.score_floor
 
 
 def decided_early(study: Study, objective: Objective | None) -> set[str]:
@@ -287,8 +286,7 @@ def _reads(study: Study, objective: Objective | None, before: int | None = None)
                               step_level=level(winner_windows or {r: [s] for r, s in winner.items()})) \
             if objective is not None and spread is not None and step is not None and theirs else None
         floor = time_to_train(replace(step, log_se=0.0, df=math.inf), (theirs, cold), (mine, compile_s or 0.0),
-                              objective.settings.horizon_steps, spread.cv, spread.df) \
-            if score is not None and step is not None and spread is not None and objective is not None else None
+                              objective.settings.horizon_steps, spread.cv, spread.df) if score is not None else None
         reads.append((Effect(key, question, ref, value, ratio.change, half, (compile_s or 0.0) - cold,
                              ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high, how=how,
                              pays_back=pays or "", p_value=p_value(ratio), trial=first_trial.number,
@@ -296,6 +294,6 @@ def _reads(study: Study, objective: Objective | None, before: int | None = None)
                              speed_changes=changes,
                              memory_change=result.peak_memory_bytes / won_peak - 1
                              if result.peak_memory_bytes and won_peak else None,
-                             score_floor=(floor.log_se, floor.df) if floor is not None and floor.df >= 1 else None),
+                             score_floor=floor.log_se if floor is not None else None),
                       step, score))
     return reads

@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
 from autocompile.config.knobs import KNOBS, Env, TrialConfig, describe
+from autocompile.config.sections import StudySettings
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace, identity
 from autocompile.study.phases import sidebyside
@@ -101,7 +102,7 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
         else:
             log.info("confirmation phase skipped: fewer than two feasible distinct programs completed in the search "
                      "(infeasible: loss drift or memory over its limit, see the trial table)")
-    winner = winner_trial(study, objective) if s.verdicts != "none" else None
+    winner = winner_trial(study, objective) if StudySettings.knobs_of(s.verdicts) != [] else None
     if winner is None:
         return
     wanted, left = asked(winner, s.verdicts, s.memory_limit_gb)

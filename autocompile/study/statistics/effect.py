@@ -79,9 +79,9 @@ class Effect:
     """Verdict phase read at two looks: the look that decided it (1: it left after half the processes; 2: the
     end); 0: one look."""
 
-    score_floor: tuple[float, float] | None = None
-    """Verdict phase: (log-scale sd, degrees of freedom) of the time-to-train ratio from the two cold compiles
-    alone, the part of its interval that more side-by-side processes cannot narrow."""
+    score_floor: float | None = None
+    """Verdict phase: the log-scale sd of the time-to-train ratio from the two cold compiles alone, the part of
+    its interval that more side-by-side processes cannot narrow."""
     not_asked: str = ""
     """Verdict phase: why ``study.verdicts=auto`` did not ask this question at the winner (it cannot change the
     recommendation there); nothing was measured for it."""
