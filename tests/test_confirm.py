@@ -95,7 +95,11 @@ def test_side_by_side_phases_pair_windows_and_verdict_neighbours_run_once_cold_f
     assert summary["confirmed"]["winner"]["config"]["amp.dtype"] == "none"
     assert summary["confirmed"]["method"]["method"] == "side_by_side"
     (amp,) = [v for v in summary["verdicts"] if v["knob"] == "amp.dtype"]
-    assert amp["measurable"] and amp["low"] > 0 and "side by side in 2 processes" in amp["verdict"]
+    assert amp["measurable"] and amp["low"] > 0
+    # The confirmation raced bfloat16 beside the winner in both its processes: the verdict reads those, and no
+    # verdict process times the pair again (issue 35).
+    assert amp_cold.user_attrs["timed_in"] and "side by side in the confirmation's 2 processes" in amp["verdict"]
+    assert not [t for t in verdict if t.user_attrs["label"] == "amp.dtype=bfloat16" and t.user_attrs["round"] >= 0]
     # The search's ± use the noise of processes alone only (issue 26): none ran alone twice here, so none is claimed.
     assert summary["noise"] is None or "alone" in summary["noise"]["source"]
     assert "Confirmed side by side in 2 fresh processes" in done.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from typing import Any
 
 import optuna
@@ -312,3 +313,69 @@ def test_auto_verdicts_ask_checkpointing_only_where_memory_binds() -> None:
     assert set(found) == {"amp.dtype", "ac.policy"}
     assert not found["ac.policy"].measurable and "not asked" in found["ac.policy"].verdict
     assert "memory_limit_gb" in found["ac.policy"].verdict and found["amp.dtype"].family == 1
+
+
+def test_a_neighbour_the_confirmation_timed_beside_the_winner_reads_those_processes() -> None:
+    """Issue 35: a verdict neighbour whose configuration the confirmation raced beside the winner in every one of
+    its side-by-side processes (eager and default compile always are) joins no verdict process: its verdict pairs
+    the confirmation's windows, the winner's from the same processes, and it is read once, at the end."""
+    from autocompile.study.phases.run import raced, timed_beside
+    from autocompile.study.records.optuna_store import VERDICT_LOOK
+
+    rng = random.Random(3)
+    study = optuna.create_study(directions=["minimize"])
+    for scope, baseline in [("train_step", None), ("none", "eager")]:
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+            "phase": "search", "identity": f"scope={scope}", "baseline": baseline, "constraints": {},
+            "config": {"compile.scope": scope}, "result": {"status": "ok", "step_s": 0.01, "compile_s": 20.0}}))
+    study.set_user_attr("method.confirm", {"method": "side_by_side", "why": ""})
+    study.set_user_attr("method.verdict", {"method": "side_by_side", "why": ""})
+
+    def windows(ms: float) -> list[float]:
+        return [ms / 1000 * math.exp(rng.gauss(0, 0.03)) for _ in range(12)]
+
+    def timed(phase: str, r: int, label: str, ms: float, **attrs: Any) -> None:
+        w = windows(ms)
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+            "phase": phase, "round": r, "label": label, "method": "side_by_side", "constraints": {},
+            "result": {"status": "ok", "step_s": math.exp(statistics.fmean(map(math.log, w))), "step_s_windows": w,
+                       "compile_s": 2.0}, **attrs}))
+
+    for r in range(4):  # the confirmation: the winner (#0) and eager (#1) side by side, eager 30 % slower
+        timed("confirm", r, "#0", 10.0, candidate=0, compile_s_cold=20.0, cold_trial=0,
+              config={"compile.scope": "train_step"})
+        timed("confirm", r, "#1", 13.0, candidate=1, compile_s_cold=0.0, cold_trial=1, config={"compile.scope": "none"})
+    assert timed_beside(study, study.trials[0], 4) == {"scope=none": "#1"}
+    assert timed_beside(study, study.trials[0], 5) == {}  # fewer processes than the verdicts would run
+    assert raced(study) == {"scope=none"}
+    # The verdict phase: eager's cold run is its search trial, marked timed in the confirmation; bf16 runs in the
+    # verdict's own processes beside the winner, 5 % slower.
+    cold = {"cold_run": True, "round": -1, "phase": "verdict", "same_as_trial": 0, "constraints": {},
+            "method": "side_by_side"}
+    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+        **cold, "label": "compile.scope=none", "knob": "compile.scope", "value": "none", "reference": "train_step",
+        "timed_in": "#1", "cold_from": 1, "config": {"compile.scope": "none"},
+        "result": {"status": "ok", "step_s": 0.013, "compile_s": 0.0}}))
+    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+        **cold, "label": "amp.dtype=bfloat16", "knob": "amp.dtype", "value": "bfloat16", "reference": "none",
+        "config": {"compile.scope": "train_step", "amp.dtype": "bfloat16"},
+        "result": {"status": "ok", "step_s": 0.0105, "compile_s": 21.0}}))
+    for r in range(4):
+        timed("verdict", r, "winner", 14.0, candidate=0, compile_s_cold=20.0, cold_trial=0,
+              config={"compile.scope": "train_step"})  # another speed of the machine than the confirmation's
+        timed("verdict", r, "amp.dtype=bfloat16", 14.7, knob="amp.dtype", value="bfloat16", reference="none",
+              config={"compile.scope": "train_step", "amp.dtype": "bfloat16"})
+    objective = Objective(ObjectiveSettings())
+    found = {e.knob: e for e in verdicts(study, objective)}
+    eager, amp = found["compile.scope"], found["amp.dtype"]
+    # Paired with the winner's windows of the confirmation's processes (+30 %), not with the verdict's (14 ms).
+    assert eager.step_change == pytest.approx(0.30, abs=0.03) and eager.family_measurable
+    assert "side by side in the confirmation's 4 processes" in eager.how
+    assert amp.step_change == pytest.approx(0.05, abs=0.02) and "side by side in 4 processes" in amp.how
+    assert eager.family == amp.family == 2  # one family: Holm over both
+    # Time to train against the winner from the same processes: 10 000 steps of 13 ms vs 20 s + 10 000 of 10 ms.
+    assert eager.score_change == pytest.approx(130 / 120 - 1, abs=0.02)
+    # Read at two looks, it is read once, at the end (the first look stops only what the verdict processes time).
+    study.set_user_attr(VERDICT_LOOK, 2)
+    found = {e.knob: e for e in verdicts(study, objective)}
+    assert found["compile.scope"].look == 2 and found["compile.scope"].step_change == pytest.approx(eager.step_change)

@@ -221,7 +221,7 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
     """Side by side: ``compare.processes`` processes per phase, minus those done; verdict neighbours
     first run once cold."""
     from autocompile.study.phases.plans import confirm_plan, neighbours
-    from autocompile.study.phases.run import searched_runs
+    from autocompile.study.phases.run import raced, searched_runs, timed_beside
 
     s, processes = settings.study, settings.compare.processes
     trials = study.get_trials(deepcopy=False)
@@ -254,8 +254,11 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
                  for (key, value, config), scope in zip(found, scopes, strict=True)
                  if (key, value) not in ran_cold and identity(config, space.env) not in searched)
     rounds_done = {t.user_attrs["round"] for t in finished if not t.user_attrs.get("cold_run")}
-    compiled = sum(compiles(scope) for scope in scopes) + trial_compiles(winner)
-    verdict_s = cold_s + (processes - len(rounds_done)) * process_s(costs, compiled, settings)
+    # Neighbours the confirmation timed beside the winner join no verdict process (before it: its baselines).
+    beside = set(timed_beside(study, winner, processes)) if not searching else raced(study) if s.confirm_top else set()
+    left = [scope for (_, _, conf), scope in zip(found, scopes, strict=True) if identity(conf, space.env) not in beside]
+    compiled = sum(compiles(scope) for scope in left) + trial_compiles(winner)
+    verdict_s = cold_s + ((processes - len(rounds_done)) * process_s(costs, compiled, settings) if left else 0.0)
     return confirm_s, verdict_s
 
 

@@ -219,17 +219,17 @@ def _reads(study: Study, objective: Objective | None, before: int | None = None)
     """Every neighbour's verdict from the phase's rounds before ``before`` (None: all), undecided."""
     every = [(t, TrialRecord.of(t)) for t in phase_trials(study, "verdict")]
     trials = [(t, a) for t, a in every if before is None or a.round < before]  # a cold run is round -1
-    winner = {a.round: s for t, a in trials if a.label == "winner" and (s := step_time(t)) is not None}
-    winner_windows = {a.round: a.measured.step_s_windows for t, a in trials
-                      if a.label == "winner" and a.method == SIDE_BY_SIDE and step_time(t) is not None}
-    winner_cpu = {a.round: a.measured.step_cpu_s_windows for _, a in trials
-                  if a.label == "winner" and a.round in winner_windows and a.measured.step_cpu_s_windows}
-    winner_changes = speed_changes({"the winner": winner_windows}, {"the winner": winner_cpu})
-    cold = next((a.compile_s_cold for _, a in trials if a.label == "winner"), 0.0) or 0.0
+    confirm = [(t, TrialRecord.of(t)) for t in phase_trials(study, "confirm")]
+    won_runs = [(t, a) for t, a in trials if a.label == "winner"]
+    won_rounds = _rounds(won_runs)
+    # The winner as the confirmation timed it: every neighbour timed there leaves no verdict process to time it in.
+    number = next((a.same_as_trial for _, a in trials if a.cold_run and a.same_as_trial is not None), None)
+    won_runs = won_runs or [(t, a) for t, a in confirm if a.label == f"#{number}"]
+    cold = next((a.compile_s_cold for _, a in won_runs), 0.0) or 0.0
     # Peak memory alone: each neighbour's cold run, the winner's own cold (search) trial; side by side it is shared.
-    won_cold = next((a.cold_trial for _, a in trials if a.label == "winner" and a.cold_trial is not None), None)
+    won_cold = next((a.cold_trial for _, a in won_runs if a.cold_trial is not None), None)
     won_peak = TrialRecord.of(study.trials[won_cold]).measured.peak_memory_bytes if won_cold is not None else None
-    won = next((a.config for _, a in trials if a.label == "winner"), {})
+    won = next((a.config for _, a in won_runs), {})
     spread = compile_spread(study, objective.settings) if objective is not None else None
     by_label: dict[str, list[tuple[FrozenTrial, TrialRecord]]] = {}
     for t, a in trials:
@@ -252,21 +252,26 @@ def _reads(study: Study, objective: Objective | None, before: int | None = None)
                                  failure=f"{why}: {(result.reason or '')[:160]}"), None, None))
             continue
         rounds = [(t, a) for t, a in runs if not a.cold_run]
-        steps = {a.round: s for t, a in rounds if (s := step_time(t)) is not None}
+        against, where = won_rounds, ""
+        if not rounds and first.timed_in:  # timed beside the winner in the confirmation's processes
+            if before is not None:
+                continue  # read once, at the end: the first look stops only what the verdict processes time
+            rounds = [(t, a) for t, a in confirm if a.label == first.timed_in]
+            against = _rounds([(t, a) for t, a in confirm if a.label == f"#{first.same_as_trial}"])
+            where = "the confirmation's "
+        steps, windows, cpu = _rounds(rounds)
         if rounds and not steps and not (bad := rounds[0][1].measured).ok:  # it could not run beside the winner
             reads.append((Effect(key, question, ref, value, 0.0, 0.0, 0.0, 0, True, basis="verdict",
                                  failure=f"not timed beside the winner ({bad.failure or bad.status}: "
                                          f"{(bad.reason or '')[:160]}); task=compare can time the two alone"),
                           None, None))
             continue
-        windows = {a.round: a.measured.step_s_windows for t, a in rounds
-                   if a.method == SIDE_BY_SIDE and step_time(t) is not None}
-        cpu = {a.round: a.measured.step_cpu_s_windows for _, a in rounds
-               if a.round in windows and a.measured.step_cpu_s_windows}
+        winner, winner_windows, winner_cpu = against
         ratio: Ratio | None = paired_windows(winner_windows, windows, winner_cpu, cpu) if windows else \
             paired_ratio(steps, winner)
         changes = [c.text(who, f"process {p}") for who, p, c in
-                   [*winner_changes, *speed_changes({str(value): windows}, {str(value): cpu})]]
+                   [*speed_changes({"the winner": winner_windows}, {"the winner": winner_cpu}),
+                    *speed_changes({str(value): windows}, {str(value): cpu})]]
         if ratio is None:
             continue
         half = (ratio.high - ratio.low) / 2 if ratio.low is not None and ratio.high is not None else math.inf
@@ -276,7 +281,7 @@ def _reads(study: Study, objective: Objective | None, before: int | None = None)
         mine = statistics.fmean(steps[r] for r in shared) if shared else 0.0
         theirs = statistics.fmean(winner[r] for r in shared) if shared else 0.0
         if isinstance(ratio, Paired):
-            how = f"paired windows side by side in {ratio.processes} processes ({ratio.basis}" + (
+            how = f"paired windows side by side in {where}{ratio.processes} processes ({ratio.basis}" + (
                 f"; {ratio.dropped} stalled round(s) left out)" if ratio.dropped else ")")
             pays = break_even(ratio, (theirs, cold), (mine, compile_s), ("the winner", str(value))) \
                 if theirs else None
@@ -297,3 +302,16 @@ def _reads(study: Study, objective: Objective | None, before: int | None = None)
                              score_floor=floor.log_se if floor is not None else None),
                       step, score))
     return reads
+
+
+Rounds = tuple[dict[int, float], dict[int, list[float]], dict[int, list[float]]]
+"""One candidate's repeats by round: step times, and side by side its windows' step and CPU seconds."""
+
+
+def _rounds(runs: list[tuple[FrozenTrial, TrialRecord]]) -> Rounds:
+    steps = {a.round: s for t, a in runs if (s := step_time(t)) is not None and a.round is not None}
+    windows = {r: a.measured.step_s_windows or [] for t, a in runs
+               if a.method == SIDE_BY_SIDE and (r := a.round) is not None and r in steps}
+    cpu = {r: a.measured.step_cpu_s_windows for _, a in runs
+           if (r := a.round) is not None and r in windows and a.measured.step_cpu_s_windows}
+    return steps, windows, cpu

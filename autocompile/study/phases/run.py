@@ -19,7 +19,7 @@ from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
 from autocompile.config.knobs import KNOBS, Env, TrialConfig, describe
 from autocompile.config.sections import StudySettings
 from autocompile.config.settings import Settings
-from autocompile.config.space import SearchSpace, identity
+from autocompile.config.space import CONFIRMED_BASELINES, SearchSpace, identity
 from autocompile.study.phases import sidebyside
 from autocompile.study.phases.plans import (
     Slot,
@@ -138,14 +138,18 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
     found = neighbours(winner, space, wanted, left_out)
     for why in left_out:
         log.info("verdict %s left out", why)
+    identities = [identity(config, space.env) for _, _, config in found]
+    beside = timed_beside(study, winner, settings.processes)
     cold = [Slot("verdict", -1, f"{key}={value}", space.params(config.flat()), user_attrs(
         knob=key, value=value, reference=won.config.get(key, KNOBS[key][1]), name=describe(config, space.env),
-        same_as=won.measured.fingerprint, same_as_trial=winner.number, cold_run=True))
-        for key, value, config in found]
-    reused = reuse_search_runs(study, winner, cold, [identity(config, space.env) for _, _, config in found])
+        same_as=won.measured.fingerprint, same_as_trial=winner.number, cold_run=True, timed_in=beside.get(ident)))
+        for (key, value, config), ident in zip(found, identities, strict=True)]
+    reused = reuse_search_runs(study, winner, cold, identities)
+    timed = [slot.label for slot in cold if slot.attrs.get("timed_in")]
     log.info("verdict phase (at trial %d, %s): %d neighbours once alone (cold; %d of them measured so by the "
-             "search already), then side by side with the winner in %d fresh processes", winner.number, won.name,
-             len(cold), reused, settings.processes)
+             "search already), then side by side with the winner in %d fresh processes%s", winner.number, won.name,
+             len(cold), reused, settings.processes,
+             f" ({', '.join(timed)}: timed beside it in every confirmation process already)" if timed else "")
     run_plan(study, cold, measure)
     firsts = {rec.label: t for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).round == -1}
     members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
@@ -153,7 +157,8 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
     members += [Slot("verdict", 0, slot.label, slot.params, {k: slot.attrs[k] for k in ("knob", "value", "reference",
                                                                                          "name")}
                      | {"cold_trial": firsts[slot.label].number}) for slot in cold
-                if slot.label in firsts and step_time(firsts[slot.label]) is not None]
+                if slot.label in firsts and step_time(firsts[slot.label]) is not None
+                and not TrialRecord.of(firsts[slot.label]).timed_in]
     if len(members) < 2:
         return True  # every neighbour is the winner's program or failed: the verdicts say so
     plan = [Slot("verdict", r, m.label, m.params, dict(m.attrs))
@@ -173,6 +178,32 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
         set_method(study, "verdict", FRESH_PROCESSES, why)
         return False
     return True
+
+
+def timed_beside(study: optuna.Study, winner: FrozenTrial, processes: int) -> dict[str | None, str]:
+    """Configuration identity -> confirmation label (``#N``) of each candidate timed beside ``winner`` in every one of
+    the confirmation's side-by-side processes (at least ``processes``): the verdict processes would time that pair
+    again in as many processes, window by window, so the verdict reads the confirmation's (``TrialRecord.timed_in``).
+    Empty when the confirmation ran in fresh-process rounds or without the winner."""
+    if METHOD["confirm"] not in study.user_attrs or method(study, "confirm")["method"] != SIDE_BY_SIDE:
+        return {}
+    rounds: dict[str, set[int]] = {}
+    candidate: dict[str, int] = {}
+    for t in phase_trials(study, "confirm"):
+        rec = TrialRecord.of(t)
+        if rec.label and rec.round is not None and rec.candidate is not None and step_time(t) is not None:
+            rounds.setdefault(rec.label, set()).add(rec.round)
+            candidate[rec.label] = rec.candidate
+    mine = rounds.get(f"#{winner.number}", set())
+    if len(mine) < processes:
+        return {}
+    return {TrialRecord.of(study.trials[candidate[label]]).identity: label for label, done in rounds.items()
+            if label != f"#{winner.number}" and done >= mine}
+
+
+def raced(study: optuna.Study) -> set[str | None]:
+    """Identities of the baselines every confirmation races (``CONFIRMED_BASELINES``), so times beside its winner."""
+    return {rec.identity for t in measured_trials(study) if (rec := TrialRecord.of(t)).baseline in CONFIRMED_BASELINES}
 
 
 def reuse_search_runs(study: optuna.Study, winner: FrozenTrial, cold: list[Slot], identities: list[str]) -> int:

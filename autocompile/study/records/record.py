@@ -202,6 +202,9 @@ class TrialRecord:
     """Verdict side by side: a neighbour's single cold run (round -1), not a round."""
     cold_from: int | None = None
     """A cold run not run again: the search trial of the same configuration whose measurement it carries."""
+    timed_in: str | None = None
+    """Verdict: the confirmation candidate (``#N``) of this neighbour's configuration, timed beside the winner in
+    every confirmation process: those processes are its rounds, and it joins no verdict process."""
     compile_cache: str | None = None
     """A repeat's inductor cache: ``cold``, ``warm``, ``shared warm``, ``none (eager)``, or side by side."""
     prune_ratio: float | None = None
@@ -264,7 +267,7 @@ class TrialRecord:
 
 REPEAT_FIELDS = ("baseline", "remeasure_of", "phase", "round", "label", "candidate", "name", "config",
                  "compile_s_cold", "cache_from", "same_as", "same_as_trial", "knob", "value", "reference", "method",
-                 "cold_trial", "cold_run")
+                 "cold_trial", "cold_run", "timed_in")
 FIELDS = frozenset(f.name for f in dataclasses.fields(TrialRecord))
 
 
