@@ -43,6 +43,11 @@ def test_each_committed_record_loads(path: Path, tmp_path: Path) -> None:
         (tmp_path / "job").mkdir()
         (tmp_path / "job" / "summary.json").write_text(path.read_text())
         print_multirun_summary(tmp_path)  # the table a multirun prints from each job's summary.json
+    elif path.name == "result.json" and path.parent.parent.name == "phases":
+        # A side-by-side process's windows and wall, kept for benchmarks/recipes/processes_and_windows.py.
+        assert data["wall_s"] > 0 and len(data["candidates"]) >= 2
+        assert len({len(c["step_s_windows"]) for c in data["candidates"]}) == 1  # one window each per round
+        assert (path.parent / "progress.jsonl").is_file()
     elif path.parent.name == "tables":
         table = load_table(path.with_suffix(".csv"))
         assert len(table) == data["configurations"] and any(row.ok for row in table.values())

@@ -57,7 +57,7 @@ def test_killed_tuner_trial_is_failed_by_heartbeat_and_measured_again(tmp_path: 
     survivor = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     storage = optuna.storages.RDBStorage(postgres)
     killed = None
-    deadline = time.time() + 240
+    deadline = time.time() + 480  # beside another integration test, 240 s once passed before the victim timed a window
     while killed is None and time.time() < deadline:
         time.sleep(0.3)
         studies = optuna.get_all_study_summaries(storage)

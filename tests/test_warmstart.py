@@ -91,6 +91,9 @@ def test_the_winners_artifacts_make_a_fresh_process_compile_from_its_cache(tmp_p
     assert warm["status"] == "ok", warm
     assert warm["loaded"]["entries"] == kept["entries"]  # every artifact of the winner was loaded
     assert warm["saved_s"] == pytest.approx(warm["cold_compile_s"] - warm["warm_compile_s"])
+    # Its compile time is read, not its steps: one timed window, as a verdict neighbour's cold run.
+    measure = json.loads((tmp_path / "warm_start" / "trial.json").read_text())["measure"]
+    assert measure["windows"] == 1 and measure["precision"] == 0.0
     # Warm by inductor's own account, not by the clock: a fresh process with an empty cache builds the winner's
     # step as its trial did, loads the copied artifacts and calls the step; every graph is a cache hit.
     spec_dir = str(tmp_path / "trials" / "0000")

@@ -6,7 +6,8 @@ each, with what each costs on this machine (a process's start and builds, and it
 
     PYTHONPATH=. python benchmarks/recipes/processes_and_windows.py STUDY_DIR [STUDY_DIR ...]
 
-STUDY_DIR: a study's run directory (``OUTPUT_ROOT/gpt2-tiny-bs8-seq128-ws1-cpu``), with ``phases/*-round*/``.
+STUDY_DIR: a study's run directory (``OUTPUT_ROOT/gpt2-tiny-bs8-seq128-ws1-cpu``), with ``phases/*-round*/``, or
+an extract of its processes' windows and timings (``benchmarks/results/cpu-2core/issue35_phases/before``).
 """
 
 import json
