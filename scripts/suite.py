@@ -129,7 +129,7 @@ def verdict_rounds(summary: dict[str, Any]) -> str:
     kinds = {"side by side": 0, "fresh-process rounds": 0, "not timed": 0}
     for v in summary.get("verdicts") or []:
         how = v.get("how") or ""
-        if v.get("identical"):
+        if v.get("identical") or v.get("not_asked"):
             continue
         kinds["side by side" if "side by side" in how else "fresh-process rounds" if "fresh processes" in how
               else "not timed"] += 1
@@ -149,7 +149,7 @@ def race_text(confirmed: dict[str, Any]) -> str:
 
 def decided(summary: dict[str, Any]) -> str:
     """Verdict questions answered (measurably faster or slower, the same program, or a failure) of those asked."""
-    asked = summary.get("verdicts") or []
+    asked = [v for v in summary.get("verdicts") or [] if not v.get("not_asked")]  # study.verdicts=auto's rows
     answered = sum(bool(v.get("measurable") or v.get("identical") or v.get("failure")) for v in asked)
     return f"{answered} of {len(asked)}" if asked else "none asked"
 

@@ -82,3 +82,11 @@ def test_the_geometric_mean_is_over_the_families_that_raced_default_compile(suit
     # Winner / default compile: 0.8 and 1.0 (default compile won); the third did not race it.
     assert f"step time: x{(0.8 * 1.0) ** 0.5:.3f}" in text and "over 2 of 3 families" in text
     assert f"time to train: x{(0.9 * 1.0) ** 0.5:.3f}" in text
+
+
+def test_a_question_auto_did_not_ask_is_neither_answered_nor_asked(suite: ModuleType) -> None:
+    verdicts = [{"measurable": True, "how": "side by side in 7 processes"},
+                {"measurable": False, "how": "side by side in the confirmation's 7 processes"},
+                {"not_asked": "activation checkpointing trades step time for memory", "how": "interleaved rounds"}]
+    assert suite.decided({"verdicts": verdicts}) == "1 of 2"
+    assert suite.verdict_rounds({"verdicts": verdicts}) == "2 side by side"
