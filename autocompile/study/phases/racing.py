@@ -224,7 +224,9 @@ def _reads(study: Study, objective: Objective | None, before: int | None = None)
     won_rounds = _rounds(won_runs)
     # The winner as the confirmation timed it: every neighbour timed there leaves no verdict process to time it in.
     number = next((a.same_as_trial for _, a in trials if a.cold_run and a.same_as_trial is not None), None)
-    won_runs = won_runs or [(t, a) for t, a in confirm if a.label == f"#{number}"]
+    won_confirm = [(t, a) for t, a in confirm if a.label == f"#{number}"]
+    confirm_rounds = _rounds(won_confirm)  # what a neighbour timed in the confirmation pairs with
+    won_runs = won_runs or won_confirm
     cold = next((a.compile_s_cold for _, a in won_runs), 0.0) or 0.0
     # Peak memory alone: each neighbour's cold run, the winner's own cold (search) trial; side by side it is shared.
     won_cold = next((a.cold_trial for _, a in won_runs if a.cold_trial is not None), None)
@@ -257,7 +259,7 @@ def _reads(study: Study, objective: Objective | None, before: int | None = None)
             if before is not None:
                 continue  # read once, at the end: the first look stops only what the verdict processes time
             rounds = [(t, a) for t, a in confirm if a.label == first.timed_in]
-            against = _rounds([(t, a) for t, a in confirm if a.label == f"#{first.same_as_trial}"])
+            against = confirm_rounds
             where = "the confirmation's "
         steps, windows, cpu = _rounds(rounds)
         if rounds and not steps and not (bad := rounds[0][1].measured).ok:  # it could not run beside the winner
