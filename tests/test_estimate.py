@@ -396,3 +396,38 @@ def test_a_verdict_phase_fallen_back_to_fresh_rounds_starts_round_0_warm_from_th
             compile_s_cold=30.0, compile_cache="warm")
     (effect,) = [e for e in verdicts(study, objective) if e.value == labels[0].split("=")[1]]
     assert effect.compile_change_s == 10.0  # 30 s cold against the winner's 20 s, not the warm 3 s
+
+
+def test_fallen_back_fresh_rounds_repeat_from_the_cold_cache_and_skip_what_the_cold_run_decided(
+        settings_for: Compose) -> None:
+    # T5 at d597590: after round 0 (warm from its cold run, so its own directory held no cache) every later round
+    # compiled cold again, and neighbours whose cold run compiled the winner's program were compiled cold once more.
+    from autocompile.study.phases.plans import verdict_plan
+
+    settings = settings_for("+model=gpt2-tiny", "workload.device=cpu")
+    study, space, _ = parts(settings)
+    add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=20.0, step_s=0.010)
+    winner = study.trials[0]
+    wanted = ["compile.mode", "placement.order"]
+    labels = sorted({s.label for s in verdict_plan(study, winner, space, wanted, repeats=2)} - {"winner"})
+    study.set_user_attr("method.verdict", {"method": "fresh_processes", "why": "could not share a process"})
+    same = next(label for label in labels if label.startswith("placement.order"))
+    timed = [label for label in labels if label != same]
+    cold_dirs = {}
+    for label in timed:
+        cold_dirs[label] = f"/nonexistent/t{len(study.trials)}"
+        add(study, space, {"compile.scope": "module"}, wall_s=50.0, compile_s=30.0, phase="verdict", round=-1,
+            label=label, cold_run=True, method="side_by_side", knob=label.split("=")[0], value=label.split("=")[1])
+    study.add_trial(create_trial(state=TrialState.PRUNED, user_attrs={
+        "phase": "verdict", "round": -1, "label": same, "cold_run": True, "method": "side_by_side",
+        "knob": "placement.order", "value": same.split("=")[1], "same_program_as": 0, "trial_dir": "/nonexistent/x",
+        "result": {"status": "same_program", "reason": "compiled the winner's program"}}))
+    plan = verdict_plan(study, winner, space, wanted, repeats=2)
+    assert same not in {s.label for s in plan}  # decided by its cold run: no cold compile again in round 0
+    for label in timed:  # round 0 ran warm from the cold run, in a directory of its own without a cache
+        add(study, space, {"compile.scope": "module"}, wall_s=20.0, compile_s=2.0, phase="verdict", round=0,
+            label=label, knob=label.split("=")[0], value=label.split("=")[1], compile_s_cold=30.0,
+            compile_cache="warm", cache_from=cold_dirs[label])
+    round1 = {s.label: s for s in verdict_plan(study, winner, space, wanted, repeats=2) if s.round == 1}
+    assert set(round1) == {"winner", *timed}
+    assert all(round1[label].warm and round1[label].attrs["cache_from"] == cold_dirs[label] for label in timed)

@@ -195,9 +195,16 @@ def nearest_valid(full: Knobs, key: str, value: Any, space: SearchSpace) -> Tria
 
 def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
                  repeats: int) -> list[Slot]:
-    """Rounds of the winner and its neighbours; after round 0, neighbours found identical or failed drop out."""
+    """Rounds of the winner and its neighbours; a neighbour found identical or failed in its cold run (round -1) or
+    in round 0 drops out. A repeat starts warm from its neighbour's cold cache: the cold run's directory, else
+    round 0's when that round compiled cold (a warm repeat's own directory holds no cache: T5's fallback rounds
+    compiled every neighbour cold again, ~50 s each)."""
     env = space.env
     first = {rec.label: t for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).round == 0}
+    decided = {rec.label for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                                            TrialState.FAIL))
+               if (rec := TrialRecord.of(t)).phase == "verdict" and rec.round == -1 and rec.cold_run
+               and not rec.interrupted and step_time(t) is None}
     ran_cold = cold_runs(study)
     won = TrialRecord.of(winner)
     members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
@@ -210,12 +217,16 @@ def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, w
     plan = []
     for r in range(repeats):
         for m in rotate(members, r):
+            if m.label in decided:
+                continue  # its cold run compiled the winner's program, or failed: nothing to repeat
             if r > 0 and m.label != "winner":
                 done = first.get(m.label)
                 if done is not None and step_time(done) is None:
                     continue  # identical program, or failed: nothing to repeat
-                m = Slot("verdict", r, m.label, m.params, {**m.attrs, "same_as": None, "cache_from": TrialRecord.of(
-                         done).trial_dir if done is not None else None}, warm=True)
+                cold = ran_cold.get(m.label)
+                m = Slot("verdict", r, m.label, m.params, {**m.attrs, "same_as": None, "cache_from": cold.trial_dir
+                         if cold is not None else TrialRecord.of(done).trial_dir if done is not None else None},
+                         warm=True)
             elif (c := ran_cold.get(m.label)) is not None:  # round 0 warm from its cold run, not compiled again
                 m = Slot("verdict", r, m.label, m.params, {**m.attrs, "same_as": None, "cache_from": c.trial_dir,
                                                            "compile_s_cold": c.measured.compile_s}, warm=True)

@@ -1,5 +1,6 @@
 """Dynamo's automatic-dynamic memory in a side-by-side process: which dimensions each code object has seen
-change, kept per code object for the whole process (``torch._dynamo.pgo``'s code state, torch 2.6+).
+change, kept per code object for the whole process (``torch._dynamo.pgo``'s code state, torch 2.6+), and which
+dimensions compiled graphs noted dynamic on the tensors they returned (:func:`forget_propagated_dims`, torch 2.13+).
 
 A candidate warmed up beside others must start from the memory it had at that point in its own process, or it
 compiles another program than alone (the fingerprint check's ``NotSameProgram``). On the model path the
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,28 @@ def fresh_shape_state() -> None:
     except ImportError:
         return
     reset_code_state()
+
+
+PROPAGATED = "_dynamo_propagated_dynamic_indices"
+"""Where torch (2.13+) notes on a compiled graph's output tensor which dimensions were symbolic in that graph, for
+the next graph the tensor enters to start from (AOTAutograd's ``mark_dynamo_propagated_dynamic_indices``; not
+guarded on). An output that aliases an input notes it on the input: the staged batches every candidate of a
+side-by-side process trains on."""
+
+
+def forget_propagated_dims(tensors: Iterable[torch.Tensor]) -> int:
+    """Forget what compiled graphs noted on ``tensors`` (:data:`PROPAGATED`); how many had a note. Found on T5
+    (``benchmarks/results/cpu-2core/suite/issue35_t5-tiny_d597590_interrupted.txt``): the regional candidate's graphs
+    noted the source and target lengths dynamic on the shared input ids, and the module candidate warmed up after
+    it compiled a graph symbolic in the target length, another program than alone (``NotSameProgram``: six of ten
+    verdict candidates, then the winner, and the phase fell back to fresh processes). Alone, nothing else wrote
+    on its batches before its warm-up; beside, this makes it so."""
+    found = 0
+    for t in tensors:
+        if hasattr(t, PROPAGATED):
+            delattr(t, PROPAGATED)
+            found += 1
+    return found
 
 
 def save_shape_state(path: Path, models: Iterable[nn.Module]) -> bool:

@@ -48,6 +48,7 @@ from autocompile.trial.program.build import (
     stage,
     start_process,
     synchronize,
+    tensors,
     warm_up,
     warmup_steps,
     window_steps,
@@ -57,7 +58,7 @@ from autocompile.trial.timing.compile_artifacts import load_artifacts
 from autocompile.trial.timing.readings import classify, environment, guard_failure_counts, recompile_reasons
 from autocompile.trial.timing.recordings import cudagraph_recordings
 from autocompile.trial.timing.result import TrialResult
-from autocompile.trial.timing.shape_state import fresh_shape_state
+from autocompile.trial.timing.shape_state import forget_propagated_dims, fresh_shape_state
 from autocompile.trial.timing.stats import clean_rounds, descheduled, t975
 from autocompile.trial.timing.worker import WORKER_START, exit_now
 
@@ -165,6 +166,7 @@ class SideBySide:
             self.staged[key] = stage(built.data, period(cand), self.device)
         built.staged = self.staged[key]
         fresh_shape_state()
+        forget_propagated_dims(t for batch in built.staged for t in tensors(batch))
         with self.scoped(built):
             warm_up(built, warmup_steps(cand), self.sync, lambda *a, **k: None)
         expected = spec.expected[i]
