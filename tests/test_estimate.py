@@ -15,7 +15,7 @@ from typing import Any
 
 import optuna
 import pytest
-from optuna.trial import TrialState, create_trial
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import Settings
@@ -365,15 +365,19 @@ def test_each_phase_is_estimated_again_as_it_starts_and_kept_beside_its_wall_tim
     assert "total 915 s (x1.14 its wall)" in line
 
 
+def module_winner(settings_for: Compose) -> tuple[optuna.Study, SearchSpace, Any, FrozenTrial]:
+    """A gpt2-tiny study whose one trial, default compile, is the winner the verdicts are planned at."""
+    study, space, objective = parts(settings_for("+model=gpt2-tiny", "workload.device=cpu"))
+    add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=20.0, step_s=0.010)
+    return study, space, objective, study.trials[0]
+
+
 def test_a_verdict_phase_fallen_back_to_fresh_rounds_starts_round_0_warm_from_the_cold_runs(
         settings_for: Compose) -> None:
     from autocompile.study.phases.plans import verdict_plan
     from autocompile.study.phases.racing import verdicts
 
-    settings = settings_for("+model=gpt2-tiny", "workload.device=cpu")
-    study, space, objective = parts(settings)
-    add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=20.0, step_s=0.010)
-    winner = study.trials[0]
+    study, space, objective, winner = module_winner(settings_for)
     plan = verdict_plan(study, winner, space, ["compile.mode"], repeats=2)
     labels = sorted({s.label for s in plan} - {"winner"})
     assert labels and not any(s.warm for s in plan if s.round == 0 and s.label != "winner")  # no cold run yet: cold
@@ -404,10 +408,7 @@ def test_fallen_back_fresh_rounds_repeat_from_the_cold_cache_and_skip_what_the_c
     # compiled cold again, and neighbours whose cold run compiled the winner's program were compiled cold once more.
     from autocompile.study.phases.plans import verdict_plan
 
-    settings = settings_for("+model=gpt2-tiny", "workload.device=cpu")
-    study, space, _ = parts(settings)
-    add(study, space, {"compile.scope": "module"}, wall_s=40.0, compile_s=20.0, step_s=0.010)
-    winner = study.trials[0]
+    study, space, _, winner = module_winner(settings_for)
     wanted = ["compile.mode", "placement.order"]
     labels = sorted({s.label for s in verdict_plan(study, winner, space, wanted, repeats=2)} - {"winner"})
     study.set_user_attr("method.verdict", {"method": "fresh_processes", "why": "could not share a process"})
