@@ -201,11 +201,7 @@ def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, w
     compiled every neighbour cold again, ~50 s each)."""
     env = space.env
     first = {rec.label: t for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).round == 0}
-    decided = {rec.label for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                                            TrialState.FAIL))
-               if (rec := TrialRecord.of(t)).phase == "verdict" and rec.round == -1 and rec.cold_run
-               and not rec.interrupted and step_time(t) is None}
-    ran_cold = cold_runs(study)
+    ran_cold, decided = cold_runs(study)
     won = TrialRecord.of(winner)
     members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
         candidate=winner.number, name=won.name, compile_s_cold=won.measured.compile_s, cache_from=won.trial_dir),
@@ -236,13 +232,22 @@ def verdict_plan(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, w
     return plan
 
 
-def cold_runs(study: optuna.Study) -> dict[str, TrialRecord]:
-    """The verdict neighbours' single cold runs (round -1) that measured a program other than the winner's: a
-    phase that fell back from side by side to fresh-process rounds starts their round 0 warm from them (T5: the
-    cold round 0 repeated 678 s of compiling)."""
-    return {rec.label: rec for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if (rec := TrialRecord.of(t)).phase == "verdict" and rec.cold_run and rec.label and not rec.interrupted
-            and rec.same_program_as is None and step_time(t) is not None}
+def cold_runs(study: optuna.Study) -> tuple[dict[str, TrialRecord], set[str]]:
+    """The verdict neighbours' single cold runs (round -1), in one pass: those that measured a program other than the
+    winner's, by label (a phase that fell back from side by side to fresh-process rounds starts their repeats warm
+    from them; T5: the cold round 0 repeated 678 s of compiling), and the labels the cold run decided (the winner's
+    program, or failed: their verdict reads it and nothing is repeated)."""
+    timed: dict[str, TrialRecord] = {}
+    decided: set[str] = set()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        rec = TrialRecord.of(t)
+        if rec.phase != "verdict" or not rec.cold_run or not rec.label or rec.interrupted:
+            continue
+        if step_time(t) is None:
+            decided.add(rec.label)
+        elif rec.same_program_as is None:
+            timed[rec.label] = rec
+    return timed, decided
 
 
 def cost_estimate(study: optuna.Study, plan: list[Slot]) -> float:

@@ -50,19 +50,16 @@ guarded on). An output that aliases an input notes it on the input: the staged b
 side-by-side process trains on."""
 
 
-def forget_propagated_dims(tensors: Iterable[torch.Tensor]) -> int:
-    """Forget what compiled graphs noted on ``tensors`` (:data:`PROPAGATED`); how many had a note. Found on T5
+def forget_propagated_dims(tensors: Iterable[torch.Tensor]) -> None:
+    """Forget what compiled graphs noted on ``tensors`` (:data:`PROPAGATED`). Found on T5
     (``benchmarks/results/cpu-2core/suite/issue35_t5-tiny_d597590_interrupted.txt``): the regional candidate's graphs
     noted the source and target lengths dynamic on the shared input ids, and the module candidate warmed up after
     it compiled a graph symbolic in the target length, another program than alone (``NotSameProgram``: six of ten
     verdict candidates, then the winner, and the phase fell back to fresh processes). Alone, nothing else wrote
     on its batches before its warm-up; beside, this makes it so."""
-    found = 0
     for t in tensors:
         if hasattr(t, PROPAGATED):
             delattr(t, PROPAGATED)
-            found += 1
-    return found
 
 
 def save_shape_state(path: Path, models: Iterable[nn.Module]) -> bool:
