@@ -141,6 +141,8 @@ def hydra_main(cfg: DictConfig) -> Any:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         settings = settings_from(cfg, available_models())
+        if settings.task != "measure" and (note := settings.compare.processes_note()) is not None:
+            log.warning(note)  # a decision needs 3 side-by-side processes: 3 run
         if settings.task == "measure":
             from autocompile.report.view import console, measurement_table
             from autocompile.study.measure import measure

@@ -72,10 +72,11 @@ def test_side_by_side_phases_pair_windows_and_verdict_neighbours_run_once_cold_f
     assert study.user_attrs["method.confirm"]["method"] == study.user_attrs["method.verdict"]["method"] == \
         "side_by_side"
     confirm = [t for t in study.trials if t.user_attrs.get("phase") == "confirm"]
+    # compare.processes=2 asked, 3 run: a side-by-side decision needs 3 (issue 50).
     assert sorted((t.user_attrs["round"], t.user_attrs["label"]) for t in confirm) == [
-        (0, "#0"), (0, "#1"), (1, "#0"), (1, "#1")]
+        (0, "#0"), (0, "#1"), (1, "#0"), (1, "#1"), (2, "#0"), (2, "#1")]
     # A round is one process: both candidates of round r share its directory and pair window by window.
-    for r in (0, 1):
+    for r in (0, 1, 2):
         same = [t for t in confirm if t.user_attrs["round"] == r]
         assert len({t.user_attrs["trial_dir"] for t in same}) == 1
         assert len({len(t.user_attrs["result"]["step_s_windows"]) for t in same}) == 1
@@ -98,11 +99,11 @@ def test_side_by_side_phases_pair_windows_and_verdict_neighbours_run_once_cold_f
     assert amp["measurable"] and amp["low"] > 0
     # The confirmation raced bfloat16 beside the winner in both its processes: the verdict reads those, and no
     # verdict process times the pair again (issue 35).
-    assert amp_cold.user_attrs["timed_in"] and "side by side in the confirmation's 2 processes" in amp["verdict"]
+    assert amp_cold.user_attrs["timed_in"] and "side by side in the confirmation's 3 processes" in amp["verdict"]
     assert not [t for t in verdict if t.user_attrs["label"] == "amp.dtype=bfloat16" and t.user_attrs["round"] >= 0]
     # The search's ± use the noise of processes alone only (issue 26): none ran alone twice here, so none is claimed.
     assert summary["noise"] is None or "alone" in summary["noise"]["source"]
-    assert "Confirmed side by side in 2 fresh processes" in done.stdout
+    assert "Confirmed side by side in 3 fresh processes" in done.stdout
 
 
 def test_the_timed_part_runs_until_the_stated_precision_or_its_cap(tmp_path: Path) -> None:
@@ -135,4 +136,4 @@ def test_a_neighbours_cold_run_times_one_window_no_decision_reads_more(tmp_path:
     assert len(cold.user_attrs["result"]["step_s_windows"]) == 1 and cold.user_attrs["result"]["compile_s"] >= 0
     summary = json.loads((tmp_path / "t" / "summary.json").read_text())
     (amp,) = [v for v in summary["verdicts"] if v["knob"] == "amp.dtype"]
-    assert amp["measurable"] and amp["low"] > 0 and "side by side in 2 processes" in amp["verdict"]
+    assert amp["measurable"] and amp["low"] > 0 and "side by side in 3 processes" in amp["verdict"]

@@ -460,7 +460,7 @@ def test_an_a_a_comparison_counts_its_one_cold_run_once() -> None:
     assert statistics.fmean(half_widths) <= 1.25 * ideal, (statistics.fmean(half_widths), ideal)
 
 
-def test_the_compile_spread_is_measured_where_a_program_compiled_cold_twice_else_the_prior_says_so() -> None:
+def test_the_compile_spread_pools_what_the_study_measured_with_the_prior_by_df_else_the_prior_says_so() -> None:
     settings = ObjectiveSettings()
     study = optuna.create_study()
     for fp, seconds in (("p1", 20.0), ("p1", 21.0), ("p2", 30.0), ("e", 0.1), ("e", 0.3)):
@@ -469,10 +469,14 @@ def test_the_compile_spread_is_measured_where_a_program_compiled_cold_twice_else
             "phase": "search", "config": {"compile.scope": scope}, "identity": fp,
             "result": {"status": "ok", "step_s": 0.01, "compile_s": seconds, "fingerprint": fp}}))
     spread = compile_spread(study, settings)
-    assert spread.df == 1 and spread.cv == pytest.approx(abs(math.log(21 / 20)) / math.sqrt(2))
-    assert spread.source.startswith("measured")  # eager's tenths of a second are no compile
+    measured = abs(math.log(21 / 20)) / math.sqrt(2)  # eager's tenths of a second are no compile
+    assert spread.measured_df == 1 and spread.measured_cv == pytest.approx(measured)
+    # Issue 50: pooled with the CPU class's prior (6 %, 4 df), weighted by df, never replaced by 1 df.
+    assert spread.df == 5 and spread.cv == pytest.approx(math.sqrt((4 * 0.06**2 + measured**2) / 5))
+    assert "prior 6.0% on 4 df" in spread.source and "pooled with the study's 3.4% on 1 df" in spread.source
     prior = compile_spread(study, settings, shared_cache=True)
-    assert prior.cv == settings.compile_cv and "prior objective.compile_cv" in prior.source
+    assert (prior.cv, prior.df, prior.measured_cv) == (0.06, 4, None)
+    assert "no program was compiled cold twice" in prior.source
 
 
 def test_stalls_told_by_cpu_time_keep_the_programs_own_slow_windows() -> None:

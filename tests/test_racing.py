@@ -160,7 +160,7 @@ def test_the_report_says_which_candidates_are_undetermined_and_what_would_decide
     assert outcome is not None
     more = outcome.undetermined[0].more_processes
     assert f"undetermined (about {more} more processes would decide)" in text
-    assert "every ± and [ ] is a 95% interval" in text and "prior objective.compile_cv" in text
+    assert "every ± and [ ] is a 95% interval" in text and "prior 6.0% on 4 df" in text
 
 
 def test_verdicts_come_from_the_rounds_of_the_winner_and_its_neighbours() -> None:
@@ -281,7 +281,7 @@ def test_a_neighbour_the_search_measured_takes_that_trial_as_its_cold_run() -> N
     # Run again (a resumed phase): nothing is copied twice.
     assert reuse_search_runs(study, study.trials[0], cold, identities) == 0
     # One compile, not two: a copy never enters the compile spread as a second cold compile of its program.
-    assert compile_spread(study, ObjectiveSettings()) == spread and spread.df == 1
+    assert compile_spread(study, ObjectiveSettings()) == spread and spread.measured_df == 1
 
 
 def test_auto_verdicts_ask_checkpointing_only_where_memory_binds() -> None:

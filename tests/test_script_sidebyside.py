@@ -66,11 +66,12 @@ def test_a_scripts_compare_times_eager_module_and_module_again_side_by_side_in_i
     from autocompile.study.phases import sidebyside
 
     monkeypatch.chdir(tmp_path)
-    s = script_settings(tmp_path, [MODULE, "compile.scope=none", MODULE], "compare.processes=2")
+    s = script_settings(tmp_path, [MODULE, "compile.scope=none", MODULE], "compare.processes=3")
     report = compare(s, tmp_path / "run").as_dict()
     assert (report["method"], report["why"]) == ("side_by_side", "")
     (out,) = (tmp_path / "run" / "compare").iterdir()
-    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["cold0", "cold1", "process0", "process1"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["cold0", "cold1", "process0", "process1",
+                                                                   "process2"]
     results = [json.loads((out / f"process{p}" / "result.json").read_text()) for p in (0, 1)]
     cold = {0: json.loads((out / "cold0" / "result.json").read_text()),
             1: json.loads((out / "cold1" / "result.json").read_text())}
@@ -86,10 +87,10 @@ def test_a_scripts_compare_times_eager_module_and_module_again_side_by_side_in_i
     assert cold[0]["fingerprint"] != "eager:script" == cold[1]["fingerprint"]
     # What the model path's processes give the intervals, read unchanged.
     per = sidebyside.windows([TrialResult.from_json(r) for r in results])
-    assert sorted(per) == labels and all(sorted(by_process) == [0, 1] for by_process in per.values())
+    assert sorted(per) == labels and all(sorted(by_process) == [0, 1, 2] for by_process in per.values())
     eager, again = report["pairs"]
     assert (eager["b"], again["b"]) == (1, 2)
-    assert eager["step"]["processes"] == 2 and eager["step"]["basis"] != "fresh-process rounds"
+    assert eager["step"]["processes"] == 3 and eager["step"]["basis"] != "fresh-process rounds"
     assert again["step"]["low"] < 0 < again["step"]["high"]  # A/A: the same candidate twice
 
 
@@ -182,4 +183,5 @@ def test_a_script_studys_confirmation_times_its_candidates_side_by_side_with_the
     (summary,) = tmp_path.glob("*/summary.json")
     confirmed = json.loads(summary.read_text())["confirmed"]
     assert confirmed["method"] == {"method": "side_by_side", "why": ""}
-    assert [c["rounds"] for c in confirmed["candidates"]] == [2, 2, 2]  # each timed, and feasible, in both processes
+    # each timed, and feasible, in every process (2 asked, 3 run: a decision needs 3)
+    assert [c["rounds"] for c in confirmed["candidates"]] == [3, 3, 3]

@@ -142,10 +142,10 @@ def test_a_confirmation_side_by_side_pairs_windows_and_its_noise_floor_pools_onl
     assert isinstance(gain, Paired) and gain.low is not None and gain.high is not None
     assert outcome.method["method"] == "side_by_side" and gain.processes == 3 and gain.rounds == 120
     assert gain.high - gain.low < 0.03  # a 3% effect, measured to about +-1% despite 15% between processes
-    noise = study_noise(study, Env.detect("cpu", 1, False), "side_by_side")
+    noise = study_noise(study, "side_by_side")
     assert noise is not None and noise.df == 4 and noise.rel_sd > 0.05  # across processes: the 15%, as it is
     assert "side by side" in noise.source and "reference is not pooled" in noise.source
-    assert study_noise(study, Env.detect("cpu", 1, False)) is None  # no alone repeat: the components stay apart
+    assert study_noise(study) is None  # no alone repeat: the components stay apart
 
 
 def test_one_cache_per_process_holds_every_candidates_cold_cache_once(tmp_path: Path) -> None:

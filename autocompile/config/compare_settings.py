@@ -14,6 +14,12 @@ import yaml
 from autocompile.config.choices import Knobs
 from autocompile.config.knobs import KNOBS, KnobError
 
+MIN_PROCESSES = 3
+"""Side-by-side processes a decision needs at least. A pair's interval is never narrower than its process means
+allow (:func:`autocompile.study.statistics.intervals.paired_windows`): at 2 processes that is 1 degree of freedom,
+mean +- 12.7 x se, so a process that moved by a few per cent leaves +-20-40 % (the H200 study's +9.2 % [-10.9,
++33.7]); at 3 it is t(2) = 4.3 (``tests/test_interval_simulations.py``)."""
+
 
 @dataclass
 class CompareSettings:
@@ -39,6 +45,19 @@ class CompareSettings:
     """... or once this many seconds of windows were timed in it."""
     settle_steps: int = 1
     """Untimed steps of a candidate before each of its windows (the switch between programs is not timed)."""
+
+    @property
+    def decided_processes(self) -> int:
+        """The side-by-side processes run: ``processes``, at least :data:`MIN_PROCESSES`."""
+        return max(self.processes, MIN_PROCESSES)
+
+    def processes_note(self) -> str | None:
+        """The one line saying that fewer processes than a decision needs were asked for (None: enough)."""
+        if self.processes >= MIN_PROCESSES:
+            return None
+        return (f"compare.processes={self.processes}: a side-by-side decision needs {MIN_PROCESSES} processes (at "
+                f"{self.processes} the interval has {max(self.processes - 1, 0)} df between processes), so "
+                f"{MIN_PROCESSES} run")
 
     def __post_init__(self) -> None:
         for key, value, least in (("processes", self.processes, 1), ("window_steps", self.window_steps, 1),

@@ -167,12 +167,14 @@ class ObjectiveSettings:
     """Trials above this peak memory are infeasible; 0 = no limit."""
     loss_rtol: float = 0.02
     """Per-step losses must stay within this relative distance of the eager reference's."""
-    compile_cv: float = 0.06
-    """Prior relative sd of one cold compile across fresh processes, carried into time-to-train intervals
-    only when the study compiled no program cold twice (otherwise the spread it measured is used, and the
-    report says which): the committed records' cold compiles spread 3.6-6.3 % (issue 26)."""
-    compile_df: int = 4
-    """Degrees of freedom given to the prior ``compile_cv`` (a handful of cold compiles behind it)."""
+    compile_cv: float | None = None
+    """Prior relative sd of one cold compile across fresh processes, which time-to-train intervals pool with the
+    spread the study measures (weighted by degrees of freedom); null = the device class's (CPU 6 %: the committed
+    cold compiles spread 3.6-6.3 %; CUDA 10 %), learned further from the earlier studies under ``output_root`` on
+    this device (``study/records/compile_prior.py``)."""
+    compile_df: int | None = None
+    """Degrees of freedom the prior counts as (its weight against the study's own cold compiles); null = the
+    device class's (CPU 4, CUDA 2)."""
     tie_margin: float = 0.02
     """Equivalence margin of the confirmation: a candidate ties with the leader when the 95% interval of
     their ratio (of the objective's score) lies within +-this; one whose interval straddles it is
@@ -189,9 +191,9 @@ class ObjectiveSettings:
             raise ValueError(f"objective.kind={self.kind!r}: choose one of {', '.join(OBJECTIVES)}")
         if self.horizon_steps < 1:
             raise ValueError(f"objective.horizon_steps={self.horizon_steps} must be >= 1")
-        if not 0 <= self.compile_cv < 1:
+        if self.compile_cv is not None and not 0 <= self.compile_cv < 1:
             raise ValueError(f"objective.compile_cv={self.compile_cv} must be in [0, 1), e.g. 0.06")
-        if self.compile_df < 1:
+        if self.compile_df is not None and self.compile_df < 1:
             raise ValueError(f"objective.compile_df={self.compile_df} must be >= 1, e.g. 4")
         if not 0 < self.tie_margin < 1:
             raise ValueError(f"objective.tie_margin={self.tie_margin} must be in (0, 1), e.g. 0.02")

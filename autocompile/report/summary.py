@@ -168,7 +168,7 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     }
     best = min(complete, key=lambda e: objective.score(e.result), default=None)
     baselines = {e.baseline: e for e in complete if e.baseline}
-    noise = study_noise(study, space.env)
+    noise = study_noise(study)
     rel_sd = noise.rel_sd if noise else 0.0
     speedups = {name: speedup(best, base, rel_sd) for name, base in baselines.items()} if best else {}
     verdict_effects = verdicts(study, objective)

@@ -37,6 +37,7 @@ from autocompile.config.settings import Settings
 from autocompile.config.spec import write_json_atomic
 from autocompile.study.comparison import ComparePair, CompareRow, Comparison, Failed
 from autocompile.study.phases import sidebyside
+from autocompile.study.records.compile_prior import prior_for
 from autocompile.study.statistics.intervals import (
     Paired,
     break_even,
@@ -94,7 +95,7 @@ def timed(members: list[sidebyside.Member], settings: Settings, out: Path
     reason = sidebyside.cannot_share(members, settings)  # a script's too: its agent switches candidates
     if reason is None:
         results: list[TrialResult] = []
-        for p in range(settings.compare.processes):
+        for p in range(settings.compare.decided_processes):
             results.append(sidebyside.run_process(out / f"process{p}", members, settings, shift=p))
             if (reason := sidebyside.not_shared(results)) is not None:
                 break  # the rest would fail alike
@@ -102,7 +103,7 @@ def timed(members: list[sidebyside.Member], settings: Settings, out: Path
             return SIDE_BY_SIDE, "", sidebyside.windows(results), sidebyside.windows(results, cpu=True)
     log.warning("fresh-process rounds instead of side by side: %s", reason)
     rounds: dict[str, dict[int, list[float]]] = {}
-    for r in range(settings.compare.processes):
+    for r in range(settings.compare.decided_processes):
         for k in range(len(members)):
             m = members[(k + r) % len(members)]  # each candidate opens a round in turn
             cache = Path(m.cold.trial_dir or "") / "inductor_cache"
@@ -189,6 +190,7 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
     base = rows[0]
     alone_cv, alone_df = alone_noise(per)
     horizon = settings.objective.horizon_steps
+    spread = prior_for(settings)  # one cold run per program: the prior alone, learned on this device
     for b, row in enumerate(rows[1:], start=1):
         a_steps, b_steps = per.get(base.label), per.get(row.label)
         step = pair(a_steps, b_steps, method, cpu.get(base.label), cpu.get(row.label)) \
@@ -198,8 +200,7 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
         a = (base.step_s, base.compile_s or 0.0)
         bb = (row.step_s, row.compile_s or 0.0)
         shared = base.cold_trial is not None and base.cold_trial == row.cold_trial  # A/A: alone is 1
-        ttt = time_to_train(step, a, bb, horizon, settings.objective.compile_cv, settings.objective.compile_df,
-                            shared_cold=shared)
+        ttt = time_to_train(step, a, bb, horizon, spread.cv, spread.df, shared_cold=shared)
         pays = break_even(step, a, bb, (base.label, row.label))
         apart = None if shared or method != SIDE_BY_SIDE else alone_disagrees(
             step, (base.step_s_alone or 0.0, row.step_s_alone or 0.0), (base.label, row.label), alone_cv, alone_df)
@@ -218,7 +219,7 @@ def summarise(members: list[sidebyside.Member], failed: list[sidebyside.Member],
     model = ("log window step time = candidate + process effect + window noise; windows paired within rounds, "
              "a random effect per process (see docs/measuring.md)") if method == SIDE_BY_SIDE else \
         "one fresh process per candidate and round, paired by round"
-    return Comparison(method, why, settings.compare.processes, model, rows, pairs, alone_cv, walls, changes,
+    return Comparison(method, why, settings.compare.decided_processes, model, rows, pairs, alone_cv, walls, changes,
                       [Failed(m.label, m.cold.reason) for m in failed])
 
 

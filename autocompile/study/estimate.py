@@ -223,7 +223,7 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
     from autocompile.study.phases.plans import confirm_plan, neighbours
     from autocompile.study.phases.run import raced, searched_runs, timed_beside
 
-    s, processes = settings.study, settings.compare.processes
+    s, processes = settings.study, settings.compare.decided_processes
     trials = study.get_trials(deepcopy=False)
     wanted = asked_at(winner, settings)
     searching = sum(counted(t) for t in trials) < s.n_trials or not any(t.state == TrialState.COMPLETE for t in trials)

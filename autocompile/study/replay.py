@@ -51,11 +51,11 @@ from autocompile.config.sections import ObjectiveSettings, StudySettings
 from autocompile.config.space import SearchSpace, identity
 from autocompile.study.phases.confirmation import Candidate, versus
 from autocompile.study.phases.racing import simplicity
+from autocompile.study.records.compile_prior import class_prior
 from autocompile.study.records.objective import Objective, near_misses, time_to_train
 from autocompile.study.records.record import Measurement, set_attrs
 from autocompile.study.search.baselines import queue_baselines
 from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, PRUNE_WINDOWS, race
-from autocompile.study.statistics.intervals import CompileSpread
 from autocompile.trial.timing.result import ProgressEvent
 
 WARMUP_STEPS = 3
@@ -289,7 +289,7 @@ def recommended(table: dict[str, Row], told: dict[str, Told], objective: Objecti
         raced = [Candidate(k, i, k, told[k].config, told[k].baseline, told[k].measured.compile_s or 0.0,
                            {r: s * math.exp(levels[r]) for r, s in told[k].confirm_steps.items()})
                  for i, k in enumerate(keys) if told[k].measured is not None]
-        spread = CompileSpread(objective.settings.compile_cv, objective.settings.compile_df, "prior")
+        spread = class_prior("cpu", objective.settings)  # the replays' tables were measured on the 2-core VM
         decision = race([statistics.fmean(math.log(s) for s in c.scores(objective).values()) for c in raced],
                         [simplicity(c.config) for c in raced],
                         lambda i, j: versus(raced[i], raced[j], objective, True, spread), objective.settings.tie_margin)

@@ -32,19 +32,17 @@ from autocompile.study.phases.together import measure_together, process_dir
 from autocompile.study.records.objective import Objective, near_misses
 from autocompile.study.records.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
 from autocompile.study.records.optuna_store import (
-    check_measured_on,
     counted,
     feasible,
     file_lock,
     find_measured,
     measured_trials,
-    open_study,
+    open_for,
     owner,
     recover_interrupted,
     requeue,
     running_twin,
     same_program,
-    storage_for,
     tell,
     wait_finished,
 )
@@ -77,7 +75,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
     observer = observer or Quiet()
     space = SearchSpace(settings.env, settings.fixed_knobs, settings.study.extended, settings.lead_knobs)
     objective = Objective(settings.objective)
-    study = open_for(settings, run_dir, objective, space)
+    study = open_for(settings, run_dir, objective.directions, make_sampler(settings.study.sampler, space,
+                                                                            settings.study.seed))
     remaining = Remaining(study, space, objective, settings)
     (run_dir / "config.yaml").write_text(config_yaml)
     observer.opened(study, objective, remaining)
@@ -125,16 +124,6 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
         prune_caches(study, winner, run_dir)  # a resumed study's repeats start warm from the caches it still has
     return Outcome(study, space, objective, budget.stop_reason, time.time() - budget.started, interrupted,
                    len(budget.released))
-
-
-def open_for(settings: Settings, run_dir: Path, objective: Objective, space: SearchSpace) -> optuna.Study:
-    """The study in its storage, checked to be measured on this workload and machine, its dead trials recovered."""
-    storage = storage_for(settings.study.storage, run_dir, settings.study.heartbeat_s)
-    sampler = make_sampler(settings.study.sampler, space, settings.study.seed)
-    study = open_study(settings.study.name, storage, objective.directions, sampler)
-    check_measured_on(study, settings.measured_on())
-    recover_interrupted(study)
-    return study
 
 
 def ending_error(outcome: Outcome, settings: Settings, run_dir: Path) -> RuntimeError | None:
@@ -375,7 +364,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
         log.info("trial %d = trial %d (%s): not measured again", trial.number, prior.number, name)
         return
 
-    noise = study_noise(study, space.env, "alone")  # a search trial is one alone process
+    noise = study_noise(study, "alone")  # a search trial is one alone process
     scored = scored_results(study, objective)
     best = min(scored, key=lambda s: objective.score(s[1]), default=None)
     prune = objective.stop_rule(best, noise.rel_sd if noise else None, len(scored), alone_window_spread(study)) \

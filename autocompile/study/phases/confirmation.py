@@ -20,6 +20,7 @@ from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE, Knobs
 from autocompile.config.space import CONFIRMED_BASELINES
 from autocompile.study.phases.racing import compile_spread, simplicity
 from autocompile.study.phases.sidebyside import speed_changes
+from autocompile.study.records.compile_prior import class_prior
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.objective import time_to_train as time_to_train_s
 from autocompile.study.records.phase_trials import method, phase_trials, step_time
@@ -181,7 +182,7 @@ def versus(a: Candidate, b: Candidate, objective: Objective, score: bool,
         from_rounds(paired_ratio(a.steps, b.steps)))
     if step is None or not score or objective.kind == "throughput":
         return step
-    spread = spread or CompileSpread(objective.settings.compile_cv, objective.settings.compile_df, "prior")
+    spread = spread or class_prior("cpu", objective.settings)
     return time_to_train(step, (b.step_s(), b.compile_s), (a.step_s(), a.compile_s),
                          objective.settings.horizon_steps, spread.cv, spread.df,
                          step_level=level(b.windows or {r: [s] for r, s in b.steps.items()}))

@@ -22,6 +22,7 @@ fresh process after a cheap compile, and the compile time reported stays the col
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,11 +35,12 @@ from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
 from autocompile.config.sections import StudySettings
 from autocompile.config.space import CONFIRMED_BASELINES, SearchSpace
 from autocompile.study.phases.confirmation import confirmed
-from autocompile.study.phases.racing import verdicts
+from autocompile.study.phases.racing import study_noise, verdicts
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import feasible, measured_trials
 from autocompile.study.records.phase_trials import phase_trials, step_time
 from autocompile.study.records.record import TrialRecord, user_attrs
+from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, prune_margin
 
 log = logging.getLogger(__name__)
 
@@ -74,16 +76,25 @@ def rotate(items: list[Any], r: int) -> list[Any]:
 # -- plans ---------------------------------------------------------------------------------------------
 
 def confirm_plan(study: optuna.Study, objective: Objective, top: int, repeats: int) -> list[Slot]:
-    """The best ``top`` distinct programs of the search and the eager / default-compile baselines (and a script's
-    own compile arguments, ``as_written``)."""
+    """The best ``top`` distinct programs of the search, the best of each scope the search cannot rule out
+    (:func:`open_scopes`) and the eager / default-compile baselines (and a script's own compile arguments,
+    ``as_written``)."""
     ranked = ranked_trials(study, objective)
     chosen: list[tuple[FrozenTrial, TrialRecord]] = []
     programs: set[str] = set()
-    for t, rec in ranked:
+
+    def take(t: FrozenTrial, rec: TrialRecord) -> None:
         fingerprint = rec.measured.fingerprint or rec.identity
-        if len(chosen) < top and fingerprint not in programs:
+        if fingerprint not in programs:
             chosen.append((t, rec))
             programs.add(fingerprint)
+
+    for t, rec in ranked:
+        if len(chosen) < top:
+            take(t, rec)
+    if top:
+        for t, rec in open_scopes(study, objective, ranked):
+            take(t, rec)
     for t, rec in ranked:
         if rec.baseline in CONFIRMED_BASELINES and all(t is not c for c, _ in chosen):
             chosen.append((t, rec))
@@ -93,6 +104,25 @@ def confirm_plan(study: optuna.Study, objective: Objective, top: int, repeats: i
         candidate=t.number, baseline=rec.baseline, name=rec.name, compile_s_cold=rec.measured.compile_s,
         cache_from=rec.trial_dir, cold_trial=t.number,
     ), warm=True) for r in range(repeats) for t, rec in rotate(chosen, r)]
+
+
+def open_scopes(study: optuna.Study, objective: Objective, ranked: list[tuple[FrozenTrial, TrialRecord]]
+                ) -> list[tuple[FrozenTrial, TrialRecord]]:
+    """The best search trial of each ``compile.scope`` whose score the search cannot rule out against the best's:
+    one alone process each, and one process can run 30-70 % slow on a busy machine (issue 50: a seed whose one
+    train-step process ran slow never raced it, and recommended eager). Ruled out only beyond the prune rule's
+    margin (:func:`decisions.prune_margin`: both sides' process noise, the best's luck as the least of the
+    search's trials) at the study's alone noise, or the prior where it measured none."""
+    if not ranked:
+        return []
+    noise = study_noise(study, "alone")
+    margin = prune_margin(noise.rel_sd if noise else PRIOR_ALONE_NOISE, 0.0, len(ranked))
+    best = objective.score(ranked[0][1].measured)
+    found: dict[object, tuple[FrozenTrial, TrialRecord]] = {}
+    for t, rec in ranked:
+        found.setdefault(rec.config.get("compile.scope"), (t, rec))
+    return [(t, rec) for t, rec in found.values()
+            if abs(math.log(objective.score(rec.measured) / best)) <= margin]
 
 
 def ranked_trials(study: optuna.Study, objective: Objective) -> list[tuple[FrozenTrial, TrialRecord]]:

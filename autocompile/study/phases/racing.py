@@ -20,9 +20,10 @@ from optuna import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.choices import SIDE_BY_SIDE, Knobs, compiles
-from autocompile.config.knobs import KNOBS, Env
+from autocompile.config.knobs import KNOBS
 from autocompile.config.sections import ObjectiveSettings
 from autocompile.study.phases.sidebyside import speed_changes
+from autocompile.study.records.compile_prior import study_prior
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import NOT_ASKED, REFERENCE, VERDICT_LOOK, interrupted, measured_trials
 from autocompile.study.records.phase_trials import phase_trials, step_time
@@ -39,6 +40,7 @@ from autocompile.study.statistics.intervals import (
     level,
     paired_ratio,
     paired_windows,
+    pooled_spread,
     t_quantile,
     time_to_train,
 )
@@ -53,7 +55,7 @@ def simplicity(config: Knobs) -> tuple[int, int]:
     return (1 if compiles(config.get("compile.scope")) else 0, changed)
 
 
-def study_noise(study: Study, env: Env, kind: str = "alone") -> Noise | None:
+def study_noise(study: Study, kind: str = "alone") -> Noise | None:
     """Run-to-run noise of step time: one program measured in several fresh processes under one set of
     measurement settings, pooled. Two components kept apart (a single alone process must not be judged by
     the far smaller noise of side-by-side processes): ``alone`` pools a program's repeats alone in a process
@@ -87,10 +89,10 @@ def alone_window_spread(study: Study) -> float | None:
 
 
 def compile_spread(study: Study, settings: ObjectiveSettings, shared_cache: bool = False) -> CompileSpread:
-    """The spread of one cold compile across fresh processes, as measured in the study: the pooled sd of
-    log compile seconds of every program (fingerprint) compiled cold more than once (search trials, cold
-    repeats, verdict neighbours' cold runs). Nothing measured twice (or ``shared_cache``: no compile was
-    cold): the prior ``objective.compile_cv``, and the source says so."""
+    """The spread of one cold compile across fresh processes: the study's prior (``compile_prior``) pooled with
+    what the study measured, the pooled sd of log compile seconds of every program (fingerprint) compiled cold
+    more than once (search trials, cold repeats, verdict neighbours' cold runs), weighted by degrees of freedom.
+    Nothing measured twice (or ``shared_cache``: no compile was cold): the prior; the source says which."""
     groups: dict[str, list[float]] = {}
     if not shared_cache:
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
@@ -101,13 +103,9 @@ def compile_spread(study: Study, settings: ObjectiveSettings, shared_cache: bool
                     and compiles(rec.config.get("compile.scope")) and not interrupted(t)):
                 groups.setdefault(m.fingerprint, []).append(m.compile_s)
     measured = pooled_noise(list(groups.values()), "")
-    if measured is not None:
-        programs = sum(len(v) > 1 for v in groups.values())
-        return CompileSpread(measured.rel_sd, measured.df, f"measured: {programs} program(s) compiled cold "
-                                                             f"more than once, {measured.df} df")
-    return CompileSpread(settings.compile_cv, settings.compile_df,
-                         f"prior objective.compile_cv={settings.compile_cv:g} ({settings.compile_df} df): no "
-                         "program was compiled cold twice in this study")
+    programs = sum(len(v) > 1 for v in groups.values())
+    return pooled_spread(study_prior(study, settings), measured.rel_sd if measured else None,
+                         measured.df if measured else 0, programs)
 
 
 def verdicts(study: Study, objective: Objective | None = None) -> list[Effect]:

@@ -77,7 +77,7 @@ class PhaseSettings:
     @classmethod
     def of(cls, settings: Settings) -> PhaseSettings:
         s = settings.study
-        return cls(s.confirm_top, s.repeats, settings.compare.processes, s.side_by_side, s.verdicts,
+        return cls(s.confirm_top, s.repeats, settings.compare.decided_processes, s.side_by_side, s.verdicts,
                    settings.objective.memory_limit_gb, "study.side_by_side=false", settings.env,
                    functools.partial(sidebyside.cannot_share, settings=settings))
 

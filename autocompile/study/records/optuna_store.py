@@ -24,6 +24,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.settings import ConfigError, Settings
+from autocompile.study.records.compile_prior import prior_for, record_prior
 from autocompile.study.records.record import Owner, TrialRecord
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,18 @@ def check_measured_on(study: optuna.Study, measured_on: dict[str, Any], record: 
     if changed:
         raise ConfigError(f"study {study.study_name!r} was measured on another workload ({'; '.join(changed[:4])}): "
                           "restore those settings to resume it, or set study.name for a new study")
+
+
+def open_for(settings: Settings, run_dir: Path, directions: list[str], sampler: optuna.samplers.BaseSampler
+             ) -> optuna.Study:
+    """The study in its storage, checked to be measured on this workload and machine, its compile prior fixed
+    (:mod:`autocompile.study.records.compile_prior`), its dead trials recovered."""
+    storage = storage_for(settings.study.storage, run_dir, settings.study.heartbeat_s)
+    study = open_study(settings.study.name, storage, directions, sampler)
+    check_measured_on(study, settings.measured_on())
+    record_prior(study, prior_for(settings, run_dir))  # a resumed study keeps the prior it started with
+    recover_interrupted(study)
+    return study
 
 
 def check_resumable(settings: Settings, run_dir: Path, opened: dict[str, optuna.storages.BaseStorage]) -> None:

@@ -178,10 +178,37 @@ class CompileSpread:
     cv: float
     df: float
     source: str
-    """``measured: ...`` (pooled over programs compiled cold more than once) or ``prior ...``."""
+    """What it rests on: the prior, and what the study measured (programs compiled cold more than once)."""
+    measured_cv: float | None = None
+    """The study's own part (None: no program compiled cold twice), which later studies on this device learn
+    their prior from (:mod:`autocompile.study.records.compile_prior`)."""
+    measured_df: float = 0.0
+    device: str = ""
+    """The device it was measured on (``Settings.device_name``)."""
 
-    def as_dict(self) -> dict[str, float | str]:
-        return {"cv": self.cv, "df": self.df, "source": self.source}
+    def as_dict(self) -> dict[str, float | str | None]:
+        return {"cv": self.cv, "df": self.df, "source": self.source, "measured_cv": self.measured_cv,
+                "measured_df": self.measured_df, "device": self.device}
+
+    @property
+    def text(self) -> str:
+        """``cold compile spread 5.1 % on 7 df``: what a time-to-train interval says it used."""
+        return f"cold compile spread {self.cv:.1%} on {self.df:g} df"
+
+
+def pooled_spread(prior: CompileSpread, measured_cv: float | None, measured_df: float, programs: int = 0
+                  ) -> CompileSpread:
+    """The prior and the study's measurement together, each weighted by its degrees of freedom (a pooled variance:
+    the prior counts as ``prior.df`` cold compiles' worth). A study's 1-3 df alone leave intervals of +-40 %
+    (median; coverage 92 % at 1 df), the prior alone cannot learn a wider spread; pooled, both hold
+    (``tests/test_interval_simulations.py``, ``benchmarks/results/cpu-2core/compile_spread_rules.md``)."""
+    if measured_cv is None or measured_df < 1:
+        return replace(prior, source=f"{prior.source}; no program was compiled cold twice in this study")
+    df = prior.df + measured_df
+    cv = math.sqrt((prior.df * prior.cv**2 + measured_df * measured_cv**2) / df)
+    return CompileSpread(cv, df, f"{prior.source}, pooled with the study's {measured_cv:.1%} on {measured_df:g} df "
+                                 f"({programs} program(s) compiled cold more than once): {cv:.1%} on {df:g} df",
+                         measured_cv, measured_df, prior.device)
 
 
 def from_rounds(ratio: Ratio | None) -> Paired | None:
@@ -217,7 +244,8 @@ def time_to_train(step: Paired, a: tuple[float, float], b: tuple[float, float], 
     Welch-Satterthwaite. ``shared_cold``: both sides took their compile time from one cold run (an A/A
     comparison), whose error enters both times alike: only the difference of the shares carries it.
     ``step_level``: (standard error, df) of the log of the absolute step time (:func:`level`), which moves
-    both step times together and so the ratio by the difference of the steps' shares."""
+    both step times together and so the ratio by the difference of the steps' shares. The basis says which
+    compile spread the interval used, on how many df."""
     (sa, ca), (sb, cb) = a, b
     ta, tb = ca + horizon * sa, cb + horizon * sb
     mu = math.log(tb / ta)
@@ -233,7 +261,9 @@ def time_to_train(step: Paired, a: tuple[float, float], b: tuple[float, float], 
     if not step.df:
         return Paired(math.expm1(mu), None, None, step.rounds, step.processes, step.basis, step.process_p)
     df = satterthwaite(parts, dfs) if var > 0 else step.df
-    return _interval(mu, var, df, step.rounds, step.processes, step.basis + " + cold compile", step.process_p)
+    return _interval(mu, var, df, step.rounds, step.processes, step.basis + f" + cold compile (spread "
+                     f"{compile_cv:.1%} on {compile_df:g} df)",
+                     step.process_p)
 
 
 MIN_EXTRA_COMPILE_S = 0.5
