@@ -55,5 +55,4 @@ def race_status(candidate: RaceRow, outcome: Confirmation) -> str:
         return ""
     if status != "undetermined":
         return f" {status}" + (f" (within +-{outcome.tie_margin:.0%})" if status == "tied" else "")
-    more = candidate.more_processes
-    return " undetermined" + (f" (about {more} more processes would decide)" if more else "")
+    return " undetermined" + (f" ({candidate.decide})" if candidate.decide else "")

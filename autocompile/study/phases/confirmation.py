@@ -25,7 +25,7 @@ from autocompile.study.records.objective import Objective
 from autocompile.study.records.objective import time_to_train as time_to_train_s
 from autocompile.study.records.phase_trials import method, phase_trials, step_time
 from autocompile.study.records.record import TrialRecord
-from autocompile.study.statistics.decisions import processes_to_decide, race
+from autocompile.study.statistics.decisions import MAX_MORE, out_of_reach, processes_to_decide, race
 from autocompile.study.statistics.intervals import (
     CompileSpread,
     Ratio,
@@ -70,11 +70,11 @@ class Candidate:
         return math.exp(statistics.fmean(map(math.log, self.steps.values())))
 
     def row(self, status: Status | None = None, vs_leader: Ratio | None = None,
-            more_processes: int | None = None) -> RaceRow:
+            more_processes: int | None = None, decide: str = "") -> RaceRow:
         return RaceRow(self.label, self.number, self.name, self.config, self.baseline, self.compile_s,
                        len(self.steps), self.step_s() if self.steps else None,
                        {str(r): s for r, s in sorted(self.steps.items())}, sum(map(len, self.windows.values())),
-                       status, vs_leader, more_processes)
+                       status, vs_leader, more_processes, decide)
 
 
 @dataclass(frozen=True)
@@ -98,14 +98,17 @@ class RaceRow:
     vs_leader: Ratio | None = None
     """Its score over the leader's (None: it is the leader, or no shared round)."""
     more_processes: int | None = None
-    """Undetermined: about how many more processes would decide it (None: no interval to extrapolate)."""
+    """Undetermined: about how many more processes would decide it (None: no interval to extrapolate, or none
+    would: :attr:`decide` says which)."""
+    decide: str = ""
+    """Undetermined: what would decide it, in words (:func:`what_decides`)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "trial": self.trial, "name": self.name, "config": self.config,
                 "baseline": self.baseline, "compile_s_cold": self.compile_s_cold, "rounds": self.rounds,
                 "step_s_geomean": self.step_s_geomean, "step_s_rounds": self.step_s_rounds, "windows": self.windows,
                 "status": self.status, "vs_leader": self.vs_leader.as_dict() if self.vs_leader else None,
-                "more_processes": self.more_processes}
+                "more_processes": self.more_processes, "decide": self.decide}
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,7 @@ class Confirmation:
             "tied_with_leader": self.tied_with_leader, "tie_margin": self.tie_margin, "decided": self.decided,
             "undetermined": [{"label": c.label, "name": c.name, "status": c.status,
                               "vs_leader": c.vs_leader.as_dict() if c.vs_leader else None,
-                              "more_processes": c.more_processes} for c in self.undetermined],
+                              "more_processes": c.more_processes, "decide": c.decide} for c in self.undetermined],
             "compile_spread": self.compile_spread.as_dict() if self.compile_spread else None,
             "candidates": [c.as_dict() for c in self.candidates],
             "gains": {name: g.as_dict() for name, g in self.gains.items()},
@@ -186,6 +189,26 @@ def versus(a: Candidate, b: Candidate, objective: Objective, score: bool,
     return time_to_train(step, (b.step_s(), b.compile_s), (a.step_s(), a.compile_s),
                          objective.settings.horizon_steps, spread.cv, spread.df,
                          step_level=level(b.windows or {r: [s] for r, s in b.steps.items()}))
+
+
+def what_decides(ratio: Ratio | None, margin: float) -> tuple[int | None, str]:
+    """An undetermined comparison: about how many more processes would decide it, and that in words. More than
+    twice the processes it ran is said as such (a study's phase will not run them; ``task=compare`` can), and where
+    the cold compiles' spread alone leaves it undecided no number of processes is named."""
+    if ratio is None or ratio.low is None:
+        return None, "no interval: measure it again"
+    if out_of_reach(ratio, margin):
+        floor = float(getattr(ratio, "floor_se", 0.0))
+        return None, (f"more processes would not decide it: the two cold compiles alone leave +-{1.96 * floor:.1%} "
+                      "of time to train")
+    ran = processes(ratio)
+    more = processes_to_decide(ratio, margin, ran)
+    if more is None:
+        return None, f"more than {MAX_MORE} more processes would decide"
+    if more > 2 * ran:
+        return more, (f"about {more} more processes would decide, more than twice the {ran} it ran: task=compare "
+                      f"with compare.processes={ran + more} on the two can")
+    return more, f"about {more} more processes would decide"
 
 
 def processes(ratio: Ratio) -> int:
@@ -243,9 +266,8 @@ def confirmed(study: Study, objective: Objective) -> Confirmation | None:
     rows = []
     for c in measured:
         r = ratios.get(c.label)
-        more = processes_to_decide(r, margin, processes(r)) if r and status[c.label] in ("undetermined", "faster") \
-            else None
-        rows.append(c.row(status[c.label], r, more))
+        more, decide = what_decides(r, margin) if status[c.label] in ("undetermined", "faster") else (None, "")
+        rows.append(c.row(status[c.label], r, more, decide))
     ties = [c for c in measured if status[c.label] in ("leader", "tied")]
     gains = {c.baseline: Gain(versus(winner, c, objective, False), versus(winner, c, objective, True, spread))
              for c in measured if c.baseline in CONFIRMED_BASELINES and c is not winner}
@@ -278,8 +300,5 @@ def conclusion(winner: Candidate, leader: Candidate, ties: list[Candidate], comp
            else "")
     lead += tie + (f" (fastest on average: {leader.name or leader.label})" if leader is not winner else "")
     for u in undetermined or []:
-        more = u.more_processes
-        lead += (f"; {u.name or u.label} vs the leader is undetermined ("
-                 + (f"about {more} more processes would decide" if more else "no interval: measure it again")
-                 + ")")
+        lead += f"; {u.name or u.label} vs the leader is undetermined ({u.decide or 'no interval: measure it again'})"
     return lead

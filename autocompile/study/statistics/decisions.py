@@ -103,7 +103,9 @@ def processes_to_decide(ratio: Ratio | None, margin: float, processes: int) -> i
     the difference is what it measured so far: the standard error shrinks as 1 / sqrt(n) with ``n``
     processes, and the comparison is decided once (t(df) + z(0.8)) standard errors fit in the distance of
     the estimate to the easier decision (tied: inside the margin; apart: beyond zero). A planning figure:
-    the estimate itself is uncertain. None: no interval to scale, or more than :data:`MAX_MORE`."""
+    the estimate itself is uncertain. A time to train's cold compiles (``floor_se``: one each, whatever the
+    processes) do not shrink. None: no interval to scale, or more than :data:`MAX_MORE` (:func:`out_of_reach`
+    tells the floor apart)."""
     li = log_interval(ratio)
     if li is None or processes < 1:
         return None
@@ -111,15 +113,27 @@ def processes_to_decide(ratio: Ratio | None, margin: float, processes: int) -> i
     target = max(abs(li.mu), m - abs(li.mu))  # measurably apart, or tied
     if li.half <= target:
         return 0
-    spread = li.se * math.sqrt(processes) * sd_bound(li.df)
+    floor = min(float(getattr(ratio, "floor_se", 0.0) or 0.0), li.se)
+    spread = math.sqrt(li.se**2 - floor**2) * math.sqrt(processes) * sd_bound(li.df)
     per_process = li.df / processes  # side by side, pooled windows add many df per process
     power = float(special.ndtri(POWER))
     for more in range(1, MAX_MORE + 1):
         n = processes + more
         t = float(special.stdtrit(li.df + per_process * more, 1 - ALPHA / 2))
-        if (t + power) * spread / math.sqrt(n) < target:
+        if (t + power) * math.sqrt(floor**2 + spread**2 / n) < target:
             return more
     return None
+
+
+def out_of_reach(ratio: Ratio | None, margin: float) -> bool:
+    """Whether no number of processes can decide this comparison at its estimate: the part of its interval that
+    the cold compiles leave (``floor_se``) already covers the distance to either decision."""
+    li = log_interval(ratio)
+    floor = float(getattr(ratio, "floor_se", 0.0) or 0.0)
+    if li is None or not floor:
+        return False
+    target = max(abs(li.mu), math.log1p(margin) - abs(li.mu))
+    return (float(special.ndtri(1 - ALPHA / 2)) + float(special.ndtri(POWER))) * floor >= target
 
 
 def sd_bound(df: float) -> float:

@@ -90,10 +90,12 @@ class Paired(Ratio):
     df: float = 0.0
     dropped: int = 0
     """Rounds left out because a window of either side stalled (``trial.timing.stats.STALL``)."""
+    floor_se: float = 0.0
+    """The part of ``log_se`` no further process shrinks: a time to train's cold compiles (one each)."""
 
     def as_dict(self) -> dict[str, float | int | bool | str | None]:
         return {**super().as_dict(), "processes": self.processes, "basis": self.basis, "process_p": self.process_p,
-                "log_se": self.log_se, "df": self.df, "dropped": self.dropped}
+                "log_se": self.log_se, "df": self.df, "dropped": self.dropped, "floor_se": self.floor_se}
 
 
 def paired_windows(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[float]],
@@ -261,9 +263,9 @@ def time_to_train(step: Paired, a: tuple[float, float], b: tuple[float, float], 
     if not step.df:
         return Paired(math.expm1(mu), None, None, step.rounds, step.processes, step.basis, step.process_p)
     df = satterthwaite(parts, dfs) if var > 0 else step.df
-    return _interval(mu, var, df, step.rounds, step.processes, step.basis + f" + cold compile (spread "
-                     f"{compile_cv:.1%} on {compile_df:g} df)",
-                     step.process_p)
+    found = _interval(mu, var, df, step.rounds, step.processes, step.basis + f" + cold compile (spread "
+                      f"{compile_cv:.1%} on {compile_df:g} df)", step.process_p)
+    return replace(found, floor_se=math.sqrt(parts[1]))
 
 
 MIN_EXTRA_COMPILE_S = 0.5
