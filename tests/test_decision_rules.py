@@ -471,11 +471,11 @@ def test_the_compile_spread_pools_what_the_study_measured_with_the_prior_by_df_e
     spread = compile_spread(study, settings)
     measured = abs(math.log(21 / 20)) / math.sqrt(2)  # eager's tenths of a second are no compile
     assert spread.measured_df == 1 and spread.measured_cv == pytest.approx(measured)
-    # Issue 50: pooled with the CPU class's prior (6 %, 4 df), weighted by df, never replaced by 1 df.
-    assert spread.df == 5 and spread.cv == pytest.approx(math.sqrt((4 * 0.06**2 + measured**2) / 5))
-    assert "prior 6.0% on 4 df" in spread.source and "pooled with the study's 3.4% on 1 df" in spread.source
+    # Issue 50: pooled with the CPU class's prior (10 %, 8 df), weighted by df, never replaced by 1 df.
+    assert spread.df == 9 and spread.cv == pytest.approx(math.sqrt((8 * 0.10**2 + measured**2) / 9))
+    assert "prior 10.0% on 8 df" in spread.source and "pooled with the study's 3.4% on 1 df" in spread.source
     prior = compile_spread(study, settings, shared_cache=True)
-    assert (prior.cv, prior.df, prior.measured_cv) == (0.06, 4, None)
+    assert (prior.cv, prior.df, prior.measured_cv) == (0.10, 8, None)
     assert "no program was compiled cold twice" in prior.source
 
 

@@ -163,7 +163,7 @@ def test_the_report_says_which_candidates_are_undetermined_and_what_would_decide
     assert more is not None and more > 6
     assert f"undetermined (about {more} more processes would decide, more than twice the 3 it ran: task=compare " \
            f"with compare.processes={3 + more} on the two can)" in " ".join(text.split())
-    assert "every ± and [ ] is a 95% interval" in text and "prior 6.0% on 4 df" in text
+    assert "every ± and [ ] is a 95% interval" in text and "prior 10.0% on 8 df" in text
 
 
 def test_verdicts_come_from_the_rounds_of_the_winner_and_its_neighbours() -> None:

@@ -152,7 +152,10 @@ def assert_same_numbers(now: Any, before: Any, where: str) -> None:
         for i, (a, b) in enumerate(zip(now, before, strict=True)):
             assert_same_numbers(a, b, f"{where}[{i}]")
     elif isinstance(before, float):
-        assert now == pytest.approx(before, rel=1e-6), where
+        # Issue 50: a time-to-train interval's ends carry the compile spread, now the CPU class prior (10 %, 8 df)
+        # where this study read 6 % on 4 df; its centre and every other number stay.
+        moved = "vs_leader" in where and where.rsplit(".", 1)[-1] in ("low", "high")
+        assert now == pytest.approx(before, rel=1e-4 if moved else 1e-6), where
     else:
         assert now == before, where
 

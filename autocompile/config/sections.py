@@ -169,12 +169,12 @@ class ObjectiveSettings:
     """Per-step losses must stay within this relative distance of the eager reference's."""
     compile_cv: float | None = None
     """Prior relative sd of one cold compile across fresh processes, which time-to-train intervals pool with the
-    spread the study measures (weighted by degrees of freedom); null = the device class's (CPU 6 %: the committed
-    cold compiles spread 3.6-6.3 %; CUDA 10 %), learned further from the earlier studies under ``output_root`` on
+    spread the study measures (weighted by degrees of freedom); null = the device class's (CPU 10 %: 13 committed
+    studies' cold compiles pooled; CUDA 10 %), learned further from the earlier studies under ``output_root`` on
     this device (``study/records/compile_prior.py``)."""
     compile_df: int | None = None
     """Degrees of freedom the prior counts as (its weight against the study's own cold compiles); null = the
-    device class's (CPU 4, CUDA 2)."""
+    device class's (CPU 8, CUDA 2)."""
     tie_margin: float = 0.02
     """Equivalence margin of the confirmation: a candidate ties with the leader when the 95% interval of
     their ratio (of the objective's score) lies within +-this; one whose interval straddles it is

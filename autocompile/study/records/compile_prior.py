@@ -5,9 +5,9 @@ A study measures the spread of one cold compile only where it compiled a program
 of freedom, which alone leave intervals of +-40 % (:func:`autocompile.study.statistics.intervals.pooled_spread`).
 So it is pooled with a prior, weighted by the prior's df. The prior is the device class's
 (:data:`CLASS_PRIORS`), pooled in turn with the spreads that earlier studies under the same ``output_root``
-measured on the same device (their ``summary.json``): a machine whose compiles spread wider than the class says
-teaches its next study so. The prior is fixed when a study is created (user attribute :data:`PRIOR_KEY`), so a
-resumed study, its report and MLflow read the same intervals.
+measured on the same device (their ``summary.json``), and set aside once those weigh as much as it: a machine whose
+compiles spread wider than the class says teaches its next study so. The prior is fixed when a study is created
+(user attribute :data:`PRIOR_KEY`), so a resumed study, its report and MLflow read the same intervals.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ PRIOR_KEY = "compile_prior"
 """The study's user attribute holding its prior (:meth:`CompileSpread.as_dict`)."""
 
 CLASS_PRIORS: dict[str, tuple[float, float, str]] = {
-    "cpu": (0.06, 4, "the 2-core VM's committed cold compiles spread 3.6-6.3 % (issue 26)"),
+    "cpu": (0.10, 8, "13 committed studies on the 2-core VM measured 2.7-16.3 %, pooled 9.9 % on 40 df; counted as 8 "
+                     "since models differ: benchmarks/results/cpu-2core/issue50/compile_prior.md"),
     "cuda": (0.10, 2, "one H200 compiled the GPT-2 train step cold in 52.2 and 62.9 s (13 % on 1 df, "
-                      "benchmarks/results/h200/); between that and the CPU's 6 %, on few df"),
+                      "benchmarks/results/h200/); the CPU's 10 % on few df until more is measured"),
 }
 """Per device class: relative sd of one cold compile, the df it counts as, and where it comes from."""
 
@@ -55,7 +56,7 @@ def learned_prior(base: CompileSpread, output_root: Path, device_name: str, run_
                   ) -> CompileSpread:
     """``base`` pooled with the spreads earlier studies under ``output_root`` measured on ``device_name`` (their
     ``summary.json``, this study's own ``run_dir`` left out; a file that cannot be read is skipped), at most
-    :data:`MAX_LEARNED_DF` df of them, the newest first."""
+    :data:`MAX_LEARNED_DF` df of them, the newest first; once they count as many df as ``base``, they alone."""
     found: list[tuple[float, float]] = []
     paths = sorted([*output_root.glob("*/summary.json"), *output_root.glob("*/*/summary.json")],
                    key=lambda p: p.stat().st_mtime, reverse=True)
@@ -72,11 +73,14 @@ def learned_prior(base: CompileSpread, output_root: Path, device_name: str, run_
         return base
     df = sum(d for _, d in found)
     cv = math.sqrt(sum(d * c**2 for c, d in found) / df)
+    studies = f"{len(found)} earlier stud{'y' if len(found) == 1 else 'ies'}"
+    mine = f"{cv:.1%} on {df:g} df that {studies} on this device measured"
+    if df >= base.df:  # the machine's own record now outweighs the class's stand-in: it speaks alone
+        return CompileSpread(cv, df, f"prior {mine} (the class's {base.cv:.1%} set aside)", device=device_name)
     total = base.df + df
     pooled = math.sqrt((base.df * base.cv**2 + df * cv**2) / total)
-    return CompileSpread(pooled, total, f"{base.source}, with {cv:.1%} on {df:g} df that {len(found)} earlier "
-                                        f"stud{'y' if len(found) == 1 else 'ies'} on this device measured: prior "
-                                        f"{pooled:.1%} on {total:g} df", device=device_name)
+    return CompileSpread(pooled, total, f"{base.source}, with {mine}: prior {pooled:.1%} on {total:g} df",
+                         device=device_name)
 
 
 def _measured(path: Path, device_name: str) -> tuple[float, float] | None:
