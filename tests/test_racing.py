@@ -135,7 +135,7 @@ def test_an_interval_wider_than_the_margin_is_undetermined_and_the_best_mean_is_
     assert outcome.winner.name == "fancy" and outcome.leader == "#1" and not outcome.decided
     (undetermined,) = outcome.undetermined
     assert undetermined.label == "#0" and undetermined.more_processes is not None and undetermined.more_processes > 0
-    assert f"about {undetermined.more_processes} more processes would decide" in outcome.conclusion
+    assert f"compare.processes={3 + undetermined.more_processes} would decide it" in outcome.conclusion
     assert outcome.as_dict()["undetermined"][0]["more_processes"] == undetermined.more_processes  # summary.json
     # A candidate without a round shared with the leader is no tie either.
     apart = optuna.create_study(directions=["minimize"])
@@ -161,8 +161,8 @@ def test_the_report_says_which_candidates_are_undetermined_and_what_would_decide
     more = outcome.undetermined[0].more_processes
     # Far more than the 3 it ran (issue 50): said as such, with the comparison that can run them.
     assert more is not None and more > 6
-    assert f"undetermined (about {more} more processes would decide, more than twice the 3 it ran: task=compare " \
-           f"with compare.processes={3 + more} on the two can)" in " ".join(text.split())
+    assert f"undetermined (beyond this phase: over twice its 3 processes; task=compare of the two with " \
+           f"compare.processes={3 + more} would decide it)" in " ".join(text.split())
     assert "every ± and [ ] is a 95% interval" in text and "prior 10.0% on 8 df" in text
 
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The README's own study on one GPU, within one device call (issue 35): GPT-2 124M, 4 search trials (the
 # practitioner's four: eager, torch.compile(model), regional and the compiled train step, in bf16 autocast on a
-# GPU that runs it natively), the best two confirmed side by side in 2 processes, no verdicts, no warm-start
-# re-measure, no MLflow. Writes the study's output, summary and trial table to $OUT (or ./gpu_study_out).
+# GPU that runs it natively), the best two (and the best of each scope the search cannot rule out) confirmed side
+# by side in 4 processes (issue 50: the 2 processes of the 2026-11-27 record left +9.2 % [-10.9, +33.7]; a decision
+# needs at least 3; the default 7 would not fit one 9-minute call at ~60 s a process), no verdicts, no
+# warm-start re-measure, no MLflow. Writes the study's output, summary and trial table to $OUT (or ./gpu_study_out).
+# Issue 50's GPU item: this command decides the train step against torch.compile(model) in bf16 in its confirmation.
 #   bash benchmarks/recipes/gpu_study.sh            # on the GPU box, with .whl/ carried (docs/gpu.md)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,7 +17,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
 fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-ARGS=(+model=gpt2 study.n_trials=4 study.confirm_top=2 compare.processes=2 study.verdicts=none
+ARGS=(+model=gpt2 study.n_trials=4 study.confirm_top=2 compare.processes="${PROCESSES:-4}" study.verdicts=none
       study.warm_start=false tracking.enabled=false output_root=/tmp/gpu_study "$@")
 {
   echo "command: python -m autocompile ${ARGS[*]}"

@@ -199,15 +199,15 @@ def what_decides(ratio: Ratio | None, margin: float) -> tuple[int | None, str]:
         return None, "no interval: measure it again"
     if out_of_reach(ratio, margin):
         floor = float(getattr(ratio, "floor_se", 0.0))
-        return None, (f"more processes would not decide it: the two cold compiles alone leave +-{1.96 * floor:.1%} "
-                      "of time to train")
+        return None, (f"more processes alone would not decide it (80 % power): the two cold compiles leave "
+                      f"+-{1.96 * floor:.1%} of time to train")
     ran = processes(ratio)
     more = processes_to_decide(ratio, margin, ran)
     if more is None:
         return None, f"more than {MAX_MORE} more processes would decide"
     if more > 2 * ran:
-        return more, (f"about {more} more processes would decide, more than twice the {ran} it ran: task=compare "
-                      f"with compare.processes={ran + more} on the two can")
+        return more, (f"beyond this phase: over twice its {ran} processes; task=compare of the two with "
+                      f"compare.processes={ran + more} would decide it")
     return more, f"about {more} more processes would decide"
 
 
