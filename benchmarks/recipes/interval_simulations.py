@@ -1,7 +1,8 @@
 """The numbers behind ``tests/test_interval_simulations.py`` (issue 50), as the table in ``docs/measuring.md``: the
 same seeded simulations, each rule's coverage or error rate and its width, before and after where a rule changed.
 
-    PYTHONPATH=. python benchmarks/recipes/interval_simulations.py > benchmarks/results/cpu-2core/issue50/interval_simulations.md
+    PYTHONPATH=. python benchmarks/recipes/interval_simulations.py \
+        > benchmarks/results/cpu-2core/issue50/interval_simulations.md
 """
 
 from __future__ import annotations
