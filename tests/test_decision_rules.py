@@ -545,6 +545,8 @@ def test_a_verdict_neighbour_measurably_faster_to_train_is_found_after_holm() ->
     amp = found["amp.dtype"]
     assert amp.family == 3 and amp.family_measurable and amp.beats_winner and amp.score_high < 0
     assert "Holm over 3 verdicts" in amp.verdict and "measurably faster than the winner" in amp.verdict
+    # Issue 50: a time-to-train interval says which compile spread it carries (the CPU class prior here).
+    assert "(cold compile spread 10.0% on 8 df)" in amp.verdict and amp.as_dict()["score_spread"]
     assert not found["optim.impl"].beats_winner
 
 

@@ -31,6 +31,8 @@ def print_comparison(report: Comparison) -> None:
         ttt = p.time_to_train
         ttt_text = (f"{ttt.change:+.1%} [95% CI {ttt.low * 100:+.1f}, {ttt.high * 100:+.1f}]"
                     if ttt.low is not None and ttt.high is not None else f"{ttt.change:+.1%}")
+        if " + " in ttt.basis:  # which cold-compile spread it carries, on how many df
+            ttt_text += f" ({ttt.basis.rpartition(' + ')[2]})"
         if not p.alone_agrees:  # the side-by-side ratio is not the answer: no time to train from it
             ttt_text = "not stated"
         out.print(f"{row.label} vs {base}: {p.verdict}; time to train {p.horizon_steps:,} steps {ttt_text} "

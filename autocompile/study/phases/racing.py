@@ -209,6 +209,7 @@ def _read(e: Effect, step: Paired | None, score: Paired | None, alpha: float, fa
         shown = at_level(score, 1 - alpha) if alpha != ALPHA else score
         e.score_change, e.score_low, e.score_high = shown.change, shown.low, shown.high
         e.score_p_value = p_value(score)
+        e.score_spread = score.basis.rpartition(" + ")[2]  # "cold compile spread 10.0% on 9 df"
         e.beats_winner = score_rejected and score.change < 0
         e.score_measurable = score_rejected
 

@@ -61,6 +61,8 @@ class Effect:
     score_low: float | None = None
     score_high: float | None = None
     score_p_value: float | None = None
+    score_spread: str = ""
+    """Verdict phase: the cold-compile spread its time-to-train interval carries and on how many df."""
     beats_winner: bool = False
     """Measurably faster to train than the winner, after Holm's correction over the neighbours."""
     also: dict[str, Any] = field(default_factory=dict)
@@ -142,8 +144,8 @@ class Effect:
         ttt = ""
         if self.score_change is not None and self.score_low is not None and self.score_high is not None:
             ttt = (f"; time to train {self.score_change:+.1%} [{self.level:.0%} CI {self.score_low * 100:+.1f}, "
-                   f"{self.score_high * 100:+.1f}]" + (", measurably faster than the winner" if self.beats_winner
-                                                         else ""))
+                   f"{self.score_high * 100:+.1f}]" + (f" ({self.score_spread})" if self.score_spread else "")
+                   + (", measurably faster than the winner" if self.beats_winner else ""))
         changes = "".join(f"; {line}" for line in self.speed_changes)
         if self.look == 1 and self.score_measurable is False:
             changes += ("; decided in step time after the first half of the processes (read at 1 %), it left the "
@@ -163,7 +165,8 @@ class Effect:
                 "high": self.high, "failure": self.failure, "how": self.how, "pays_back": self.pays_back,
                 "p_value": self.p_value, "family": self.family, "family_measurable": self.family_measurable,
                 "trial": self.trial, "score_change": self.score_change, "score_low": self.score_low,
-                "score_high": self.score_high, "score_p_value": self.score_p_value, "beats_winner": self.beats_winner,
+                "score_high": self.score_high, "score_p_value": self.score_p_value, "score_spread": self.score_spread,
+                "beats_winner": self.beats_winner,
                 "also": self.also, "speed_changes": self.speed_changes, "memory_change": self.memory_change,
                 "score_measurable": self.score_measurable, "level": self.level, "look": self.look,
                 "not_asked": self.not_asked, "verdict": self.verdict}

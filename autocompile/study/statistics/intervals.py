@@ -263,8 +263,8 @@ def time_to_train(step: Paired, a: tuple[float, float], b: tuple[float, float], 
     if not step.df:
         return Paired(math.expm1(mu), None, None, step.rounds, step.processes, step.basis, step.process_p)
     df = satterthwaite(parts, dfs) if var > 0 else step.df
-    found = _interval(mu, var, df, step.rounds, step.processes, step.basis + f" + cold compile (spread "
-                      f"{compile_cv:.1%} on {compile_df:g} df)", step.process_p)
+    found = _interval(mu, var, df, step.rounds, step.processes, step.basis + f" + cold compile spread "
+                      f"{compile_cv:.1%} on {compile_df:g} df", step.process_p)
     return replace(found, floor_se=math.sqrt(parts[1]))
 
 
