@@ -34,7 +34,7 @@ def test_compare_prints_the_pair_and_writes_compare_json(tmp_path: Path) -> None
     report = json.loads(path.read_text())
     # compare.processes=2 asked: a decision needs 3 side-by-side processes, so 3 ran, saying so (issue 50).
     assert report["method"] == "side_by_side" and report["processes"] == 3
-    assert "compare.processes=2: a side-by-side decision needs 3 processes" in done.stderr
+    assert "compare.processes=2: a side-by-side decision needs 3 processes" in done.stdout + done.stderr
     assert [c["label"] for c in report["candidates"]] == [
         "0: compile.scope=none", "1: compile.scope=none amp.dtype=bfloat16", "2: compile.scope=none"]
     assert len(list(path.parent.glob("compare/*/cold*"))) == 2  # the A/A pair had one cold run
