@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import replace
 
 from optuna import Study
 from optuna.trial import FrozenTrial, TrialState
@@ -291,8 +290,6 @@ def _reads(study: Study, objective: Objective | None, before: int | None = None)
                               objective.settings.horizon_steps, spread.cv, spread.df,
                               step_level=level(winner_windows or {r: [s] for r, s in winner.items()})) \
             if objective is not None and spread is not None and step is not None and theirs else None
-        floor = time_to_train(replace(step, log_se=0.0, df=math.inf), (theirs, cold), (mine, compile_s or 0.0),
-                              objective.settings.horizon_steps, spread.cv, spread.df) if score is not None else None
         reads.append((Effect(key, question, ref, value, ratio.change, half, (compile_s or 0.0) - cold,
                              ratio.rounds, True, basis="verdict", low=ratio.low, high=ratio.high, how=how,
                              pays_back=pays or "", p_value=p_value(ratio), trial=first_trial.number,
@@ -300,7 +297,7 @@ def _reads(study: Study, objective: Objective | None, before: int | None = None)
                              speed_changes=changes,
                              memory_change=result.peak_memory_bytes / won_peak - 1
                              if result.peak_memory_bytes and won_peak else None,
-                             score_floor=floor.log_se if floor is not None else None),
+                             score_floor=score.floor_se if score is not None else None),
                       step, score))
     return reads
 

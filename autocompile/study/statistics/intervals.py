@@ -192,11 +192,6 @@ class CompileSpread:
         return {"cv": self.cv, "df": self.df, "source": self.source, "measured_cv": self.measured_cv,
                 "measured_df": self.measured_df, "device": self.device}
 
-    @property
-    def text(self) -> str:
-        """``cold compile spread 5.1 % on 7 df``: what a time-to-train interval says it used."""
-        return f"cold compile spread {self.cv:.1%} on {self.df:g} df"
-
 
 def pooled_spread(prior: CompileSpread, measured_cv: float | None, measured_df: float, programs: int = 0
                   ) -> CompileSpread:
