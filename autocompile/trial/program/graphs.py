@@ -270,10 +270,11 @@ def sharded_aliases(model: nn.Module) -> dict[int, int]:
     return aliases
 
 
-def coverage(log: CompileLog, model: nn.Module, units: list[tuple[str, nn.Module]],
+def coverage(log: CompileLog, weights: list[torch.Tensor], units: list[tuple[str, nn.Module]],
              aliases: dict[int, int] | None = None) -> Coverage:
-    """Which weights ran inside compiled graphs; ``aliases`` maps the parameters graphs took to the model's
-    own (FSDP2's unsharded copies, :func:`sharded_aliases`).
+    """Which of ``weights`` (a model's parameters; a script's, every stepped optimizer's too) ran inside compiled
+    graphs; ``aliases`` maps the parameters graphs took to the model's own (FSDP2's unsharded copies,
+    :func:`sharded_aliases`).
 
     A block that reuses the graph another block of its class compiled is not handed to the backend
     again: it counts as compiled when its compiled forward was entered and an equivalent unit's
@@ -293,8 +294,9 @@ def coverage(log: CompileLog, model: nn.Module, units: list[tuple[str, nn.Module
             covered |= {id(p) for p in params}
         else:
             missing.append(name)
-    total = sum(p.numel() for p in model.parameters())
-    inside = sum(p.numel() for p in model.parameters() if id(p) in covered)
+    unique = list({id(p): p for p in weights}.values())
+    total = sum(p.numel() for p in unique)
+    inside = sum(p.numel() for p in unique if id(p) in covered)
     return Coverage(inside / total if total else 0.0, missing)
 
 
@@ -322,7 +324,7 @@ def verify(step: Any, model: nn.Module, scope: str) -> Program:
         return {"coverage": 0.0,
                 "fingerprint": "eager:" + "|".join(f"{k}={v}" for k, v in sorted(step.eager_parts.items()))}
     sharded = step.eager_parts.get("parallel.strategy") == "fsdp2"
-    cover = coverage(step.log, model, step.units, sharded_aliases(model) if sharded else None)
+    cover = coverage(step.log, list(model.parameters()), step.units, sharded_aliases(model) if sharded else None)
     missing = cover.missing + sorted(step.roles - step.log.roles())
     if not step.log.graphs or len(missing) == len(step.units) + len(step.roles):
         raise NothingCompiled(f"{', '.join(step.compiled)} handed to torch.compile, but no graph was compiled "

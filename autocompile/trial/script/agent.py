@@ -159,10 +159,14 @@ class Agent:
         self.meter.install()
 
     def find_model(self) -> None:
-        """Record the modules the script calls until it compiles, prepares or steps (:meth:`model_found`)."""
+        """Record the modules the script calls until it compiles, prepares or steps (:meth:`model_found`), and the
+        optimizers it builds; with none built by its first ``backward()``, its update is by hand
+        (:meth:`trained_found`)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.outermost = hooks.Outermost()
+        hooks.track_optimizers()
+        hooks.after_next_backward(self.trained_found)
         register_optimizer_step_post_hook(self.model_found)  # a no-op after the first step (not removable in it)
 
     def stop_finding(self) -> None:
@@ -174,16 +178,33 @@ class Agent:
     @torch._dynamo.disable
     def model_found(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """At the script's first optimizer step: no ``torch.compile`` call yet, so compile, in place, the module it
-        called that owns the optimizer's parameters (its next steps run the trial's program)."""
+        called that owns each optimizer's parameters (a GAN's generator and discriminator both), so its next steps
+        run the trial's program."""
         outermost, self.outermost = self.outermost, None
         if outermost is None:
             return
-        model = outermost.owner(optimizer)
+        optimizers = [optimizer, *(o for o in hooks.built_optimizers() if o is not optimizer)]
+        owners = {id(m): (m, o) for o in optimizers if (m := outermost.owner(o)) is not None}
         outermost.stop()
-        if self.calls or model is None:
-            return  # the script compiles for itself (taken over at its call), or steps no module's parameters
-        where = f"{type(model).__name__}, the module owning {type(optimizer).__name__}'s parameters (no torch.compile)"
-        self.take_over(model, {}, where, in_place=True)
+        if self.calls:
+            return  # the script compiles for itself (taken over at its call)
+        for model, owned in owners.values():
+            self.take_over(model, {}, f"{type(model).__name__}, the module owning {type(owned).__name__}'s "
+                                      "parameters (no torch.compile)", in_place=True)
+
+    @torch._dynamo.disable
+    def trained_found(self) -> None:
+        """After the script's first ``backward()``, no optimizer built and no ``torch.compile`` call: it updates by
+        hand (``p.data.add_(p.grad, alpha=-lr)``), so compile the module it called whose parameters the backward
+        filled, in place."""
+        if self.outermost is None or self.calls or hooks.built_optimizers():
+            return  # found already, compiled by the script, or an optimizer will step (model_found)
+        outermost, self.outermost = self.outermost, None
+        model = outermost.trained()
+        outermost.stop()
+        if model is not None:
+            self.take_over(model, {}, f"{type(model).__name__}, the module whose parameters backward() filled (no "
+                                      "optimizer, no torch.compile)", in_place=True)
 
     def take_over(self, target: Any, kwargs: dict[str, Any], where: str, in_place: bool) -> Any:
         """What ``torch.compile(target, **kwargs)`` (``in_place``: ``target.compile(**kwargs)``) becomes."""

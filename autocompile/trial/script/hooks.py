@@ -17,7 +17,9 @@ from __future__ import annotations
 import functools
 import sys
 import time
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -44,6 +46,10 @@ _OWN_FORWARDS: dict[int, Any] = {}
 """``id(module)``: the ``forward`` the agent set on it (compiled, checkpointed), left out when it is pickled."""
 _OPTIMIZER_STEPS = [0]
 """Optimizer steps seen by the global post-hook: a ``GradScaler.step`` that adds none skipped its optimizer."""
+_BUILT: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+"""Every optimizer the process built since :func:`track_optimizers` (a GAN's two: both models are taken over)."""
+_AFTER_BACKWARD: list[Callable[[], None]] = []
+"""Called once each, after the next ``backward()`` (:func:`after_next_backward`)."""
 
 
 class ForwardHook:
@@ -94,10 +100,17 @@ class Outermost:
     def owner(self, optimizer: torch.optim.Optimizer) -> nn.Module | None:
         """The called module holding most of ``optimizer``'s parameters (a DDP wrapper's own module), or None."""
         wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        return self._most(lambda p: id(p) in wanted)
+
+    def trained(self) -> nn.Module | None:
+        """The called module holding most parameters with a gradient (a script that updates them by hand)."""
+        return self._most(lambda p: p.grad is not None)
+
+    def _most(self, counts: Callable[[nn.Parameter], bool]) -> nn.Module | None:
         best, held = None, 0
         for module in self.called:
             inner = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
-            n = sum(id(p) in wanted for p in inner.parameters())
+            n = sum(counts(p) for p in inner.parameters())
             if n > held:
                 best, held = inner, n
         return best
@@ -122,9 +135,7 @@ def leave_out_forward(modules: list[nn.Module]) -> None:
 
 def keep_picklable() -> None:
     """Leave the agent's hooks and forwards out of pickled and copied modules (once per process)."""
-    if not getattr(nn.Module.__getstate__, "_autocompile", False):
-        _patch(nn.Module, "__getstate__", _without_agent)
-        nn.Module.__getstate__._autocompile = True  # type: ignore[attr-defined]
+    _patch_once(nn.Module, "__getstate__", _without_agent)
 
 
 def install(meter: Listener) -> None:
@@ -135,9 +146,9 @@ def install(meter: Listener) -> None:
     _METER = meter
     register_optimizer_step_post_hook(_optimizer_stepped)
     keep_picklable()
-    _patch(torch.Tensor, "backward", _backward)
+    track_optimizers()
+    _patch_once(torch.Tensor, "backward", _backward)
     _patch(torch.amp.GradScaler, "step", _scaler_step)
-    _patch(torch.optim.Optimizer, "__init__", _optimizer_init)
     _patch(_BaseDataLoaderIter, "__next__", _next_batch)
     import torch.multiprocessing as torch_mp
 
@@ -146,9 +157,30 @@ def install(meter: Listener) -> None:
         _patch(owner, "start_processes", _start_processes)  # type: ignore[arg-type]
 
 
+def track_optimizers() -> None:
+    """Keep every optimizer built from here (:func:`built_optimizers`); the meter told of each (once per process)."""
+    _patch_once(torch.optim.Optimizer, "__init__", _optimizer_init)
+
+
+def built_optimizers() -> list[torch.optim.Optimizer]:
+    return list(_BUILT)
+
+
+def after_next_backward(callback: Callable[[], None]) -> None:
+    """Call ``callback`` once, after the script's next ``backward()`` has filled the gradients."""
+    _patch_once(torch.Tensor, "backward", _backward)
+    _AFTER_BACKWARD.append(callback)
+
+
 def _patch(owner: type, name: str, make: Any) -> None:
     real = getattr(owner, name)
     setattr(owner, name, functools.wraps(real)(make(real)))
+
+
+def _patch_once(owner: type, name: str, make: Any) -> None:
+    if not getattr(getattr(owner, name), "_autocompile", False):
+        _patch(owner, name, make)
+        getattr(owner, name)._autocompile = True
 
 
 def _without_agent(real: Any) -> Any:
@@ -172,10 +204,13 @@ def _backward(real: Any) -> Any:
     def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         meter = _METER
         if meter is None or meter.finished or tensor.numel() != 1:
-            return real(tensor, *args, **kwargs)
-        meter.on_backward(tensor)
-        out = real(tensor, *args, **kwargs)
-        meter.after_backward()
+            out = real(tensor, *args, **kwargs)
+        else:
+            meter.on_backward(tensor)
+            out = real(tensor, *args, **kwargs)
+            meter.after_backward()
+        while _AFTER_BACKWARD:
+            _AFTER_BACKWARD.pop(0)()
         return out
 
     return backward
@@ -195,6 +230,7 @@ def _scaler_step(real: Any) -> Any:
 def _optimizer_init(real: Any) -> Any:
     def __init__(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
         real(optimizer, *args, **kwargs)
+        _BUILT.add(optimizer)
         if _METER is not None:
             _METER.on_optimizer_built()
 

@@ -38,17 +38,11 @@ from torch import nn
 
 from autocompile.config.script_settings import ScriptSpec
 from autocompile.trial.program.build import append_progress
-from autocompile.trial.program.graphs import (
-    NothingCompiled,
-    PartiallyCompiled,
-    Program,
-    coverage,
-    listening,
-    stepped_coverage,
-)
+from autocompile.trial.program.graphs import Program, listening
 from autocompile.trial.script import hooks
 from autocompile.trial.script.ending import SPAWNS, CannotTakeOver, Ending
 from autocompile.trial.script.ranks import agree, device_of, sync
+from autocompile.trial.script.variants import script_program
 from autocompile.trial.script.windows import Windows
 from autocompile.trial.timing.readings import dynamo_compile_times, reset_peak_memory
 from autocompile.trial.timing.recordings import cudagraph_recordings
@@ -74,8 +68,8 @@ class Meter(Ending):
         """What the script handed to torch.compile (the first is the model whose weights are counted)."""
         self.step_kind: Literal["undecided", "optimizer", "backward"] = "undecided"
         self.optimizer: int | None = None
-        self.stepped: list[torch.Tensor] = []
-        """The parameters of the optimizer stepped every iteration (a function-only script's coverage)."""
+        self.optimizers: dict[int, torch.optim.Optimizer] = {}
+        """Every optimizer stepped until the program is checked (a GAN's two): the coverage counts their weights."""
         self.first_steps: dict[int, tuple[float, int]] = {}
         """Each optimizer's first step until one steps again: its clock and the losses pending before it."""
         self.optimizers_built = 0
@@ -164,6 +158,8 @@ class Meter(Ending):
             return
         self.start_clock()
         key = id(optimizer)
+        if self.program is None:
+            self.optimizers.setdefault(key, optimizer)
         if self.step_kind == "optimizer":
             if key == self.optimizer:
                 self.count_step()
@@ -175,7 +171,6 @@ class Meter(Ending):
             return
         # The first optimizer to step again is the one stepped every iteration: its two steps are the first two.
         self.step_kind, self.optimizer = "optimizer", key
-        self.stepped = [p for group in optimizer.param_groups for p in group["params"]]
         first, before = self.first_steps[key]
         assert self.started is not None
         self.windows.warm_s = [first - self.started, now - first]
@@ -265,32 +260,14 @@ class Meter(Ending):
         if (unmet := agent.unmet()) is not None:  # a program other than the trial's: fail saying why
             raise CannotTakeOver(unmet)
         prepared = agent.prepared_knobs()  # programs that differ only in what prepare() applied differ here
-        if not agent.compiles_anything:
-            self.program = {"coverage": 0.0, "fingerprint": "eager:script" + "".join(
-                f":{k}={v}" for k, v in sorted(prepared.items()))}
-        elif agent.functions and not self.models:  # only functions compiled: their graphs hold what they train
-            if not agent.log.graphs:
-                raise NothingCompiled(f"{', '.join(agent.compiled)} handed to torch.compile, but no graph was "
-                                      "compiled (dynamo skipped every frame)")
-            extra = {"scope": "function", "script": True, **prepared}
-            self.program = {"coverage": stepped_coverage(agent.log, self.stepped),
-                            "fingerprint": agent.log.fingerprint(extra, training_only=True)}
-        elif not agent.calls or not self.models:
-            raise NothingCompiled(f"compile.scope={agent.scope}, but the script never called torch.compile on a "
-                                  "model, and no module it calls owns its optimizer's parameters (nothing to take "
-                                  "over): add model = torch.compile(model) to it")
-        else:
-            cover = coverage(agent.log, self.models[0], agent.units)
-            if not agent.log.graphs:
-                raise NothingCompiled(f"{', '.join(agent.compiled)} handed to torch.compile, but no graph was "
-                                      "compiled (dynamo skipped every frame)")
-            if cover.missing:
-                raise PartiallyCompiled(f"{', '.join(cover.missing[:6])} handed to torch.compile but ran eager")
-            self.program = {"coverage": cover.fraction,
-                            "fingerprint": agent.log.fingerprint({"scope": agent.scope, "script": True, **prepared},
-                                                                 training_only=True)}
+        self.program = script_program(agent.log, agent.scope, agent.units, agent.compiled, agent.functions,
+                                      self.models, self.trained_weights(), len(agent.calls), prepared)
         self.timeline["warmup_done"] = time.time()
         self.progress("compiled", **self.program)
+
+    def trained_weights(self) -> list[torch.Tensor]:
+        """The parameters of every optimizer the script stepped in its warm-up: what its coverage counts."""
+        return [p for o in self.optimizers.values() for group in o.param_groups for p in group["params"]]
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def progress(self, event: str, **data: Any) -> None:

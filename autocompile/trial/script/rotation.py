@@ -138,7 +138,8 @@ class RotationMeter(Meter):
             raise CannotTakeOver(unmet)
         label = self.rotation.labels[i]
         try:
-            program = self.variants.program(i, self.models, len(self.agent.calls), self.agent.prepared_knobs())
+            program = self.variants.program(i, self.models, self.trained_weights(), len(self.agent.calls),
+                                            self.agent.prepared_knobs())
             expected = self.rotation.expected[i]
             if expected and program["fingerprint"] != expected:
                 raise NotSameProgram(f"compiled program {program['fingerprint']} beside the other candidates, "
