@@ -13,9 +13,10 @@ to what the script hands them:
 - ``regional``: each repeated block compiled in place (``autocompile.workload.units``), and the rest as
   ``compile.rest`` says.
 
-A script that calls no ``torch.compile`` before its first optimizer step has its model found: the module it calls
-(outside any other) that owns the optimizer's parameters, taken over in place at that step as if the script had
-compiled it, so its later steps run the trial's program (and ``best_config.py`` applies the winner the same way).
+A script that calls no ``torch.compile`` before its first optimizer step has its models found: the module it calls
+(outside any other) that owns each optimizer's parameters (a GAN's two), taken over in place at that step as if the
+script had compiled it, so its later steps run the trial's program (and ``best_config.py`` applies the winner the
+same way); with no optimizer (an update by hand), the module whose weights its first ``backward()`` filled.
 A function the script compiles (``torch.compile(fn)``, a decorator) is compiled whole with the trial's knobs
 under any compiled scope (eager under ``none``): it is its own region. Calls from libraries and from torch itself
 on functions pass through untouched. The
