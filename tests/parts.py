@@ -40,3 +40,11 @@ def curriculum_batches(step: int, batch_size: int, seq_len: list[int], seed: int
     length = seq_len[0] * (2 if step >= longer_from else 1)
     return batches(step, batch_size, [length], seed, vocab_size, device)
 
+
+
+def growing_batches(step: int, batch_size: int, seq_len: list[int], seed: int, vocab_size: int,
+                    device: Any = "cpu", grow_at: tuple[int, ...] = (3,)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences 4 tokens longer at each step of ``grow_at``: under ``compile.dynamic=false`` each is a recompile
+    in the timed part, at a step the test chooses (``tests/test_timing_core.py``)."""
+    length = seq_len[0] + 4 * sum(step >= g for g in grow_at)
+    return batches(step, batch_size, [length], seed, vocab_size, device)

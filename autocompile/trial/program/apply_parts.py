@@ -23,6 +23,7 @@ from torch import nn
 
 from autocompile.config.choices import UNIT_SCOPES, Backend, DdpOptimize, compiles
 from autocompile.config.knobs import AcKnobs, AmpKnobs, CompileKnobs, DdpKnobs, FsdpKnobs, OptimKnobs, PlacementKnobs
+from autocompile.config.torch_private import compiled_autograd_context, dynamo_config
 from autocompile.trial.program.graphs import CompileLog, Options, Recorder
 from autocompile.workload import units
 from autocompile.workload.optim import (
@@ -198,7 +199,7 @@ def apply_optimize_ddp(ddp: DdpKnobs, distributed: bool) -> DynamoSettings:
     compiles DDP graphs."""
     if not distributed:
         return {}
-    value = torch._dynamo.config.optimize_ddp = OPTIMIZE_DDP[ddp.optimize]
+    value = dynamo_config().optimize_ddp = OPTIMIZE_DDP[ddp.optimize]
     return {"optimize_ddp": value}
 
 
@@ -317,7 +318,7 @@ def compiled_autograd(knobs: CompileKnobs, compilers: Compilers) -> tuple[Contex
     if not (knobs.compiled_autograd and knobs.scope in UNIT_SCOPES):
         return nullcontext, []
     backward = compilers("autograd", fullgraph=False)
-    return functools.partial(torch._dynamo.compiled_autograd._enable, backward()), ["compiled_autograd"]
+    return functools.partial(compiled_autograd_context, backward()), ["compiled_autograd"]
 
 
 def _clip_then(clip: Callable[[], Any], step: Callable[..., Any]) -> Callable[..., Any]:

@@ -43,6 +43,7 @@ from torch import nn  # noqa: E402
 from autocompile.config.choices import Knobs, compiles  # noqa: E402
 from autocompile.config.knobs import TrialConfig  # noqa: E402
 from autocompile.config.script_settings import TRIAL_VAR, ScriptSpec, calls_prepare, script_env  # noqa: E402
+from autocompile.config.torch_private import dynamo_config, set_compiled_call  # noqa: E402
 from autocompile.trial.program.apply_parts import (  # noqa: E402
     Compilers,
     apply_ac,
@@ -55,6 +56,7 @@ from autocompile.trial.program.graphs import CompileLog  # noqa: E402
 from autocompile.trial.program.step import compile_kwargs  # noqa: E402
 from autocompile.trial.script import hooks  # noqa: E402
 from autocompile.trial.script.ending import CannotTakeOver, CompileCall, Prepared  # noqa: E402
+from autocompile.trial.script.finding import ModelFinder  # noqa: E402
 from autocompile.trial.script.meter import Meter  # noqa: E402
 from autocompile.trial.script.variants import Variants  # noqa: E402
 from autocompile.trial.timing.readings import RecompileLimitHits  # noqa: E402
@@ -133,7 +135,7 @@ class Agent:
         """What ``autocompile.prepare`` applied, read back from the script's objects (empty: never called)."""
         self.awaiting_ddp: nn.Module | None = None
         """``ddp.wrap_order=compile_of_ddp``: the prepared model, compiled once the script wraps it in DDP."""
-        self.outermost: hooks.Outermost | None = None
+        self.finder: ModelFinder | None = None
         """Until the script's first ``torch.compile`` call or optimizer step: the modules it calls."""
         self.variants: Variants | None = None
         """Side by side (``spec.rotation``): every candidate's variant of what the script compiles."""
@@ -145,10 +147,11 @@ class Agent:
     def install(self) -> None:
         # Alone, as under plain torch, calls past the recompile limit run eager, and the result lists each hit (the
         # user's job would live with them); side by side, one candidate's would run eager beside the others.
-        torch._dynamo.config.fail_on_recompile_limit_hit = self.variants is not None
+        config = dynamo_config()
+        config.fail_on_recompile_limit_hit = self.variants is not None
         self.limit_hits = RecompileLimitHits().install()
         if self.variants is not None:  # each candidate a cache entry per code object: each its own budget
-            config, n = torch._dynamo.config, len(self.variants.all)
+            n = len(self.variants.all)
             config.recompile_limit, config.accumulated_recompile_limit = (
                 config.recompile_limit * n, config.accumulated_recompile_limit * n)
         apply_optimize_ddp(self.config.ddp, self.world_size > 1)  # before the script builds DDP: read in __init__
@@ -160,52 +163,18 @@ class Agent:
         self.meter.install()
 
     def find_model(self) -> None:
-        """Record the modules the script calls until it compiles, prepares or steps (:meth:`model_found`), and the
-        optimizers it builds; with none built by its first ``backward()``, its update is by hand
-        (:meth:`trained_found`)."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self.outermost = hooks.Outermost()
-        hooks.track_optimizers()
-        hooks.after_next_backward(self.trained_found)
-        register_optimizer_step_post_hook(self.model_found)  # a no-op after the first step (not removable in it)
+        """Find the models of a script that calls no ``torch.compile`` (:mod:`~autocompile.trial.script.finding`)."""
+        self.finder = ModelFinder(self.model_found)
 
     def stop_finding(self) -> None:
         """Nothing to find: no global module hook may stay where dynamo traces the script's model."""
-        if self.outermost is not None:
-            self.outermost.stop()
-            self.outermost = None
+        if self.finder is not None:
+            self.finder.stop()
+            self.finder = None
 
-    @torch._dynamo.disable
-    def model_found(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        """At the script's first optimizer step: no ``torch.compile`` call yet, so compile, in place, the module it
-        called that owns each optimizer's parameters (a GAN's generator and discriminator both), so its next steps
-        run the trial's program."""
-        outermost, self.outermost = self.outermost, None
-        if outermost is None:
-            return
-        optimizers = [optimizer, *(o for o in hooks.built_optimizers() if o is not optimizer)]
-        owners = {id(m): (m, o) for o in optimizers if (m := outermost.owner(o)) is not None}
-        outermost.stop()
-        if self.calls:
-            return  # the script compiles for itself (taken over at its call)
-        for model, owned in owners.values():
-            self.take_over(model, {}, f"{type(model).__name__}, the module owning {type(owned).__name__}'s "
-                                      "parameters (no torch.compile)", in_place=True)
-
-    @torch._dynamo.disable
-    def trained_found(self) -> None:
-        """After the script's first ``backward()``, no optimizer built and no ``torch.compile`` call: it updates by
-        hand (``p.data.add_(p.grad, alpha=-lr)``), so compile the module it called whose parameters the backward
-        filled, in place."""
-        if self.outermost is None or self.calls or hooks.built_optimizers():
-            return  # found already, compiled by the script, or an optimizer will step (model_found)
-        outermost, self.outermost = self.outermost, None
-        model = outermost.trained()
-        outermost.stop()
-        if model is not None:
-            self.take_over(model, {}, f"{type(model).__name__}, the module whose parameters backward() filled (no "
-                                      "optimizer, no torch.compile)", in_place=True)
+    def model_found(self, model: nn.Module, where: str) -> None:
+        if not self.calls:  # else the script compiles for itself (taken over at its call)
+            self.take_over(model, {}, where, in_place=True)
 
     def take_over(self, target: Any, kwargs: dict[str, Any], where: str, in_place: bool) -> Any:
         """What ``torch.compile(target, **kwargs)`` (``in_place``: ``target.compile(**kwargs)``) becomes."""
@@ -268,7 +237,7 @@ class Agent:
         self.calls.append({"target": "DistributedDataParallel", "module": True, "where": where, "kwargs": {}})
         self.units.append(("DistributedDataParallel(model)", ddp.module))
         self.compiled.append("DistributedDataParallel(model)")
-        ddp._compiled_call_impl = self.compile_model(ddp._call_impl)  # type: ignore[assignment]
+        set_compiled_call(ddp, self.compile_model(ddp._call_impl))
         self.meter.watch(ddp, ddp.module)
 
     def prepared_knobs(self) -> Knobs:

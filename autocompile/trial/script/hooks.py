@@ -24,7 +24,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from autocompile.config.torch_private import data_loader_iter
 
 
 class Listener(Protocol):
@@ -61,64 +62,17 @@ class ForwardHook:
         _forward(args, kwargs)
 
 
-@torch._dynamo.disable  # the meter's Python, never traced into the script's graphs
+@torch.compiler.disable  # the meter's Python, never traced into the script's graphs
 def _forward(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     if _METER is not None:
         _METER.on_forward(args, kwargs)
 
 
-@torch._dynamo.disable
+@torch.compiler.disable
 def _optimizer_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     _OPTIMIZER_STEPS[0] += 1
     if _METER is not None:
         _METER.on_optimizer_step(optimizer)
-
-
-class Outermost:
-    """The modules the script calls from outside any module's forward, in the order first called: where a script
-    with no ``torch.compile`` call keeps its model (the agent takes the one that owns the optimizer's parameters).
-    Global module hooks, removed by :meth:`stop` (at the script's first optimizer step or ``torch.compile`` call);
-    nothing is set on the script's objects."""
-
-    def __init__(self) -> None:
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
-        self.called: list[nn.Module] = []
-        self.depth = 0
-        self.handles = [register_module_forward_pre_hook(self._enter), register_module_forward_hook(self._leave)]
-
-    @torch._dynamo.disable
-    def _enter(self, module: nn.Module, args: Any) -> None:
-        if self.depth == 0 and not any(m is module for m in self.called):
-            self.called.append(module)
-        self.depth += 1
-
-    @torch._dynamo.disable
-    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
-        self.depth = max(self.depth - 1, 0)
-
-    def owner(self, optimizer: torch.optim.Optimizer) -> nn.Module | None:
-        """The called module holding most of ``optimizer``'s parameters (a DDP wrapper's own module), or None."""
-        wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        return self._most(lambda p: id(p) in wanted)
-
-    def trained(self) -> nn.Module | None:
-        """The called module holding most parameters with a gradient (a script that updates them by hand)."""
-        return self._most(lambda p: p.grad is not None)
-
-    def _most(self, counts: Callable[[nn.Parameter], bool]) -> nn.Module | None:
-        best, held = None, 0
-        for module in self.called:
-            inner = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
-            n = sum(counts(p) for p in inner.parameters())
-            if n > held:
-                best, held = inner, n
-        return best
-
-    def stop(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles, self.called = [], []
 
 
 def watch_forward(module: nn.Module) -> None:
@@ -149,7 +103,7 @@ def install(meter: Listener) -> None:
     track_optimizers()
     _patch_once(torch.Tensor, "backward", _backward)
     _patch(torch.amp.GradScaler, "step", _scaler_step)
-    _patch(_BaseDataLoaderIter, "__next__", _next_batch)
+    _patch(data_loader_iter(), "__next__", _next_batch)
     import torch.multiprocessing as torch_mp
 
     # mp.spawn calls its module's start_processes; a script may call start_processes itself.
@@ -247,7 +201,7 @@ def _start_processes(real: Any) -> Any:
 
 
 def _next_batch(real: Any) -> Any:
-    def __next__(iterator: _BaseDataLoaderIter) -> Any:
+    def __next__(iterator: Any) -> Any:
         start = time.perf_counter()
         try:
             return real(iterator)

@@ -41,13 +41,12 @@ from autocompile.trial.program.build import append_progress
 from autocompile.trial.program.graphs import Program, listening
 from autocompile.trial.script import hooks
 from autocompile.trial.script.ending import SPAWNS, CannotTakeOver, Ending
-from autocompile.trial.script.ranks import agree, device_of, sync
 from autocompile.trial.script.variants import script_program
 from autocompile.trial.script.windows import Windows
-from autocompile.trial.timing.readings import dynamo_compile_times, reset_peak_memory
-from autocompile.trial.timing.recordings import cudagraph_recordings
+from autocompile.trial.timing.ranks import device_of, sync
+from autocompile.trial.timing.readings import dynamo_compile_times, peak_memory, reset_peak_memory
+from autocompile.trial.timing.recordings import compile_events
 from autocompile.trial.timing.shape_state import SHAPE_STATE_FILE, save_shape_state
-from autocompile.trial.timing.worker import peak_memory
 
 log = logging.getLogger("autocompile.trial.script")
 
@@ -89,7 +88,7 @@ class Meter(Ending):
         """The most ``backward()`` calls before one step: over 1, the script accumulates gradients."""
         self.window_shapes: Counter[torch.Size] = Counter()
         """The open window's: timed once it closes, warm-up if it compiled (timed again)."""
-        self.windows = Windows(spec.measure)
+        self.windows = Windows(spec.measure, torch.device("cuda" if spec.device == "cuda" else "cpu"))
         self.program: Program | None = None
         self.warmup_peak, self.memory_source = 0, ""
         self.finished = False
@@ -219,15 +218,15 @@ class Meter(Ending):
             return
         if self.steps - w.mark.step < self.spec.measure.window_steps:
             return
-        sync()
-        window = w.close(self.steps, self.items, agree(float(self.frames() - w.mark.frames)), self.waited)
-        self.shapes["warmup" if window is None else "timed"].update(self.window_shapes)
+        kept = w.close(self.steps, self.items, self.frames(), self.waited)
+        self.shapes["timed" if kept else "warmup"].update(self.window_shapes)
         self.window_shapes.clear()
-        if window is None:
-            self.progress("rewarm", steps=w.rewarm_steps)
+        if kept:
+            step_s = w.rounds.of[0].step_s[-1]
+            self.progress("window", window=w.timed - 1, seconds=step_s * self.spec.measure.window_steps, step_s=step_s)
         else:
-            self.progress("window", **window)
-        if w.more():
+            self.progress("rewarm", steps=w.rewarm_steps)
+        if w.rounds.more():
             self.open_window()
         else:
             self.finish()
@@ -244,7 +243,6 @@ class Meter(Ending):
         self.open_window()
 
     def open_window(self) -> None:
-        sync()
         self.windows.open(self.steps, self.items, self.frames(), self.waited)
 
     def reset_memory(self) -> None:
@@ -275,9 +273,7 @@ class Meter(Ending):
             append_progress(self.trial_dir, event, **data)
 
     def frames(self) -> int:
-        from torch._dynamo.utils import counters
-
-        return int(counters["frames"]["total"]) + cudagraph_recordings()  # a CUDA-graph recording is compile work
+        return compile_events()
 
     def device(self) -> torch.device:
         return device_of(self.spec.device)
