@@ -42,9 +42,11 @@ def curriculum_batches(step: int, batch_size: int, seq_len: list[int], seed: int
 
 
 
-def growing_batches(step: int, batch_size: int, seq_len: list[int], seed: int, vocab_size: int,
-                    device: Any = "cpu", grow_at: tuple[int, ...] = (3,)) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequences 4 tokens longer at each step of ``grow_at``: under ``compile.dynamic=false`` each is a recompile
-    in the timed part, at a step the test chooses (``tests/test_timing_core.py``)."""
-    length = seq_len[0] + 4 * sum(step >= g for g in grow_at)
-    return batches(step, batch_size, [length], seed, vocab_size, device)
+def changing_batches(step: int, batch_size: int, seq_len: list[int], seed: int, vocab_size: int,
+                     device: Any = "cpu", change_at: tuple[int, ...] = (3,)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batches that change at each step of ``change_at``, each change a recompile whatever automatic dynamic marked
+    before it: the sequences grow, then the batch, then the ids become int32 (``tests/test_timing_core.py``)."""
+    changes = sum(step >= c for c in change_at)
+    inputs, targets = batches(step, batch_size + (changes >= 2), [seq_len[0] + 4 * (changes >= 1)], seed, vocab_size,
+                              device)
+    return (inputs.int() if changes >= 3 else inputs), targets

@@ -84,7 +84,7 @@ def test_both_orders_compile_one_program_with_every_weight_inside_and_the_hooks_
         assert sum(counters["graph_break"].values()) == 0  # FSDP2's hooks run in __call__, around the compiled forward
         # The graphs hold FSDP2's unsharded copies, never the sharded parameters: without mapping them back
         # every unit would read as eager.
-        assert set(coverage(step.log, model, step.units).missing) == {u for u, _ in step.units}
+        assert set(coverage(step.log, list(model.parameters()), step.units).missing) == {u for u, _ in step.units}
     assert programs["compile_then_shard"] == programs["shard_then_compile"]  # one program: same graphs, same hooks
     step, model, _ = run({"compile.scope": "regional", "fsdp.reshard_after_forward": False})
     kept = verify(step, model, "regional")

@@ -20,10 +20,11 @@ from autocompile.workload import TargetNode
 from tests.conftest import QUICK_ROUNDS, launched, make_spec, tiny_lm
 from tests.test_script import run
 
-KNOBS = {"compile.scope": "module", "compile.backend": "aot_eager", "compile.dynamic": False}
+KNOBS = {"compile.scope": "module", "compile.backend": "aot_eager"}
 ONCE, THRICE = (3,), (3, 7, 10)
-"""Steps the sequences grow at: in the first timed window of each driver (trial and script: windows of steps
-2-3, 4-5, ...; side by side, a settle step before each: 3-4, 6-7, 9-10, ...), or in three of them."""
+"""Steps the batches change at (each change a recompile): in the first timed window of each driver (trial and
+script: windows of steps 2-3, 4-5, ...; side by side, a settle step before each: 3-4, 6-7, 9-10, ...), or in
+three of them."""
 
 
 def policy(**kw: Any) -> WindowPolicy:
@@ -42,13 +43,18 @@ def test_a_compiled_window_drops_its_round_for_every_candidate_and_a_third_fails
     assert rounds.live == [0] and not rounds.more()  # side by side, one candidate left: nothing to compare
 
 
-def test_a_descheduled_window_does_not_count_towards_the_minimum() -> None:
-    rounds = Rounds([0], policy())
-    for cpu in (0.1, 0.1, 0.01, 0.1):  # the third window: wall without CPU, the process was not running
+def test_a_descheduled_round_does_not_count_towards_the_side_by_side_minimum() -> None:
+    rounds = Rounds([0, 1], policy(), side_by_side=True)
+    for cpu in (0.1, 0.1, 0.01, 0.1):  # the third round: wall without CPU, the process was not running
         assert rounds.more()
         rounds.next_round()
-        rounds.record({0: Window(0.1, cpu)})
+        rounds.record({0: Window(0.1, cpu), 1: Window(0.1, 0.1)})
     assert rounds.clean() == 3 and not rounds.more()  # precision 0: exactly the minimum of clean rounds
+    alone = Rounds([0], policy())
+    for cpu in (0.1, 0.1, 0.01):  # alone, every window counts: a trial times as many as it is asked
+        alone.next_round()
+        alone.record({0: Window(0.1, cpu)})
+    assert not alone.more()
 
 
 def test_the_stopping_rule_alone_and_side_by_side() -> None:
@@ -68,7 +74,7 @@ def test_the_stopping_rule_alone_and_side_by_side() -> None:
 
 def growing(grow_at: tuple[int, ...]) -> TrialSpec:
     spec = make_spec(KNOBS, model=tiny_lm())
-    data = TargetNode(_target_="tests.parts.growing_batches", grow_at=list(grow_at))  # type: ignore[typeddict-unknown-key]
+    data = TargetNode(_target_="tests.parts.changing_batches", change_at=list(grow_at))  # type: ignore[typeddict-unknown-key]
     return dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, data=data),
                                measure=dataclasses.replace(spec.measure, windows=3))
 
@@ -79,8 +85,9 @@ import torch
 model = torch.compile(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for i in range(60):
-    length = 8 + 4 * sum(i >= g for g in GROW_AT)
-    model(torch.randn(4, length, 16)).pow(2).mean().backward()
+    changes = sum(i >= g for g in GROW_AT)  # longer, then a larger batch, then one more dimension: each recompiles
+    x = torch.randn(4 + (changes >= 2), 8 + 4 * (changes >= 1), 16)
+    model(x.unsqueeze(0) if changes >= 3 else x).pow(2).mean().backward()
     opt.step()
     opt.zero_grad()
 """

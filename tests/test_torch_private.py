@@ -43,8 +43,9 @@ def test_the_optional_names_are_read_where_this_torch_has_them() -> None:
 def private_uses(tree: ast.AST) -> list[str]:
     """``torch._x`` attributes, ``from torch._x import``/``from torch.y import _z``, and ``._compiled_call_impl``."""
     uses = []
+    inner = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute):
+        if isinstance(node, ast.Attribute) and id(node) not in inner:
             chain, base = [node.attr], node.value
             while isinstance(base, ast.Attribute):
                 chain.append(base.attr)

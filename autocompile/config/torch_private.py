@@ -29,7 +29,7 @@ REQUIRED: tuple[str, ...] = (
     "torch._dynamo.compiled_autograd:_enable", "torch._subclasses.fake_tensor:FakeTensorMode",
     "torch._dynamo.exc:Unsupported", "torch._dynamo.callback:callback_handler",
     "torch.utils.data.dataloader:_BaseDataLoaderIter", "torch.distributed.distributed_c10d:_get_default_store",
-    "torch.nn.Module:_compiled_call_impl",
+    "torch.nn.modules.module:Module._compiled_call_impl",
 )
 """``module:attribute`` of each private name used; a missing one breaks a trial."""
 OPTIONAL: tuple[str, ...] = (
@@ -47,7 +47,7 @@ def resolve(name: str) -> Any:
     module, _, path = name.partition(":")
     obj: Any = importlib.import_module(module)
     for part in path.split("."):
-        obj = obj.__dict__[part] if part == "_compiled_call_impl" and isinstance(obj, type) else getattr(obj, part)
+        obj = getattr(obj, part)
     return obj
 
 

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
-    from torch.nn.parallel.distributed import _MixedPrecision
 
 
 class _CompileArgs(TypedDict):
@@ -89,7 +88,7 @@ class DdpKwargs(TypedDict, total=False):
     static_graph: bool
     delay_all_reduce_named_params: list[tuple[str, nn.Parameter]] | None
     param_to_hook_all_reduce: nn.Parameter | None
-    mixed_precision: _MixedPrecision | None
+    mixed_precision: Any  # torch's private _MixedPrecision, or None
     device_mesh: DeviceMesh | None
     skip_all_reduce_unused_params: bool
 

@@ -172,8 +172,10 @@ class Agent:
             self.finder.stop()
             self.finder = None
 
-    def model_found(self, model: nn.Module, where: str) -> None:
-        if not self.calls:  # else the script compiles for itself (taken over at its call)
+    def model_found(self, found: list[tuple[nn.Module, str]]) -> None:
+        if self.calls:
+            return  # the script compiles for itself (taken over at its call)
+        for model, where in found:
             self.take_over(model, {}, where, in_place=True)
 
     def take_over(self, target: Any, kwargs: dict[str, Any], where: str, in_place: bool) -> Any:

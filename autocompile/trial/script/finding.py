@@ -20,8 +20,8 @@ from torch import nn
 
 from autocompile.trial.script import hooks
 
-Found = Callable[[nn.Module, str], None]
-"""Called with each module found and where it was found (the agent takes it over in place)."""
+Found = Callable[[list[tuple[nn.Module, str]]], None]
+"""Called once with the modules found, each with where it was found (the agent takes them over in place)."""
 
 
 class ModelFinder:
@@ -71,9 +71,8 @@ class ModelFinder:
             if (model := self._most(lambda p, wanted=wanted: id(p) in wanted)) is not None:
                 owners.setdefault(id(model), (model, o))
         self.stop()
-        for model, owned in owners.values():
-            self.found(model, f"{type(model).__name__}, the module owning {type(owned).__name__}'s parameters (no "
-                              "torch.compile)")
+        self.found([(model, f"{type(model).__name__}, the module owning {type(owned).__name__}'s parameters (no "
+                            "torch.compile)") for model, owned in owners.values()])
 
     @torch.compiler.disable
     def trained_found(self) -> None:
@@ -83,8 +82,8 @@ class ModelFinder:
         model = self._most(lambda p: p.grad is not None)
         self.stop()
         if model is not None:
-            self.found(model, f"{type(model).__name__}, the module whose parameters backward() filled (no optimizer, "
-                              "no torch.compile)")
+            self.found([(model, f"{type(model).__name__}, the module whose parameters backward() filled (no "
+                                "optimizer, no torch.compile)")])
 
     def _most(self, counts: Callable[[nn.Parameter], bool]) -> nn.Module | None:
         """The called module holding most parameters ``counts`` (a DDP wrapper's own module), or None."""

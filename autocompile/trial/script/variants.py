@@ -144,7 +144,7 @@ def script_program(log: CompileLog, scope: str, units: list[tuple[str, nn.Module
                 "fingerprint": log.fingerprint({"scope": "function", "script": True, **prepared}, training_only=True)}
     if not calls or not models:
         raise NothingCompiled(f"compile.scope={scope}, but the script never called torch.compile on a model, and no "
-                              "module it calls owns an optimizer's parameters or gets gradients from its backward() "
+                              "module it calls owns its optimizer's parameters or got gradients from its backward() "
                               "(nothing to take over): add model = torch.compile(model) to it")
     cover = coverage(log, [p for m in models for p in m.parameters()] + weights, units)
     if not log.graphs:

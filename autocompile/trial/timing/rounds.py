@@ -6,7 +6,7 @@ a script's process alone or side by side. Each round times one window of every l
 are paired. A round in which any candidate compiled is dropped for every candidate (rounds stay aligned; its
 time is that candidate's re-warm, counted as compile), and a candidate that compiles in more than
 ``policy.rewarm_windows`` windows fails. A window the process was descheduled in (its CPU seconds far below its
-wall seconds, :func:`autocompile.trial.timing.stats.descheduled`) does not count towards the minimum.
+wall seconds, :func:`autocompile.trial.timing.stats.descheduled`) does not count towards a side-by-side minimum.
 
 Pure: no clock, no torch. Drivers time each window with :class:`autocompile.trial.timing.clock.WindowClock` and
 record every rank's largest values (:mod:`autocompile.trial.timing.ranks`), so every rank decides alike with no
@@ -113,10 +113,12 @@ class Rounds:
         return failed
 
     def clean(self) -> int:
-        """Rounds every live candidate timed alike and none was descheduled in."""
+        """Rounds that count: side by side, those every live candidate timed and none was descheduled in (a pair
+        needs both windows); alone, every kept window (its median reads through a stall, and a trial's windows
+        stay as many as asked)."""
         series = [self.of[i] for i in self.live if self.of[i].step_s]
-        if not series:
-            return 0
+        if not series or self.alone:
+            return len(series[0].step_s) if series else 0
         return len(clean_rounds(*(c.step_s for c in series), cpu=[c.cpu_s for c in series]))
 
     def more(self) -> bool:
@@ -133,13 +135,11 @@ class Rounds:
         return self.half_width() > p.precision
 
     def half_width(self) -> float:
-        """Alone: the relative 95 % half-width of the mean of its clean windows; side by side, the widest of any
+        """Alone: the relative 95 % half-width of the mean of its windows; side by side, the widest of any
         candidate's paired interval against the fastest (:func:`worst_half_width`)."""
         live = [self.of[i] for i in self.live]
         if self.alone:
-            c = live[0]
-            out = descheduled(c.step_s, c.cpu_s)
-            return relative_half_width([s for k, s in enumerate(c.step_s) if k not in out])
+            return relative_half_width(live[0].step_s)
         return worst_half_width([c.step_s for c in live], [c.cpu_s for c in live])
 
 
