@@ -8,10 +8,15 @@ On CUDA the windows' times are read (one synchronisation) only where the next de
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
 
-from autocompile.trial.program.build import Built, check_finite
+import torch
+
+from autocompile.trial.program.build import Built, append_progress, check_finite, synchronize
 from autocompile.trial.timing.clock import WindowClock
 from autocompile.trial.timing.ranks import reduce_max
 from autocompile.trial.timing.readings import guard_failure_counts, recompile_reasons
@@ -19,6 +24,27 @@ from autocompile.trial.timing.recordings import compile_events
 from autocompile.trial.timing.rounds import Rounds, Window
 
 Progress = Callable[..., None]
+
+
+class ModelProcess:
+    """A model-path process (a trial, or candidates side by side): its directory, rank, device and timeline."""
+
+    def __init__(self, out_dir: Path, rank: int, device: str, timeline: dict[str, float]) -> None:
+        self.out_dir = out_dir
+        self.rank = rank
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.device = torch.device(device)
+        self.timeline = timeline
+        if launched := os.environ.get("AUTOCOMPILE_LAUNCH_TIME"):
+            self.timeline["launch"] = float(launched)
+
+    def progress(self, event: str, **data: Any) -> None:
+        """A ``progress.jsonl`` event (rank 0): the tuner's stop rules and live view read them."""
+        if self.rank == 0:
+            append_progress(self.out_dir, event, **data)
+
+    def sync(self) -> None:
+        synchronize(self.device)
 
 
 def time_rounds(rounds: Rounds, built: dict[int, Built], clock: WindowClock, progress: Progress,

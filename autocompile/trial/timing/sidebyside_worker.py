@@ -40,12 +40,10 @@ from autocompile.config.torch_private import default_store, dynamo_config
 from autocompile.config.window_policy import WindowPolicy
 from autocompile.trial.program.build import (
     Built,
-    append_progress,
     build_candidate,
     period,
     stage,
     start_process,
-    synchronize,
     tensors,
     warm_up,
     warmup_steps,
@@ -53,7 +51,7 @@ from autocompile.trial.program.build import (
 )
 from autocompile.trial.timing.clock import WindowClock
 from autocompile.trial.timing.compile_artifacts import load_artifacts
-from autocompile.trial.timing.model_rounds import time_rounds
+from autocompile.trial.timing.model_rounds import ModelProcess, time_rounds
 from autocompile.trial.timing.readings import classify, environment, same_program
 from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.rounds import LOSSES_KEPT, Rounds, kept_mean, rotate
@@ -71,24 +69,15 @@ class RanksOutOfStep(RuntimeError):
     """A candidate failed on some ranks inside a step; the others wait in its collectives."""
 
 
-class SideBySide:
+class SideBySide(ModelProcess):
+    """Several configurations: each built and warmed up in turn, then timed in the rounds of the one scheduler."""
+
     def __init__(self, spec: SideBySideSpec, out_dir: Path, rank: int, started: float) -> None:
+        super().__init__(out_dir, rank, spec.device, {"worker_start": started})
         self.spec = spec
-        self.out_dir = out_dir
-        self.rank = rank
-        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
-        self.device = torch.device(spec.device)
-        self.timeline: dict[str, float] = {"worker_start": started}
         self.agreements = 0
         self.staged: dict[str, list[tuple[Any, Any]]] = {}
         """Batches made once per workload (every candidate of a study has the same): :func:`stage`."""
-
-    def progress(self, event: str, **data: Any) -> None:
-        if self.rank == 0:
-            append_progress(self.out_dir, event, **data)
-
-    def sync(self) -> None:
-        synchronize(self.device)
 
     @contextmanager
     def scoped(self, built: Built) -> Iterator[None]:

@@ -22,7 +22,6 @@ import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -34,12 +33,10 @@ from autocompile.trial.program.build import (  # noqa: E402
     Built,
     NonFiniteLoss,
     align,
-    append_progress,
     build_candidate,
     period,
     stage,
     start_process,
-    synchronize,
     tensors,
     warm_up,
     warmup_steps,
@@ -48,7 +45,7 @@ from autocompile.trial.program.build import window_steps as steps_per_window  # 
 from autocompile.trial.program.flops import estimated_flops_per_token, flops_per_item  # noqa: E402
 from autocompile.trial.timing.clock import WindowClock  # noqa: E402
 from autocompile.trial.timing.compile_artifacts import load_artifacts, save_artifacts  # noqa: E402
-from autocompile.trial.timing.model_rounds import time_rounds  # noqa: E402
+from autocompile.trial.timing.model_rounds import ModelProcess, time_rounds  # noqa: E402
 from autocompile.trial.timing.ranks import exit_now, reduce_max  # noqa: E402
 from autocompile.trial.timing.readings import (  # noqa: E402
     CompileInTimedPart,
@@ -106,24 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class Trial:
+class Trial(ModelProcess):
+    """One configuration: built, warmed up (compiled), timed in the windows of the one scheduler, checked."""
+
     def __init__(self, spec: TrialSpec, trial_dir: Path, rank: int) -> None:
+        super().__init__(trial_dir, rank, spec.device, {"worker_start": WORKER_START, "imports_done": IMPORTS_DONE})
         self.spec = spec
         self.trial_dir = trial_dir
-        self.rank = rank
-        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
-        self.device = torch.device(spec.device)
-        self.timeline: dict[str, float] = {"worker_start": WORKER_START, "imports_done": IMPORTS_DONE}
-        launched = os.environ.get("AUTOCOMPILE_LAUNCH_TIME")
-        if launched:
-            self.timeline["launch"] = float(launched)
-
-    def progress(self, event: str, **data: Any) -> None:
-        if self.rank == 0:
-            append_progress(self.trial_dir, event, **data)
-
-    def sync(self) -> None:
-        synchronize(self.device)
 
     def run(self) -> TrialResult:
         spec, workload = self.spec, self.spec.workload
