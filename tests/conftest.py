@@ -13,9 +13,12 @@ import pytest
 
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import MeasureSettings, ModelSpec, TrialSpec, Workload
+from autocompile.config.window_policy import WindowPolicy
 from autocompile.trial.launcher import Spec, launch
 
 ROOT = Path(__file__).resolve().parent.parent
+QUICK_ROUNDS = WindowPolicy(window_steps=2, min_rounds=2, precision=0.01, max_timed_s=1.0, settle_steps=1)
+"""A side-by-side process of a test: two rounds of two-step windows, a second of windows at most."""
 MISSING_SERVICE = "missing service: "
 """How a test that needs a service of the machine (PostgreSQL, runuser) says it is absent: see
 :func:`skip_missing_service`."""

@@ -40,3 +40,13 @@ def curriculum_batches(step: int, batch_size: int, seq_len: list[int], seed: int
     length = seq_len[0] * (2 if step >= longer_from else 1)
     return batches(step, batch_size, [length], seed, vocab_size, device)
 
+
+
+def changing_batches(step: int, batch_size: int, seq_len: list[int], seed: int, vocab_size: int,
+                     device: Any = "cpu", change_at: tuple[int, ...] = (3,)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batches that change at each step of ``change_at``, each change a recompile whatever automatic dynamic marked
+    before it: the sequences grow, then the batch, then the ids become int32 (``tests/test_timing_core.py``)."""
+    changes = sum(step >= c for c in change_at)
+    inputs, targets = batches(step, batch_size + (changes >= 2), [seq_len[0] + 4 * (changes >= 1)], seed, vocab_size,
+                              device)
+    return (inputs.int() if changes >= 3 else inputs), targets

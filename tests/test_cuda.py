@@ -16,7 +16,7 @@ import torch
 
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.trial.program.step import TrainStep, apply, lm_loss
-from autocompile.trial.timing.worker import peak_flops
+from autocompile.trial.timing.readings import peak_flops
 from autocompile.workload.data import SyntheticTokens
 from autocompile.workload.models import gpt2
 from tests.conftest import TINY_GPT2, assert_ok, make_spec, run_trials

@@ -35,7 +35,7 @@ from autocompile.trial.program.graphs import PartiallyCompiled, coverage, listen
 from autocompile.trial.program.step import apply, lm_loss
 from autocompile.workload.data import SyntheticTokens
 from autocompile.workload.models import gpt2
-from tests.conftest import TINY_GPT2, assert_ok, launched, make_spec, run_trials
+from tests.conftest import QUICK_ROUNDS, TINY_GPT2, assert_ok, launched, make_spec, run_trials
 
 TWO_RANKS = Env.detect("cpu", 2, False)
 AOT = {"compile.backend": "aot_eager"}
@@ -84,7 +84,7 @@ def test_both_orders_compile_one_program_with_every_weight_inside_and_the_hooks_
         assert sum(counters["graph_break"].values()) == 0  # FSDP2's hooks run in __call__, around the compiled forward
         # The graphs hold FSDP2's unsharded copies, never the sharded parameters: without mapping them back
         # every unit would read as eager.
-        assert set(coverage(step.log, model, step.units).missing) == {u for u, _ in step.units}
+        assert set(coverage(step.log, list(model.parameters()), step.units).missing) == {u for u, _ in step.units}
     assert programs["compile_then_shard"] == programs["shard_then_compile"]  # one program: same graphs, same hooks
     step, model, _ = run({"compile.scope": "regional", "fsdp.reshard_after_forward": False})
     kept = verify(step, model, "regional")
@@ -274,7 +274,7 @@ def test_ddp_and_fsdp2_candidates_run_their_own_programs_side_by_side_on_two_ran
     alone = [launched(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
     assert all(r["status"] == "ok" for r in alone), [(r.get("failure"), r.get("reason")) for r in alone]
     spec = SideBySideSpec(specs, ["ddp", "compile_then_shard", "shard_then_compile", "mp_bf16"],
-                          expected=[r["fingerprint"] for r in alone], min_rounds=2, max_timed_s=1.0, window_steps=2)
+                          expected=[r["fingerprint"] for r in alone], policy=QUICK_ROUNDS)
     together = launched(tmp_path / "together", spec)
     assert together["status"] == "ok", together
     assert [c["status"] for c in together["candidates"]] == ["ok"] * 4, together["candidates"]

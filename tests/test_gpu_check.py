@@ -20,7 +20,7 @@ import pytest
 
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import Workload
-from autocompile.trial.timing.worker import peak_flops
+from autocompile.trial.timing.readings import peak_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 

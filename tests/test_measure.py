@@ -27,7 +27,7 @@ from autocompile.trial.timing import worker
 from autocompile.trial.timing.clock import LAZY_WINDOWS, WindowClock
 from autocompile.trial.timing.readings import classify, peak_flops
 from autocompile.workload.data import SyntheticTokens
-from tests.conftest import ROOT, launched, make_spec, tiny_lm
+from tests.conftest import QUICK_ROUNDS, ROOT, launched, make_spec, tiny_lm
 from tests.test_frameworks import make_winner
 from tests.test_report import best_entry
 
@@ -130,7 +130,7 @@ def test_ranks_drop_a_candidate_that_failed_on_one_rank_together(tmp_path: Path)
     eager = {"compile.scope": "none"}
     specs = [make_spec(eager, model=tiny_lm(), nproc=2), make_spec(eager, model=tiny_lm("nan_late_on_rank1"), nproc=2),
              make_spec(eager, model=tiny_lm(), nproc=2)]
-    spec = SideBySideSpec(specs, ["a", "nan_on_rank1", "b"], min_rounds=2, max_timed_s=0.5, window_steps=2,
+    spec = SideBySideSpec(specs, ["a", "nan_on_rank1", "b"], policy=dataclasses.replace(QUICK_ROUNDS, max_timed_s=0.5),
                           timeout_s=120)
     result = launched(tmp_path / "sbs", spec)
     assert result["status"] == "ok", result

@@ -19,11 +19,11 @@ from autocompile.report.summary import build_report
 from autocompile.report.tracking.plots import trial_rows
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import requeue
-from autocompile.study.records.record import FIELDS, Measurement, TrialRecord, set_attrs, user_attrs
+from autocompile.study.records.record import FIELDS, MEASURED, Measurement, TrialRecord, set_attrs, user_attrs
 from tests.jobs import Compose
 
 DATA = Path(__file__).resolve().parent / "data"
-MEASUREMENT_FIELDS = {f.name for f in dataclasses.fields(Measurement)}
+MEASUREMENT_FIELDS = set(MEASURED)
 OLD_STUDY = ("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64",
              "+model.block_sleep_s=0.002", "output_root=/tmp/oldstudy", "workload.batch_size=2",
              "workload.seq_len=[16]", "workload.device=cpu", "workload.threads=1",

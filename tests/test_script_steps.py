@@ -99,6 +99,79 @@ def test_a_script_that_never_compiles_has_the_model_owning_its_optimizers_parame
     assert_rates(result, BATCH)
 
 
+GAN = """
+    class Generator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+        def forward(self, z):
+            return self.net(z)
+
+    class Discriminator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8),
+                                           torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+        def forward(self, x):
+            return self.net(x)
+
+    G, D = Generator(), Discriminator()
+    COMPILE
+    opt_g = torch.optim.Adam(G.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(D.parameters(), lr=1e-3)
+    bce = torch.nn.BCEWithLogitsLoss()
+    ones, zeros = torch.ones(BATCH, 1), torch.zeros(BATCH, 1)
+    for i in range(60):
+        real, z = torch.randn(BATCH, 4), torch.randn(BATCH, 8)
+        fake = G(z)
+        opt_d.zero_grad()
+        (bce(D(real), ones) + bce(D(fake.detach()), zeros)).backward()
+        opt_d.step()  # the discriminator's optimizer steps first
+        opt_g.zero_grad()
+        bce(D(fake), ones).backward()
+        opt_g.step()
+    """
+
+
+@pytest.mark.parametrize("compile_call", ["", "D = torch.compile(D)"], ids=["no_compile_call", "only_D_compiled"])
+def test_a_gan_has_every_stepped_optimizers_module_compiled_and_counted(tmp_path: Path, compile_call: str) -> None:
+    """A GAN as people write it (two Adams, both stepped each iteration): with no torch.compile, the modules
+    owning both optimizers' parameters are compiled; the coverage counts both optimizers' weights, so a script
+    that compiles only its discriminator reads about one half (G 420 weights, D 433), not 100 %."""
+    path = script(tmp_path, GAN.replace("BATCH", str(BATCH)).replace("COMPILE", compile_call))
+    result = ok(run(tmp_path, path, "", COMPILED))
+    calls = result["script"]["compile_calls"]
+    if compile_call:
+        assert [c["target"] for c in calls] == ["Discriminator"]
+        assert result["compiled_coverage"] == pytest.approx(433 / (420 + 433))
+    else:
+        assert sorted(c["target"] for c in calls) == ["Discriminator", "Generator"]
+        assert all("(no torch.compile)" in c["where"] for c in calls)
+        assert result["compiled_coverage"] == 1.0 and len(result["compiled"]) == 2
+
+
+def test_a_hand_written_update_with_no_compile_call_has_its_model_compiled(tmp_path: Path) -> None:
+    """pytorch/examples' word_language_model: no optimizer object (p.data.add_(p.grad, alpha=-lr)), no compile
+    call, a parameterless loss module called beside the model: the module whose weights backward() filled is
+    compiled, in place."""
+    path = script(tmp_path, f"""
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        criterion = torch.nn.MSELoss()
+        for i in range(40):
+            model.zero_grad()
+            criterion(model(torch.randn({BATCH}, 4)), torch.zeros({BATCH}, 1)).backward()
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.01)
+        """)
+    result = ok(run(tmp_path, path, "", COMPILED))
+    (call,) = result["script"]["compile_calls"]
+    assert call["target"] == "Sequential" and "backward() filled" in call["where"]
+    assert result["compiled_coverage"] == 1.0 and result["graph_count"] >= 1
+    assert result["script"]["step"] == "backward"
+
+
 def test_a_hand_written_update_with_no_optimizer_steps_at_each_backward(tmp_path: Path) -> None:
     path = script(tmp_path, f"""
         model = torch.compile(torch.nn.Linear(4, 1))

@@ -21,7 +21,7 @@ from autocompile.study.phases.racing import study_noise
 from autocompile.study.records.objective import Objective
 from autocompile.study.statistics.intervals import Paired, break_even, paired_windows, time_to_train
 from autocompile.trial.timing.result import TrialResult
-from tests.conftest import launched, make_spec, tiny_lm
+from tests.conftest import QUICK_ROUNDS, launched, make_spec, tiny_lm
 
 EAGER = {"compile.scope": "none"}
 MODULE = {"compile.scope": "module", "compile.backend": "aot_eager"}
@@ -31,8 +31,7 @@ REGIONAL = {"compile.scope": "regional", "compile.backend": "aot_eager"}
 def side_by_side(tmp_path: Path, knobs: list[dict], *, model=None, expected=None, **kw) -> dict:
     model = model or tiny_lm()
     spec = SideBySideSpec([make_spec(k, model=model) for k in knobs], [f"c{i}" for i in range(len(knobs))],
-                          expected=expected or [], min_rounds=kw.pop("min_rounds", 4),
-                          max_timed_s=kw.pop("max_timed_s", 1.0), window_steps=kw.pop("window_steps", 2), **kw)
+                          expected=expected or [], policy=dataclasses.replace(QUICK_ROUNDS, **{"min_rounds": 4, **kw}))
     return launched(tmp_path / "sbs", spec)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from autocompile.config.spec import ModelSpec, SideBySideSpec, TrialSpec
 from autocompile.workload import TargetNode
-from tests.conftest import TINY_GPT2, launched, make_spec
+from tests.conftest import QUICK_ROUNDS, TINY_GPT2, launched, make_spec
 
 AOT = {"compile.backend": "aot_eager"}
 # One candidate per knob value the CPU space offers beside the defaults, all in one process.
@@ -43,7 +43,7 @@ def fingerprints_alone_and_together(tmp_path: Path, candidates: list[dict[str, A
     alone = [launched(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
     assert all(r["status"] == "ok" for r in alone), [(r.get("failure"), r.get("reason")) for r in alone]
     spec = SideBySideSpec(specs, [f"c{i}" for i in range(len(specs))], expected=[r["fingerprint"] for r in alone],
-                          min_rounds=2, max_timed_s=1.0, window_steps=2)
+                          policy=QUICK_ROUNDS)
     together = launched(tmp_path / "together", spec)
     assert together["status"] == "ok", together
     return alone, together["candidates"]
@@ -78,8 +78,8 @@ def test_regional_with_block_checkpointing_compiles_another_program_beside_anoth
     wrapped = {"compile.scope": "regional", "ac.policy": "block", **AOT}
     specs = [make_spec(k, model=TINY_GPT2) for k in ({"compile.scope": "module", **AOT}, wrapped)]
     alone = [launched(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
-    spec = SideBySideSpec(specs, ["module", "wrapped"], expected=[r["fingerprint"] for r in alone], min_rounds=2,
-                          max_timed_s=1.0, window_steps=2)
+    spec = SideBySideSpec(specs, ["module", "wrapped"], expected=[r["fingerprint"] for r in alone],
+                          policy=QUICK_ROUNDS)
     module, beside = launched(tmp_path / "together", spec)["candidates"]
     assert module["status"] == "ok" and beside["failure"] == "not_same_program"
     assert alone[1]["fingerprint"] in beside["reason"]
@@ -108,7 +108,7 @@ def test_ddp_reducers_each_run_their_own_program_on_two_ranks(tmp_path: Path) ->
     alone = [launched(tmp_path / f"alone{i}", spec) for i, spec in enumerate(specs)]
     assert all(r["status"] == "ok" for r in alone), [(r.get("failure"), r.get("reason")) for r in alone]
     spec = SideBySideSpec(specs, ["ddp_optimizer", "python_reducer", "compile_of_ddp"],
-                          expected=[r["fingerprint"] for r in alone], min_rounds=2, max_timed_s=1.0, window_steps=2)
+                          expected=[r["fingerprint"] for r in alone], policy=QUICK_ROUNDS)
     together = launched(tmp_path / "together", spec)
     assert together["status"] == "ok", together
     assert [c["status"] for c in together["candidates"]] == ["ok"] * 3, together["candidates"]

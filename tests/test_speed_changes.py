@@ -16,6 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autocompile.config.settings import ObjectiveSettings
+from autocompile.config.window_policy import WindowPolicy
 from autocompile.study.comparison import Comparison
 from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.records.objective import Objective
@@ -23,7 +24,7 @@ from autocompile.study.statistics.intervals import Paired
 from autocompile.study.statistics.noise import change_point
 from autocompile.trial.timing import worker
 from autocompile.trial.timing.result import TrialResult
-from autocompile.trial.timing.sidebyside_worker import rounds_done
+from autocompile.trial.timing.rounds import Rounds
 from tests.conftest import make_spec
 
 
@@ -120,8 +121,12 @@ def test_a_verdict_names_a_neighbour_that_changed_speed_within_a_process() -> No
 
 def test_the_side_by_side_workers_stopping_rule_counts_the_programs_own_slow_rounds() -> None:
     a, b, ca, cb = own_and_descheduled(random.Random(4))
-    assert rounds_done({0: a, 1: b}, {0: ca, 1: cb}) == 29
-    assert rounds_done({0: a, 1: b}) == 25  # wall clock only: b's own slow windows taken for stalls
+    policy = WindowPolicy(window_steps=1, min_rounds=12, precision=0.01, max_timed_s=20.0)
+    rounds = Rounds([0, 1], policy, side_by_side=True)
+    rounds.of[0].step_s, rounds.of[1].step_s, rounds.of[0].cpu_s, rounds.of[1].cpu_s = a, b, ca, cb
+    assert rounds.clean() == 29
+    rounds.of[0].cpu_s, rounds.of[1].cpu_s = [], []
+    assert rounds.clean() == 25  # wall clock only: b's own slow windows taken for stalls
 
 
 def series(rng: random.Random, n: int, sd: float, shift_at: int | None = None, factor: float = 1.0) -> list[float]:

@@ -154,7 +154,7 @@ def test_ranks_that_end_with_different_parameters_fail_the_trial(tmp_path: Path)
 
 
 def test_peak_flops_are_found_from_device_names() -> None:
-    from autocompile.trial.timing.worker import peak_flops
+    from autocompile.trial.timing.readings import peak_flops
 
     assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12  # the name has no "A100" word without the dashes
     assert peak_flops("NVIDIA H100 PCIe") == 756e12 and peak_flops("NVIDIA H100 80GB HBM3") == 989e12

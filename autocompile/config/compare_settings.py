@@ -13,6 +13,7 @@ import yaml
 
 from autocompile.config.choices import Knobs
 from autocompile.config.knobs import KNOBS, KnobError
+from autocompile.config.window_policy import WindowPolicy
 
 MIN_PROCESSES = 3
 """Side-by-side processes a decision needs at least. A pair's interval is never narrower than its process means
@@ -45,6 +46,10 @@ class CompareSettings:
     """... or once this many seconds of windows were timed in it."""
     settle_steps: int = 1
     """Untimed steps of a candidate before each of its windows (the switch between programs is not timed)."""
+
+    def policy(self) -> WindowPolicy:
+        """The windows of each side-by-side process."""
+        return WindowPolicy(self.window_steps, self.min_rounds, self.precision, self.max_timed_s, self.settle_steps)
 
     @property
     def decided_processes(self) -> int:

@@ -67,9 +67,10 @@ class Env:
         """``structure``: a ``units.Structure`` of the model; ``job``: ``parts.knob_facts`` of the workload.
         Without them every structural or optimizer knob value is offered."""
         import torch
-        from torch._inductor import list_mode_options
 
-        graphs = {mode: bool(options.get("triton.cudagraphs", False)) for mode, options in list_mode_options().items()}
+        from autocompile.config.torch_private import has_memory_budget, mode_options
+
+        graphs = {mode: bool(options.get("triton.cudagraphs", False)) for mode, options in mode_options().items()}
         # On CPU a cudagraph mode silently runs as its no-cudagraph twin: a duplicate trial.
         modes = tuple(mode for mode, graphed in graphs.items() if device == "cuda" or not graphed)
         return cls(
@@ -79,7 +80,7 @@ class Env:
             modes=modes,
             graph_modes=tuple(mode for mode in modes if graphs[mode]),
             nested_regions=hasattr(torch.compiler, "nested_compile_region"),
-            memory_budget=hasattr(torch._functorch.config, "activation_memory_budget"),
+            memory_budget=has_memory_budget(),
             **({} if structure is None else dataclasses.asdict(structure)),
             **(job or {}),
         )

@@ -22,6 +22,7 @@ from pathlib import Path
 from autocompile.config.choices import Knobs
 from autocompile.config.knob_spec import Env
 from autocompile.config.spec import MeasureSettings, Workload
+from autocompile.config.window_policy import WindowPolicy
 
 TRIAL_VAR = "AUTOCOMPILE_SCRIPT_TRIAL"
 """Names the trial directory in the script's processes: the agent is active only where it is set."""
@@ -180,13 +181,10 @@ class ScriptRotation:
     expected: list[str | None]
     """Each candidate's fingerprint in its own cold process: another one beside the others fails it."""
     artifacts: list[str | None]
+    policy: WindowPolicy
+    """Its windows and stopping rule (``compare``'s)."""
     shape_states: list[str | None] = field(default_factory=list)
     """Each candidate's automatic-dynamic memory at its cold run's first training step (``shape_state``)."""
-    window_steps: int = 10
-    min_rounds: int = 12
-    precision: float = 0.01
-    max_timed_s: float = 20.0
-    settle_steps: int = 1
     shift: int = 0
 
 
@@ -252,7 +250,8 @@ class ScriptSpec:
         rotation = raw.pop("rotation", None)
         return cls(script=script, workload=Workload(**raw.pop("workload")),
                    measure=MeasureSettings(**raw.pop("measure")),
-                   rotation=ScriptRotation(**rotation) if rotation else None, **raw)
+                   rotation=ScriptRotation(**{**rotation, "policy": WindowPolicy(**rotation["policy"])})
+                   if rotation else None, **raw)
 
     @property
     def needed_steps(self) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompile.config.choices import Knobs
+from autocompile.config.window_policy import WindowPolicy
 from autocompile.workload import TargetNode
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -167,6 +168,11 @@ class MeasureSettings:
     its user runs a single-process job (no torchrun agent importing torch beside it and polling while the trial
     is timed), and several under torchrun; ``torchrun`` always starts torchrun."""
 
+    def policy(self, window_steps: int) -> WindowPolicy:
+        """A trial's windows (``window_steps`` rounded by the worker): ``windows`` at least, then until
+        ``precision`` or ``max_timed_s``."""
+        return WindowPolicy(window_steps, self.windows, self.precision, self.max_timed_s)
+
     def __post_init__(self) -> None:
         if self.launcher not in ("auto", "torchrun"):
             raise ValueError(f"measure.launcher={self.launcher!r}: choose auto or torchrun")
@@ -229,35 +235,25 @@ class TrialSpec:
 @dataclass
 class SideBySideSpec:
     """Several configurations of one workload timed in one process, window by window in rotating order;
-    written as ``sidebyside.json`` (``python -m autocompile.trial.timing.sidebyside_worker DIR``)."""
+    written as ``sidebyside.json`` (``python -m autocompile.trial.timing.worker DIR``)."""
 
     candidates: list[TrialSpec]
     """One spec per candidate: same model, workload and device; the knobs differ."""
     labels: list[str]
     """A name per candidate, in the same order."""
+    policy: WindowPolicy
+    """Its windows and stopping rule (``compare``'s: :meth:`CompareSettings.policy`)."""
     expected: list[str | None] = field(default_factory=list)
     """The fingerprint each candidate compiled to in its own cold trial: a candidate that compiles another
     program beside the others fails as ``not_same_program`` (None: not checked)."""
     artifacts: list[str | None] = field(default_factory=list)
     """Compile artifacts (its cold trial's ``compile_artifacts.bin``) loaded before a candidate compiles."""
-    window_steps: int = 10
-    """Steps per timed window (rounded up to whole optimizer steps and every sequence length)."""
-    min_rounds: int = 12
-    """Rounds (one window of every candidate each) before the stopping rule is consulted."""
-    precision: float = 0.01
-    """Stop once every candidate's paired interval against the fastest, inside this process, has a
-    half-width within this fraction."""
-    max_timed_s: float = 20.0
-    """...or once this many seconds of windows were timed."""
-    settle_steps: int = 1
-    """Untimed steps of a candidate before each of its windows: the switch from another program (its
-    caches, its allocator state) is not timed."""
     shift: int = 0
     """This process's rotation of the build and window order (processes of one comparison differ)."""
     timeout_s: float = 900.0
     """Wall-clock limit of the whole process tree."""
 
-    module = "autocompile.trial.timing.sidebyside_worker"
+    module = "autocompile.trial.timing.worker"
 
     def plain_python(self) -> bool:
         """As :meth:`TrialSpec.plain_python`: one process, no torchrun."""
@@ -297,7 +293,7 @@ class SideBySideSpec:
     def read(cls, trial_dir: Path) -> SideBySideSpec:
         raw = json.loads((trial_dir / "sidebyside.json").read_text())
         raw["candidates"] = [TrialSpec.from_dict(c) for c in raw["candidates"]]
-        return cls(**raw)
+        return cls(**{**raw, "policy": WindowPolicy(**raw["policy"])})
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:

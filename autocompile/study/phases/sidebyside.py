@@ -129,8 +129,7 @@ def spec_for(members: list[Member], settings: Settings, shift: int, threads: int
         candidates=[settings.trial_spec(m.config, threads) for m in members], labels=[m.label for m in members],
         expected=[m.cold.fingerprint for m in members],
         artifacts=[None if m.label in warm else (m.cold.compile_artifacts or {}).get("path") for m in members],
-        window_steps=c.window_steps, min_rounds=c.min_rounds, precision=c.precision, max_timed_s=c.max_timed_s,
-        settle_steps=c.settle_steps, shift=shift, timeout_s=max(settings.timeout_s(m.config) for m in members))
+        policy=c.policy(), shift=shift, timeout_s=max(settings.timeout_s(m.config) for m in members))
 
 
 def script_spec_for(members: list[Member], settings: Settings, shift: int, threads: int | None = None,
@@ -144,9 +143,7 @@ def script_spec_for(members: list[Member], settings: Settings, shift: int, threa
     spec.rotation = ScriptRotation(
         knobs=[m.config.flat() for m in members], labels=model_path.labels, expected=model_path.expected,
         artifacts=model_path.artifacts, shape_states=[_shape_state(m) for m in members],
-        window_steps=model_path.window_steps, min_rounds=model_path.min_rounds,
-        precision=model_path.precision, max_timed_s=model_path.max_timed_s, settle_steps=model_path.settle_steps,
-        shift=shift)
+        policy=model_path.policy, shift=shift)
     return spec
 
 

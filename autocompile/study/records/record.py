@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict, TypeVar
 
 from autocompile.config.choices import FRESH_PROCESSES, Knobs, Method
-from autocompile.trial.timing.result import Environment, TrialResult
+from autocompile.trial.timing.result import TrialResult
 
 T = TypeVar("T")
 
@@ -39,76 +39,27 @@ def _to_mapping(obj: Any) -> dict[str, Any]:
     return out
 
 
+MEASURED = ("status", "failure", "reason", "tokens_per_s", "throughput_unit", "step_s", "step_s_cv", "windows",
+            "compile_s", "first_step_s", "peak_memory_bytes", "graph_count", "graph_breaks", "recompiles_timed", "mfu",
+            "compiled", "wall_s", "losses", "tokens_per_s_windows", "environment", "fingerprint", "compiled_coverage",
+            "step_s_windows", "step_cpu_s_windows", "rewarm_steps", "timed_precision", "timed_s", "side_by_side")
+"""The fields of a process's :class:`TrialResult` kept on its trial (the ``result`` user attribute)."""
+
+
 @dataclass
-class Measurement:
-    """What one run measured: the numbers of ``result.json`` kept on the trial for ranking, reporting and
-    tracking (the ``result`` user attribute; the trial directory's ``result.json`` has everything)."""
+class Measurement(TrialResult):
+    """What one run measured: the fields of its :class:`TrialResult` named in :data:`MEASURED`, kept on the trial for
+    ranking, reporting and tracking (the trial directory's ``result.json`` has everything; every other field stays
+    None here). Declared once, in ``TrialResult``; a record without a status is not ``ok``."""
 
     status: str = ""
-    """``ok``; ``failed`` (see ``failure``), ``pruned`` or ``same_program`` (stopped: see ``reason``)."""
-    failure: str | None = None
-    """What ended a failed run: ``timeout``, ``crash``, ``oom``, ``graph_break``..."""
-    reason: str | None = None
-    """Why the run failed or was stopped, in words."""
-    tokens_per_s: float | None = None
-    """Steady-state throughput (tokens, or samples for image inputs: ``throughput_unit``)."""
-    throughput_unit: str | None = None
-    """``tokens`` or ``samples``; None in results from before the unit was recorded (tokens)."""
-    step_s: float | None = None
-    """Median seconds per training step over the timed windows."""
-    step_s_cv: float | None = None
-    """Spread of the windows' step times (coefficient of variation) inside the process."""
-    windows: int | None = None
-    """Timed windows (None in results from before it was kept on the trial)."""
-    compile_s: float | None = None
-    """Seconds of compile: the warm-up steps' wall time minus what they cost at steady state."""
-    first_step_s: float | None = None
-    """Wall seconds of the first warm-up step."""
-    peak_memory_bytes: int | None = None
-    """Peak device memory (CUDA) or process RSS (CPU), the max over ranks."""
-    graph_count: int | None = None
-    """Distinct graphs dynamo compiled."""
-    graph_breaks: int | None = None
-    """Graph breaks during the run."""
-    recompiles_timed: int | None = None
-    """Recompiles during the timed windows (0 when warm-up covered every shape)."""
-    mfu: float | None = None
-    """Model FLOPs utilisation; None without a known device peak."""
-    compiled: list[str] | None = None
-    """What was compiled (``model``, ``blocks``, ``optimizer``...): empty for an eager run."""
-    wall_s: float | None = None
-    """Wall seconds of the whole run, process start to result (the launcher's clock)."""
-    losses: list[float] | None = None
-    """Loss per step, warm-up included: the numerics check compares them with the eager reference."""
-    tokens_per_s_windows: list[float] | None = None
-    """Throughput of each timed window."""
-    environment: Environment | None = None
-    """torch, device name, world size, threads... of rank 0."""
-    fingerprint: str | None = None
-    """Hash of the captured graphs: equal fingerprints, the same compiled program."""
-    compiled_coverage: float | None = None
-    """Share of the weights inside compiled graphs."""
-    step_s_windows: list[float] | None = None
-    """Step seconds of each timed window (side by side: aligned with the other candidates' windows)."""
-    step_cpu_s_windows: list[float] | None = None
-    """Process CPU seconds per step of each timed window, aligned with ``step_s_windows``: a window far slower
-    on the wall clock than its CPU seconds account for was descheduled (``trial.timing.stats.descheduled``); None in
-    results from before it was recorded (the wall-clock stall rule stands in)."""
-    rewarm_steps: int | None = None
-    """Steps run again after late compiles in the timed part, before timing again."""
-    timed_precision: float | None = None
-    """Relative half-width of the 95% interval of the step time from the windows."""
-    timed_s: float | None = None
-    """Seconds spent in the timed windows."""
-    windows: int | None = None
-    """Number of timed windows."""
     side_by_side: dict[str, int] | None = None
     """Side by side: ``round``, ``rounds`` and ``window_steps`` of the process that timed it."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Measurement:
         """From a stored ``result`` attribute, or the worker's whole result (only the kept keys are read)."""
-        return _from_mapping(cls, data or {})
+        return cls(**{k: v for k, v in (data or {}).items() if k in MEASURED and v is not None})
 
     @classmethod
     def of(cls, result: TrialResult) -> Measurement:
@@ -116,11 +67,7 @@ class Measurement:
         return cls.from_dict(result.to_json())
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_mapping(self)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
+        return {k: v for k, v in _to_mapping(self).items() if k in MEASURED}
 
     @property
     def unit(self) -> str:

@@ -23,6 +23,7 @@ from torch import nn
 
 from autocompile.config.choices import UNIT_SCOPES, Backend, DdpOptimize, compiles
 from autocompile.config.knobs import AcKnobs, AmpKnobs, CompileKnobs, DdpKnobs, FsdpKnobs, OptimKnobs, PlacementKnobs
+from autocompile.config.torch_private import compiled_autograd_context, dynamo_config
 from autocompile.trial.program.graphs import CompileLog, Options, Recorder
 from autocompile.workload import units
 from autocompile.workload.optim import (
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
-    from torch.nn.parallel.distributed import _MixedPrecision
 
 
 class _CompileArgs(TypedDict):
@@ -88,7 +88,7 @@ class DdpKwargs(TypedDict, total=False):
     static_graph: bool
     delay_all_reduce_named_params: list[tuple[str, nn.Parameter]] | None
     param_to_hook_all_reduce: nn.Parameter | None
-    mixed_precision: _MixedPrecision | None
+    mixed_precision: Any  # torch's private _MixedPrecision, or None
     device_mesh: DeviceMesh | None
     skip_all_reduce_unused_params: bool
 
@@ -198,7 +198,7 @@ def apply_optimize_ddp(ddp: DdpKnobs, distributed: bool) -> DynamoSettings:
     compiles DDP graphs."""
     if not distributed:
         return {}
-    value = torch._dynamo.config.optimize_ddp = OPTIMIZE_DDP[ddp.optimize]
+    value = dynamo_config().optimize_ddp = OPTIMIZE_DDP[ddp.optimize]
     return {"optimize_ddp": value}
 
 
@@ -317,7 +317,7 @@ def compiled_autograd(knobs: CompileKnobs, compilers: Compilers) -> tuple[Contex
     if not (knobs.compiled_autograd and knobs.scope in UNIT_SCOPES):
         return nullcontext, []
     backward = compilers("autograd", fullgraph=False)
-    return functools.partial(torch._dynamo.compiled_autograd._enable, backward()), ["compiled_autograd"]
+    return functools.partial(compiled_autograd_context, backward()), ["compiled_autograd"]
 
 
 def _clip_then(clip: Callable[[], Any], step: Callable[..., Any]) -> Callable[..., Any]:

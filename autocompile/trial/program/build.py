@@ -18,6 +18,7 @@ import torch
 
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.spec import TrialSpec
+from autocompile.config.torch_private import dynamo_config
 from autocompile.trial.program.graphs import Program, listening, verify
 from autocompile.trial.program.step import TrainStep, apply
 from autocompile.workload.infer import model_facts
@@ -54,9 +55,9 @@ def start_process(threads: int, device: torch.device, world_size: int, matmul_pr
     torch.set_num_threads(threads)
     if device.type == "cuda":  # torch >= 2.13 also sets oneDNN's CPU matmuls from it ("medium": bf16): GPU only
         torch.set_float32_matmul_precision(matmul_precision)
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    config = dynamo_config()
+    config.fail_on_recompile_limit_hit = True
     if programs > 1:
-        config = torch._dynamo.config
         config.recompile_limit = config.recompile_limit * programs
         config.accumulated_recompile_limit = config.accumulated_recompile_limit * programs
     if world_size > 1:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autocompile.config.torch_private import fake_tensor_mode
 from autocompile.workload.data import map_tensors
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,6 @@ log = logging.getLogger(__name__)
 def step_flops(build: Callable[[], nn.Module], loss_fn: Callable[[Any, Any], torch.Tensor],
                batches: list[tuple[Any, Any]], device: torch.device) -> float:
     """Total FLOPs of forward, loss and backward over ``batches`` (fresh fake weights per call)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.func import functional_call
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -33,7 +33,7 @@ def step_flops(build: Callable[[], nn.Module], loss_fn: Callable[[Any, Any], tor
 
     with torch.device("meta"):
         model = build()
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    mode = fake_tensor_mode()
     named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     with mode:
         state = {k: torch.empty(v.shape, dtype=v.dtype, device=device).requires_grad_(v.requires_grad)

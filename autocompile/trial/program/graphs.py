@@ -30,6 +30,8 @@ import torch
 from torch import nn
 
 from autocompile.config.choices import KnobValue
+from autocompile.config.torch_private import LOGGERS, aot_eager_parts, counters, inductor, memory_budget
+from autocompile.config.torch_private import backend as lookup_backend
 
 Options = dict[str, str | int | bool | Callable[..., Any]]
 """``torch.compile(options=...)``: inductor settings by name (the type ``torch.compile`` declares)."""
@@ -132,7 +134,7 @@ class _KeyListener(logging.Handler):
             self.log.note(self.log.inductor_keys, str(record.args[0]))  # type: ignore[index]
 
 
-CODECACHE = "torch._inductor.codecache"
+CODECACHE = LOGGERS["codecache"]
 """The logger inductor names each graph's FX-graph cache key on."""
 
 
@@ -162,9 +164,7 @@ def listening(log: CompileLog) -> Iterator[CompileLog]:
 
 
 def _counter(group: str, name: str) -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters[group][name])
+    return int(counters()[group][name])
 
 
 def _digest(gm: torch.fx.GraphModule) -> str:
@@ -189,12 +189,10 @@ class Recorder:
         self.compiler_name = backend  # what dynamo's repro tooling names the backend
         self.inner: Callable[..., Any]
         if backend == "inductor":
-            self.inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+            self.inner = inductor(mode, options, dynamic)
         elif backend == "aot_eager":
             self.inner = _recording_aot_eager(log)
         else:
-            from torch._dynamo.backends.registry import lookup_backend
-
             self.inner = lookup_backend(backend)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
@@ -205,7 +203,7 @@ class Recorder:
         try:
             if self.memory_budget is None:
                 return self.inner(gm, example_inputs, **kwargs)
-            with torch._functorch.config.patch(activation_memory_budget=self.memory_budget):
+            with memory_budget(self.memory_budget):
                 return self.inner(gm, example_inputs, **kwargs)
         finally:
             self.log.in_evaluation = False
@@ -222,9 +220,7 @@ class Recorder:
 
 def _recording_aot_eager(log: CompileLog) -> Callable[..., Any]:
     """``aot_eager`` exactly as torch defines it, with compilers that note each aten graph."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._dynamo.backends.debugging import boxed_nop
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    aot_autograd, boxed_nop, min_cut_rematerialization_partition = aot_eager_parts()
 
     def compiler(kind: str) -> Callable[..., Any]:
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
@@ -270,10 +266,11 @@ def sharded_aliases(model: nn.Module) -> dict[int, int]:
     return aliases
 
 
-def coverage(log: CompileLog, model: nn.Module, units: list[tuple[str, nn.Module]],
+def coverage(log: CompileLog, weights: list[torch.Tensor], units: list[tuple[str, nn.Module]],
              aliases: dict[int, int] | None = None) -> Coverage:
-    """Which weights ran inside compiled graphs; ``aliases`` maps the parameters graphs took to the model's
-    own (FSDP2's unsharded copies, :func:`sharded_aliases`).
+    """Which of ``weights`` (a model's parameters; a script's, every stepped optimizer's too) ran inside compiled
+    graphs; ``aliases`` maps the parameters graphs took to the model's own (FSDP2's unsharded copies,
+    :func:`sharded_aliases`).
 
     A block that reuses the graph another block of its class compiled is not handed to the backend
     again: it counts as compiled when its compiled forward was entered and an equivalent unit's
@@ -293,8 +290,9 @@ def coverage(log: CompileLog, model: nn.Module, units: list[tuple[str, nn.Module
             covered |= {id(p) for p in params}
         else:
             missing.append(name)
-    total = sum(p.numel() for p in model.parameters())
-    inside = sum(p.numel() for p in model.parameters() if id(p) in covered)
+    unique = list({id(p): p for p in weights}.values())
+    total = sum(p.numel() for p in unique)
+    inside = sum(p.numel() for p in unique if id(p) in covered)
     return Coverage(inside / total if total else 0.0, missing)
 
 
@@ -322,7 +320,7 @@ def verify(step: Any, model: nn.Module, scope: str) -> Program:
         return {"coverage": 0.0,
                 "fingerprint": "eager:" + "|".join(f"{k}={v}" for k, v in sorted(step.eager_parts.items()))}
     sharded = step.eager_parts.get("parallel.strategy") == "fsdp2"
-    cover = coverage(step.log, model, step.units, sharded_aliases(model) if sharded else None)
+    cover = coverage(step.log, list(model.parameters()), step.units, sharded_aliases(model) if sharded else None)
     missing = cover.missing + sorted(step.roles - step.log.roles())
     if not step.log.graphs or len(missing) == len(step.units) + len(step.roles):
         raise NothingCompiled(f"{', '.join(step.compiled)} handed to torch.compile, but no graph was compiled "

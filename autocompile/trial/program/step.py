@@ -26,6 +26,7 @@ from torch import nn
 
 from autocompile.config.choices import MEMORY_BUDGETS, KnobValue, compiles
 from autocompile.config.knobs import CompileKnobs, TrialConfig
+from autocompile.config.torch_private import mode_options
 from autocompile.trial.program.apply_parts import (
     CompileKwargs,
     Compilers,
@@ -97,9 +98,7 @@ def compile_kwargs(knobs: CompileKnobs) -> CompileKwargs:
         return kwargs
     extra = {k: v for k, v in asdict(knobs.options).items() if v is not None}
     if extra:
-        from torch._inductor import list_mode_options
-
-        kwargs["options"] = {**list_mode_options(knobs.mode), **extra}
+        kwargs["options"] = {**mode_options(knobs.mode), **extra}
     elif knobs.mode != "default":
         kwargs["mode"] = knobs.mode
     return kwargs
@@ -109,9 +108,7 @@ def uses_cuda_graphs(kwargs: CompileKwargs) -> bool:
     """Whether inductor will record CUDA graphs (``reduce-overhead``, ``max-autotune``...)."""
     if kwargs["backend"] != "inductor":
         return False
-    from torch._inductor import list_mode_options
-
-    options = kwargs.get("options") or list_mode_options(kwargs.get("mode", "default"))
+    options = kwargs.get("options") or mode_options(kwargs.get("mode", "default"))
     return bool(options.get("triton.cudagraphs", False))
 
 

@@ -13,9 +13,10 @@ to what the script hands them:
 - ``regional``: each repeated block compiled in place (``autocompile.workload.units``), and the rest as
   ``compile.rest`` says.
 
-A script that calls no ``torch.compile`` before its first optimizer step has its model found: the module it calls
-(outside any other) that owns the optimizer's parameters, taken over in place at that step as if the script had
-compiled it, so its later steps run the trial's program (and ``best_config.py`` applies the winner the same way).
+A script that calls no ``torch.compile`` before its first optimizer step has its models found: the module it calls
+(outside any other) that owns each optimizer's parameters (a GAN's two), taken over in place at that step as if the
+script had compiled it, so its later steps run the trial's program (and ``best_config.py`` applies the winner the
+same way); with no optimizer (an update by hand), the module whose weights its first ``backward()`` filled.
 A function the script compiles (``torch.compile(fn)``, a decorator) is compiled whole with the trial's knobs
 under any compiled scope (eager under ``none``): it is its own region. Calls from libraries and from torch itself
 on functions pass through untouched. The
@@ -42,6 +43,7 @@ from torch import nn  # noqa: E402
 from autocompile.config.choices import Knobs, compiles  # noqa: E402
 from autocompile.config.knobs import TrialConfig  # noqa: E402
 from autocompile.config.script_settings import TRIAL_VAR, ScriptSpec, calls_prepare, script_env  # noqa: E402
+from autocompile.config.torch_private import dynamo_config, set_compiled_call  # noqa: E402
 from autocompile.trial.program.apply_parts import (  # noqa: E402
     Compilers,
     apply_ac,
@@ -54,6 +56,7 @@ from autocompile.trial.program.graphs import CompileLog  # noqa: E402
 from autocompile.trial.program.step import compile_kwargs  # noqa: E402
 from autocompile.trial.script import hooks  # noqa: E402
 from autocompile.trial.script.ending import CannotTakeOver, CompileCall, Prepared  # noqa: E402
+from autocompile.trial.script.finding import ModelFinder  # noqa: E402
 from autocompile.trial.script.meter import Meter  # noqa: E402
 from autocompile.trial.script.variants import Variants  # noqa: E402
 from autocompile.trial.timing.readings import RecompileLimitHits  # noqa: E402
@@ -132,7 +135,7 @@ class Agent:
         """What ``autocompile.prepare`` applied, read back from the script's objects (empty: never called)."""
         self.awaiting_ddp: nn.Module | None = None
         """``ddp.wrap_order=compile_of_ddp``: the prepared model, compiled once the script wraps it in DDP."""
-        self.outermost: hooks.Outermost | None = None
+        self.finder: ModelFinder | None = None
         """Until the script's first ``torch.compile`` call or optimizer step: the modules it calls."""
         self.variants: Variants | None = None
         """Side by side (``spec.rotation``): every candidate's variant of what the script compiles."""
@@ -144,10 +147,11 @@ class Agent:
     def install(self) -> None:
         # Alone, as under plain torch, calls past the recompile limit run eager, and the result lists each hit (the
         # user's job would live with them); side by side, one candidate's would run eager beside the others.
-        torch._dynamo.config.fail_on_recompile_limit_hit = self.variants is not None
+        config = dynamo_config()
+        config.fail_on_recompile_limit_hit = self.variants is not None
         self.limit_hits = RecompileLimitHits().install()
         if self.variants is not None:  # each candidate a cache entry per code object: each its own budget
-            config, n = torch._dynamo.config, len(self.variants.all)
+            n = len(self.variants.all)
             config.recompile_limit, config.accumulated_recompile_limit = (
                 config.recompile_limit * n, config.accumulated_recompile_limit * n)
         apply_optimize_ddp(self.config.ddp, self.world_size > 1)  # before the script builds DDP: read in __init__
@@ -159,31 +163,20 @@ class Agent:
         self.meter.install()
 
     def find_model(self) -> None:
-        """Record the modules the script calls until it compiles, prepares or steps (:meth:`model_found`)."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self.outermost = hooks.Outermost()
-        register_optimizer_step_post_hook(self.model_found)  # a no-op after the first step (not removable in it)
+        """Find the models of a script that calls no ``torch.compile`` (:mod:`~autocompile.trial.script.finding`)."""
+        self.finder = ModelFinder(self.model_found)
 
     def stop_finding(self) -> None:
         """Nothing to find: no global module hook may stay where dynamo traces the script's model."""
-        if self.outermost is not None:
-            self.outermost.stop()
-            self.outermost = None
+        if self.finder is not None:
+            self.finder.stop()
+            self.finder = None
 
-    @torch._dynamo.disable
-    def model_found(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        """At the script's first optimizer step: no ``torch.compile`` call yet, so compile, in place, the module it
-        called that owns the optimizer's parameters (its next steps run the trial's program)."""
-        outermost, self.outermost = self.outermost, None
-        if outermost is None:
-            return
-        model = outermost.owner(optimizer)
-        outermost.stop()
-        if self.calls or model is None:
-            return  # the script compiles for itself (taken over at its call), or steps no module's parameters
-        where = f"{type(model).__name__}, the module owning {type(optimizer).__name__}'s parameters (no torch.compile)"
-        self.take_over(model, {}, where, in_place=True)
+    def model_found(self, found: list[tuple[nn.Module, str]]) -> None:
+        if self.calls:
+            return  # the script compiles for itself (taken over at its call)
+        for model, where in found:
+            self.take_over(model, {}, where, in_place=True)
 
     def take_over(self, target: Any, kwargs: dict[str, Any], where: str, in_place: bool) -> Any:
         """What ``torch.compile(target, **kwargs)`` (``in_place``: ``target.compile(**kwargs)``) becomes."""
@@ -246,7 +239,7 @@ class Agent:
         self.calls.append({"target": "DistributedDataParallel", "module": True, "where": where, "kwargs": {}})
         self.units.append(("DistributedDataParallel(model)", ddp.module))
         self.compiled.append("DistributedDataParallel(model)")
-        ddp._compiled_call_impl = self.compile_model(ddp._call_impl)  # type: ignore[assignment]
+        set_compiled_call(ddp, self.compile_model(ddp._call_impl))
         self.meter.watch(ddp, ddp.module)
 
     def prepared_knobs(self) -> Knobs:

@@ -18,12 +18,19 @@ import torch.distributed as dist
 from autocompile.config.script_settings import ScriptSpec
 from autocompile.config.spec import write_json_atomic
 from autocompile.trial.program.graphs import Program
-from autocompile.trial.script.ranks import distributed, reduce_max
 from autocompile.trial.script.windows import Windows
 from autocompile.trial.timing.compile_artifacts import save_artifacts
-from autocompile.trial.timing.readings import CudaGraphsSkipped, dynamo_compile_times
-from autocompile.trial.timing.result import Memory, TrialResult
-from autocompile.trial.timing.worker import classify, environment, exit_now, peak_memory, short_reason
+from autocompile.trial.timing.ranks import distributed, exit_now, reduce_max
+from autocompile.trial.timing.readings import (
+    CudaGraphsSkipped,
+    check_cuda_graphs,
+    classify,
+    dynamo_compile_times,
+    environment,
+    peak_memory,
+    set_graphs,
+)
+from autocompile.trial.timing.result import TrialResult
 from autocompile.workload.units import Structure
 
 
@@ -96,11 +103,10 @@ class Ending:
 
     def finish(self) -> None:
         """Write the result, meet the other ranks, and end this process."""
-        from torch._dynamo.utils import counters
-
-        if self.device().type == "cuda" and counters["inductor"]["cudagraph_skips"]:
-            self.fail(CudaGraphsSkipped(f"inductor skipped CUDA graphs {counters['inductor']['cudagraph_skips']} "
-                                        "time(s): the mode ran as another program (see the script's stderr)"))
+        try:
+            check_cuda_graphs(self.device())
+        except CudaGraphsSkipped as exc:
+            self.fail(exc)
             exit_now(1)
         self.finished = True
         self.timeline["timed_done"] = time.time()
@@ -114,24 +120,16 @@ class Ending:
         exit_now(0)
 
     def result(self) -> TrialResult:
-        from torch._dynamo.utils import counters
 
         device = self.device()
         compiled = self.agent.compiles_anything
-        timing = self.windows.timing(self.world_size, self.unit, len(self.windows.warm_s))
         before_s, before_compile_s = reduce_max([self.before_s, self.before_compile_s])
-        timing["compile_s"] += before_compile_s  # what dynamo compiled for an evaluation before the first step
         program = self.program
-        return TrialResult(
+        result = TrialResult(
             status="ok",
             compiled=list(self.agent.compiled),
-            **timing,
             dynamo_compile_s=dynamo_compile_times(),
             throughput_unit=self.unit or ("backward() calls" if self.step_kind == "backward" else "optimizer steps"),
-            **self.memory(device),
-            graph_count=counters["stats"]["unique_graphs"],
-            graph_breaks=sum(counters["graph_break"].values()),
-            graph_break_reasons={short_reason(k): v for k, v in counters["graph_break"].items()},
             recompiles_timed=0,
             compiled_coverage=program["coverage"] if program is not None else None,
             fingerprint=program["fingerprint"] if program is not None else None,
@@ -153,11 +151,15 @@ class Ending:
             timeline=self.timeline,
             environment=environment(device, self.rank, torch.get_num_threads()),
         )
-
-    def memory(self, device: torch.device) -> Memory:
-        """Peak memory of the timed part and of the warm-up (the largest rank's)."""
+        self.windows.set_timing(result, self.world_size, self.unit is not None)
+        assert result.compile_s is not None
+        result.compile_s += before_compile_s  # what dynamo compiled for an evaluation before the first step
+        set_graphs(result)
+        # peak memory of the timed part and of the warm-up (the largest rank's)
         steady, warm = (int(v) for v in reduce_max([float(peak_memory(device)), float(self.warmup_peak)]))
-        return {"peak_memory_bytes": steady, "warmup_peak_memory_bytes": warm, "memory_source": self.memory_source}
+        result.peak_memory_bytes, result.warmup_peak_memory_bytes = steady, warm
+        result.memory_source = self.memory_source
+        return result
 
     def fail(self, exc: BaseException) -> None:
         """The script raised (from its own code or from the agent's checks inside its steps): a failed result."""
@@ -178,7 +180,7 @@ class Ending:
         if self.finished:
             return
         m = self.spec.measure
-        if self.program is not None and len(self.windows.window_s) >= m.windows:
+        if self.program is not None and self.windows.timed >= m.windows:
             # Ended while timing windows beyond the minimum (measure.precision not reached yet): its budget
             # ended, as measure.max_timed_s would have; the windows so far are the measurement.
             self.finish()

@@ -17,12 +17,15 @@ from __future__ import annotations
 import functools
 import sys
 import time
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from autocompile.config.torch_private import data_loader_iter
 
 
 class Listener(Protocol):
@@ -44,6 +47,10 @@ _OWN_FORWARDS: dict[int, Any] = {}
 """``id(module)``: the ``forward`` the agent set on it (compiled, checkpointed), left out when it is pickled."""
 _OPTIMIZER_STEPS = [0]
 """Optimizer steps seen by the global post-hook: a ``GradScaler.step`` that adds none skipped its optimizer."""
+_BUILT: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+"""Every optimizer the process built since :func:`track_optimizers` (a GAN's two: both models are taken over)."""
+_AFTER_BACKWARD: list[Callable[[], None]] = []
+"""Called once each, after the next ``backward()`` (:func:`after_next_backward`)."""
 
 
 class ForwardHook:
@@ -55,57 +62,17 @@ class ForwardHook:
         _forward(args, kwargs)
 
 
-@torch._dynamo.disable  # the meter's Python, never traced into the script's graphs
+@torch.compiler.disable  # the meter's Python, never traced into the script's graphs
 def _forward(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     if _METER is not None:
         _METER.on_forward(args, kwargs)
 
 
-@torch._dynamo.disable
+@torch.compiler.disable
 def _optimizer_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     _OPTIMIZER_STEPS[0] += 1
     if _METER is not None:
         _METER.on_optimizer_step(optimizer)
-
-
-class Outermost:
-    """The modules the script calls from outside any module's forward, in the order first called: where a script
-    with no ``torch.compile`` call keeps its model (the agent takes the one that owns the optimizer's parameters).
-    Global module hooks, removed by :meth:`stop` (at the script's first optimizer step or ``torch.compile`` call);
-    nothing is set on the script's objects."""
-
-    def __init__(self) -> None:
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
-        self.called: list[nn.Module] = []
-        self.depth = 0
-        self.handles = [register_module_forward_pre_hook(self._enter), register_module_forward_hook(self._leave)]
-
-    @torch._dynamo.disable
-    def _enter(self, module: nn.Module, args: Any) -> None:
-        if self.depth == 0 and not any(m is module for m in self.called):
-            self.called.append(module)
-        self.depth += 1
-
-    @torch._dynamo.disable
-    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
-        self.depth = max(self.depth - 1, 0)
-
-    def owner(self, optimizer: torch.optim.Optimizer) -> nn.Module | None:
-        """The called module holding most of ``optimizer``'s parameters (a DDP wrapper's own module), or None."""
-        wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        best, held = None, 0
-        for module in self.called:
-            inner = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
-            n = sum(id(p) in wanted for p in inner.parameters())
-            if n > held:
-                best, held = inner, n
-        return best
-
-    def stop(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles, self.called = [], []
 
 
 def watch_forward(module: nn.Module) -> None:
@@ -122,9 +89,7 @@ def leave_out_forward(modules: list[nn.Module]) -> None:
 
 def keep_picklable() -> None:
     """Leave the agent's hooks and forwards out of pickled and copied modules (once per process)."""
-    if not getattr(nn.Module.__getstate__, "_autocompile", False):
-        _patch(nn.Module, "__getstate__", _without_agent)
-        nn.Module.__getstate__._autocompile = True  # type: ignore[attr-defined]
+    _patch_once(nn.Module, "__getstate__", _without_agent)
 
 
 def install(meter: Listener) -> None:
@@ -135,10 +100,10 @@ def install(meter: Listener) -> None:
     _METER = meter
     register_optimizer_step_post_hook(_optimizer_stepped)
     keep_picklable()
-    _patch(torch.Tensor, "backward", _backward)
+    track_optimizers()
+    _patch_once(torch.Tensor, "backward", _backward)
     _patch(torch.amp.GradScaler, "step", _scaler_step)
-    _patch(torch.optim.Optimizer, "__init__", _optimizer_init)
-    _patch(_BaseDataLoaderIter, "__next__", _next_batch)
+    _patch(data_loader_iter(), "__next__", _next_batch)
     import torch.multiprocessing as torch_mp
 
     # mp.spawn calls its module's start_processes; a script may call start_processes itself.
@@ -146,9 +111,30 @@ def install(meter: Listener) -> None:
         _patch(owner, "start_processes", _start_processes)  # type: ignore[arg-type]
 
 
+def track_optimizers() -> None:
+    """Keep every optimizer built from here (:func:`built_optimizers`); the meter told of each (once per process)."""
+    _patch_once(torch.optim.Optimizer, "__init__", _optimizer_init)
+
+
+def built_optimizers() -> list[torch.optim.Optimizer]:
+    return list(_BUILT)
+
+
+def after_next_backward(callback: Callable[[], None]) -> None:
+    """Call ``callback`` once, after the script's next ``backward()`` has filled the gradients."""
+    _patch_once(torch.Tensor, "backward", _backward)
+    _AFTER_BACKWARD.append(callback)
+
+
 def _patch(owner: type, name: str, make: Any) -> None:
     real = getattr(owner, name)
     setattr(owner, name, functools.wraps(real)(make(real)))
+
+
+def _patch_once(owner: type, name: str, make: Any) -> None:
+    if not getattr(getattr(owner, name), "_autocompile", False):
+        _patch(owner, name, make)
+        getattr(owner, name)._autocompile = True
 
 
 def _without_agent(real: Any) -> Any:
@@ -172,10 +158,13 @@ def _backward(real: Any) -> Any:
     def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         meter = _METER
         if meter is None or meter.finished or tensor.numel() != 1:
-            return real(tensor, *args, **kwargs)
-        meter.on_backward(tensor)
-        out = real(tensor, *args, **kwargs)
-        meter.after_backward()
+            out = real(tensor, *args, **kwargs)
+        else:
+            meter.on_backward(tensor)
+            out = real(tensor, *args, **kwargs)
+            meter.after_backward()
+        while _AFTER_BACKWARD:
+            _AFTER_BACKWARD.pop(0)()
         return out
 
     return backward
@@ -195,6 +184,7 @@ def _scaler_step(real: Any) -> Any:
 def _optimizer_init(real: Any) -> Any:
     def __init__(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
         real(optimizer, *args, **kwargs)
+        _BUILT.add(optimizer)
         if _METER is not None:
             _METER.on_optimizer_built()
 
@@ -211,7 +201,7 @@ def _start_processes(real: Any) -> Any:
 
 
 def _next_batch(real: Any) -> Any:
-    def __next__(iterator: _BaseDataLoaderIter) -> Any:
+    def __next__(iterator: Any) -> Any:
         start = time.perf_counter()
         try:
             return real(iterator)

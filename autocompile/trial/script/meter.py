@@ -38,22 +38,15 @@ from torch import nn
 
 from autocompile.config.script_settings import ScriptSpec
 from autocompile.trial.program.build import append_progress
-from autocompile.trial.program.graphs import (
-    NothingCompiled,
-    PartiallyCompiled,
-    Program,
-    coverage,
-    listening,
-    stepped_coverage,
-)
+from autocompile.trial.program.graphs import Program, listening
 from autocompile.trial.script import hooks
 from autocompile.trial.script.ending import SPAWNS, CannotTakeOver, Ending
-from autocompile.trial.script.ranks import agree, device_of, sync
+from autocompile.trial.script.variants import script_program
 from autocompile.trial.script.windows import Windows
-from autocompile.trial.timing.readings import dynamo_compile_times, reset_peak_memory
-from autocompile.trial.timing.recordings import cudagraph_recordings
+from autocompile.trial.timing.ranks import device_of, sync
+from autocompile.trial.timing.readings import dynamo_compile_times, peak_memory, reset_peak_memory
+from autocompile.trial.timing.recordings import compile_events
 from autocompile.trial.timing.shape_state import SHAPE_STATE_FILE, save_shape_state
-from autocompile.trial.timing.worker import peak_memory
 
 log = logging.getLogger("autocompile.trial.script")
 
@@ -74,8 +67,8 @@ class Meter(Ending):
         """What the script handed to torch.compile (the first is the model whose weights are counted)."""
         self.step_kind: Literal["undecided", "optimizer", "backward"] = "undecided"
         self.optimizer: int | None = None
-        self.stepped: list[torch.Tensor] = []
-        """The parameters of the optimizer stepped every iteration (a function-only script's coverage)."""
+        self.optimizers: dict[int, torch.optim.Optimizer] = {}
+        """Every optimizer stepped until the program is checked (a GAN's two): the coverage counts their weights."""
         self.first_steps: dict[int, tuple[float, int]] = {}
         """Each optimizer's first step until one steps again: its clock and the losses pending before it."""
         self.optimizers_built = 0
@@ -95,7 +88,7 @@ class Meter(Ending):
         """The most ``backward()`` calls before one step: over 1, the script accumulates gradients."""
         self.window_shapes: Counter[torch.Size] = Counter()
         """The open window's: timed once it closes, warm-up if it compiled (timed again)."""
-        self.windows = Windows(spec.measure)
+        self.windows = Windows(spec.measure, torch.device("cuda" if spec.device == "cuda" else "cpu"))
         self.program: Program | None = None
         self.warmup_peak, self.memory_source = 0, ""
         self.finished = False
@@ -164,6 +157,8 @@ class Meter(Ending):
             return
         self.start_clock()
         key = id(optimizer)
+        if self.program is None:
+            self.optimizers.setdefault(key, optimizer)
         if self.step_kind == "optimizer":
             if key == self.optimizer:
                 self.count_step()
@@ -175,7 +170,6 @@ class Meter(Ending):
             return
         # The first optimizer to step again is the one stepped every iteration: its two steps are the first two.
         self.step_kind, self.optimizer = "optimizer", key
-        self.stepped = [p for group in optimizer.param_groups for p in group["params"]]
         first, before = self.first_steps[key]
         assert self.started is not None
         self.windows.warm_s = [first - self.started, now - first]
@@ -224,15 +218,15 @@ class Meter(Ending):
             return
         if self.steps - w.mark.step < self.spec.measure.window_steps:
             return
-        sync()
-        window = w.close(self.steps, self.items, agree(float(self.frames() - w.mark.frames)), self.waited)
-        self.shapes["warmup" if window is None else "timed"].update(self.window_shapes)
+        kept = w.close(self.steps, self.items, self.frames(), self.waited)
+        self.shapes["timed" if kept else "warmup"].update(self.window_shapes)
         self.window_shapes.clear()
-        if window is None:
-            self.progress("rewarm", steps=w.rewarm_steps)
+        if kept:
+            step_s = w.rounds.of[0].step_s[-1]
+            self.progress("window", window=w.timed - 1, seconds=step_s * self.spec.measure.window_steps, step_s=step_s)
         else:
-            self.progress("window", **window)
-        if w.more():
+            self.progress("rewarm", steps=w.rewarm_steps)
+        if w.rounds.more():
             self.open_window()
         else:
             self.finish()
@@ -249,7 +243,6 @@ class Meter(Ending):
         self.open_window()
 
     def open_window(self) -> None:
-        sync()
         self.windows.open(self.steps, self.items, self.frames(), self.waited)
 
     def reset_memory(self) -> None:
@@ -265,32 +258,14 @@ class Meter(Ending):
         if (unmet := agent.unmet()) is not None:  # a program other than the trial's: fail saying why
             raise CannotTakeOver(unmet)
         prepared = agent.prepared_knobs()  # programs that differ only in what prepare() applied differ here
-        if not agent.compiles_anything:
-            self.program = {"coverage": 0.0, "fingerprint": "eager:script" + "".join(
-                f":{k}={v}" for k, v in sorted(prepared.items()))}
-        elif agent.functions and not self.models:  # only functions compiled: their graphs hold what they train
-            if not agent.log.graphs:
-                raise NothingCompiled(f"{', '.join(agent.compiled)} handed to torch.compile, but no graph was "
-                                      "compiled (dynamo skipped every frame)")
-            extra = {"scope": "function", "script": True, **prepared}
-            self.program = {"coverage": stepped_coverage(agent.log, self.stepped),
-                            "fingerprint": agent.log.fingerprint(extra, training_only=True)}
-        elif not agent.calls or not self.models:
-            raise NothingCompiled(f"compile.scope={agent.scope}, but the script never called torch.compile on a "
-                                  "model, and no module it calls owns its optimizer's parameters (nothing to take "
-                                  "over): add model = torch.compile(model) to it")
-        else:
-            cover = coverage(agent.log, self.models[0], agent.units)
-            if not agent.log.graphs:
-                raise NothingCompiled(f"{', '.join(agent.compiled)} handed to torch.compile, but no graph was "
-                                      "compiled (dynamo skipped every frame)")
-            if cover.missing:
-                raise PartiallyCompiled(f"{', '.join(cover.missing[:6])} handed to torch.compile but ran eager")
-            self.program = {"coverage": cover.fraction,
-                            "fingerprint": agent.log.fingerprint({"scope": agent.scope, "script": True, **prepared},
-                                                                 training_only=True)}
+        self.program = script_program(agent.log, agent.scope, agent.units, agent.compiled, agent.functions,
+                                      self.models, self.trained_weights(), len(agent.calls), prepared)
         self.timeline["warmup_done"] = time.time()
         self.progress("compiled", **self.program)
+
+    def trained_weights(self) -> list[torch.Tensor]:
+        """The parameters of every optimizer the script stepped in its warm-up: what its coverage counts."""
+        return [p for o in self.optimizers.values() for group in o.param_groups for p in group["params"]]
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def progress(self, event: str, **data: Any) -> None:
@@ -298,9 +273,7 @@ class Meter(Ending):
             append_progress(self.trial_dir, event, **data)
 
     def frames(self) -> int:
-        from torch._dynamo.utils import counters
-
-        return int(counters["frames"]["total"]) + cudagraph_recordings()  # a CUDA-graph recording is compile work
+        return compile_events()
 
     def device(self) -> torch.device:
         return device_of(self.spec.device)

@@ -6,10 +6,10 @@ and, at step edges, switches which candidate's variant of the compiled units run
 process's ``shift``) runs its warm-up, and is checked to have compiled the program of its cold run alone
 (coverage, fingerprint: ``not_same_program`` otherwise). Then rounds: in each, every candidate, in rotating order
 (A B C, B C A, ...), runs ``settle_steps`` untimed steps and one window of ``window_steps`` steps, timed in wall
-and CPU seconds, exactly as the model path's side-by-side processes
-(:mod:`autocompile.trial.timing.sidebyside_worker`) do, with their stopping rule; a round in which a frame
-compiled is dropped for every candidate, and a candidate that compiles in two rounds fails. The result is
-that worker's: ``candidates`` in the spec's order with ``step_s_windows``, ``step_cpu_s_windows``,
+and CPU seconds by the one clock, in the rounds of the one scheduler
+(:class:`~autocompile.trial.timing.rounds.Rounds`) the model path's side-by-side processes use: a round in which a
+frame compiled is dropped for every candidate, a candidate that compiles in too many fails. The result is the
+model path's: ``candidates`` in the spec's order with ``step_s_windows``, ``step_cpu_s_windows``,
 ``fingerprint`` and ``status``, which :func:`autocompile.study.phases.sidebyside.windows` reads.
 
 One process only (a script on several ranks keeps fresh-process rounds). Torch only: this runs inside the
@@ -19,8 +19,6 @@ user's processes.
 from __future__ import annotations
 
 import logging
-import math
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -32,21 +30,14 @@ from autocompile.config.spec import write_json_atomic
 from autocompile.trial.program.graphs import listening
 from autocompile.trial.script.ending import CannotTakeOver, ScriptEnded
 from autocompile.trial.script.meter import Meter
-from autocompile.trial.script.ranks import sync
 from autocompile.trial.script.variants import Variants
+from autocompile.trial.timing.clock import WindowClock
 from autocompile.trial.timing.compile_artifacts import load_artifacts
-from autocompile.trial.timing.readings import classify, environment
+from autocompile.trial.timing.ranks import exit_now, sync
+from autocompile.trial.timing.readings import classify, environment, same_program
 from autocompile.trial.timing.result import TrialResult
+from autocompile.trial.timing.rounds import LOSSES_KEPT, Rounds, Window, kept_mean, rotate
 from autocompile.trial.timing.shape_state import load_shape_state
-from autocompile.trial.timing.sidebyside_worker import (
-    LOSSES_KEPT,
-    NotSameProgram,
-    rotate,
-    rounds_done,
-    worst_half_width,
-)
-from autocompile.trial.timing.stats import descheduled
-from autocompile.trial.timing.worker import exit_now
 
 log = logging.getLogger("autocompile.trial.script")
 
@@ -65,20 +56,16 @@ class RotationMeter(Meter):
         self.warm_until: int | None = None
         self.outcome: dict[int, TrialResult] = {}
         self.own_losses: dict[int, list[torch.Tensor]] = {i: [] for i in self.order}
-        self.step_windows: dict[int, list[float]] = {}
-        self.cpu_windows: dict[int, list[float]] = {}
-        self.recompiled: dict[int, int] = {}
-        self.rounds_timed = 0
-        self.timed = 0.0
-        self.timing_started = False
+        self.rounds: Rounds | None = None
+        """The rounds, once every candidate warmed up (None before)."""
+        self.clock = WindowClock(torch.device("cuda" if spec.device == "cuda" else "cpu"), sync)
         self.members: list[int] = []
         self.position = 0
         self.settle_from: int | None = None
         """The step the active candidate's settling began (None: its window is open)."""
-        self.mark: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
-        """The open window: wall clock, CPU seconds, frames compiled, step."""
-        self.this_round: dict[int, tuple[float, float]] = {}
-        self.compiled_now = False
+        self.mark: tuple[int, int, int] = (0, 0, 0)
+        """The open window: compile events, step, items."""
+        self.this_round: dict[int, Window] = {}
         self._listening = listening(self.variants.all[self.order[0]].log)
         self.switch_to(self.order[0], warm=True)
 
@@ -99,6 +86,10 @@ class RotationMeter(Meter):
         self.variants.active = i
 
     # -- the warm-ups, one candidate after the other -----------------------------------------------------------
+    @property
+    def timing_started(self) -> bool:
+        return self.rounds is not None
+
     def end_warmup(self) -> None:
         if self.step_kind == "undecided" or self.timing_started:
             return
@@ -126,10 +117,7 @@ class RotationMeter(Meter):
         if len(ok) < 2:
             self.finish()  # ends the process: the failed candidates say why
             return
-        self.timing_started = True
-        self.step_windows = {i: [] for i in ok}
-        self.cpu_windows = {i: [] for i in ok}
-        self.recompiled = dict.fromkeys(ok, 0)
+        self.rounds = Rounds(ok, self.rotation.policy, self.rotation.shift, side_by_side=True)
         self.begin_round()
 
     def check_candidate(self, i: int) -> None:
@@ -138,11 +126,9 @@ class RotationMeter(Meter):
             raise CannotTakeOver(unmet)
         label = self.rotation.labels[i]
         try:
-            program = self.variants.program(i, self.models, len(self.agent.calls), self.agent.prepared_knobs())
-            expected = self.rotation.expected[i]
-            if expected and program["fingerprint"] != expected:
-                raise NotSameProgram(f"compiled program {program['fingerprint']} beside the other candidates, "
-                                     f"{expected} in its own process: it cannot share a process with them")
+            program = self.variants.program(i, self.models, self.trained_weights(), len(self.agent.calls),
+                                            self.agent.prepared_knobs())
+            same_program(program["fingerprint"], self.rotation.expected[i])
             self.outcome[i] = TrialResult(label=label, fingerprint=program["fingerprint"],
                                           compiled_coverage=program["coverage"],
                                           compiled=list(self.variants.all[i].compiled))
@@ -164,39 +150,34 @@ class RotationMeter(Meter):
         self.advance()
 
     def begin_round(self) -> None:
-        ok = [i for i in sorted(self.step_windows) if self.outcome[i].ok]
-        self.members = rotate(ok, self.rounds_timed + self.rotation.shift)
-        self.position, self.this_round, self.compiled_now = 0, {}, False
+        assert self.rounds is not None
+        self.members = self.rounds.next_round()
+        self.position, self.this_round = 0, {}
         self.enter(self.members[0])
 
     def enter(self, i: int) -> None:
         self.switch_to(i)
         self.settle_from = self.steps
-        if not self.rotation.settle_steps:
+        if not self.rotation.policy.settle_steps:
             self.open_mark()
 
     def open_mark(self) -> None:
         self.settle_from = None
-        sync()
-        self.mark = (time.perf_counter(), time.process_time(), self.frames(), self.steps)
+        self.mark = (self.frames(), self.steps, self.items)
+        self.clock.start()
 
     def advance(self) -> None:
         """After each step of a round: settle, time the window, go on to the next candidate or round."""
         if self.settle_from is not None:
-            if self.steps - self.settle_from >= self.rotation.settle_steps:
+            if self.steps - self.settle_from >= self.rotation.policy.settle_steps:
                 self.open_mark()
             return
-        clock, cpu, frames, start = self.mark
-        n = self.rotation.window_steps
-        if self.steps - start < n:
+        frames, start, items = self.mark
+        if self.steps - start < self.rotation.policy.window_steps:
             return
-        sync()
-        seconds, cpu_s = time.perf_counter() - clock, time.process_time() - cpu
-        i = self.members[self.position]
-        if self.frames() != frames:
-            self.compiled_now = True
-            self.recompiled[i] += 1
-        self.this_round[i] = (seconds / n, cpu_s / n)
+        k = self.clock.stop()
+        self.this_round[self.members[self.position]] = Window(
+            self.clock.resolve()[k], self.clock.cpu_seconds[k], self.frames() != frames, self.items - items)
         self.position += 1
         if self.position < len(self.members):
             self.enter(self.members[self.position])
@@ -204,43 +185,20 @@ class RotationMeter(Meter):
             self.end_round()
 
     def end_round(self) -> None:
-        n = self.rotation.window_steps
-        self.timed += sum(s for s, _ in self.this_round.values()) * n
-        if self.compiled_now:  # rounds stay aligned: dropped for every candidate
-            log.warning("frames compiled in round %d: dropped", self.rounds_timed)
-        else:
-            for i, (step_s, cpu_s) in self.this_round.items():
-                self.step_windows[i].append(step_s)
-                self.cpu_windows[i].append(cpu_s)
-        for i, count in self.recompiled.items():
-            if count > 1 and self.outcome[i].ok:
-                self.outcome[i] = TrialResult(status="failed", label=self.outcome[i].label,
-                                              failure="compile_in_timed_part",
-                                              reason="frames compiled while timing, in two rounds: no steady state")
-        self.progress("round", round=self.rounds_timed,
-                      step_s={self.rotation.labels[i]: s for i, (s, _) in self.this_round.items()})
-        self.rounds_timed += 1
-        if self.more_rounds():
+        assert self.rounds is not None
+        n = self.rotation.policy.window_steps
+        for i in self.rounds.record(self.this_round):
+            self.outcome[i] = TrialResult(status="failed", label=self.outcome[i].label, failure="compile_in_timed_part",
+                                          reason=f"frames compiled while timing, in more than "
+                                                 f"{self.rotation.policy.rewarm_windows} windows: no steady state")
+        if any(w.compiled for w in self.this_round.values()):  # rounds stay aligned: dropped for every candidate
+            log.warning("frames compiled in round %d: dropped", self.rounds.started - 1)
+        self.progress("round", round=self.rounds.started - 1,
+                      step_s={self.rotation.labels[i]: w.seconds / n for i, w in self.this_round.items()})
+        if self.rounds.more():
             self.begin_round()
         else:
             self.finish()
-
-    def ok_windows(self) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
-        ok = [i for i in self.step_windows if self.outcome[i].ok]
-        return {i: self.step_windows[i] for i in ok}, {i: self.cpu_windows[i] for i in ok}
-
-    def more_rounds(self) -> bool:
-        """The model path's stopping rule (``SideBySide.more_rounds``): the minimum of rounds, then until every
-        candidate's interval against the fastest is within ``precision`` or ``max_timed_s`` is spent."""
-        r = self.rotation
-        windows, cpu = self.ok_windows()
-        if len(windows) < 2:
-            return False
-        if rounds_done(windows) < r.min_rounds:
-            return self.timed < r.max_timed_s * 3  # dropped rounds may delay the minimum; never forever
-        if self.timed >= r.max_timed_s:
-            return False
-        return worst_half_width(list(windows.values()), [cpu[i] for i in windows]) > r.precision
 
     # -- the end -------------------------------------------------------------------------------------------------
     def finish(self) -> None:
@@ -252,25 +210,23 @@ class RotationMeter(Meter):
         exit_now(0)
 
     def side_by_side_result(self) -> TrialResult:
-        """``result.json`` in the side-by-side worker's shape."""
-        windows, cpu = self.ok_windows()
+        """``result.json`` in the model path's side-by-side shape."""
+        live = self.rounds.live if self.rounds is not None else []
         candidates = []
         for i, label in enumerate(self.rotation.labels):
             outcome = self.outcome.get(i) or TrialResult(
                 status="failed", label=label, failure="script_ended",
                 reason="the script ended before this candidate warmed up")
-            if i in windows:
-                out = descheduled(windows[i], cpu[i])
-                kept = [s for k, s in enumerate(windows[i]) if k not in out]
-                losses = self.own_losses[i][:LOSSES_KEPT]
-                outcome.step_s_windows, outcome.step_cpu_s_windows = windows[i], cpu[i]
-                outcome.step_s = math.exp(statistics.fmean(math.log(s) for s in kept)) if kept else None
-                outcome.stalled_windows = len(windows[i]) - len(kept)
+            if self.rounds is not None and i in live:
+                c, losses = self.rounds.of[i], self.own_losses[i][:LOSSES_KEPT]
+                outcome.step_s_windows, outcome.step_cpu_s_windows = c.step_s, c.cpu_s
+                outcome.step_s, outcome.stalled_windows = kept_mean(c.step_s, c.cpu_s)
                 outcome.losses = [float(x) for x in torch.stack(losses).float().tolist()] if losses else None
             candidates.append(outcome)
         return TrialResult(
-            candidates=candidates, order=self.order, rounds=max((len(w) for w in windows.values()), default=0),
-            window_steps=self.rotation.window_steps,
+            candidates=candidates, order=self.order,
+            rounds=max((len(self.rounds.of[i].step_s) for i in live), default=0) if self.rounds else 0,
+            window_steps=self.rotation.policy.window_steps,
             throughput_unit=self.unit or ("backward() calls" if self.step_kind == "backward" else "optimizer steps"),
             script={"path": self.spec.script.path, "args": self.spec.script.args, "steps": self.steps,
                     "step": self.step_kind, "compile_calls": self.agent.calls},
@@ -280,8 +236,7 @@ class RotationMeter(Meter):
         """The script ended first: the rounds so far are the measurement once every candidate has two."""
         if self.finished:
             return
-        windows, _ = self.ok_windows()
-        if self.timing_started and len(windows) >= 2 and rounds_done(windows) >= 2:
+        if self.rounds is not None and len(self.rounds.live) >= 2 and self.rounds.clean() >= 2:
             self.finish()
         self.fail(ScriptEnded(self.why_ended()))
 
@@ -291,7 +246,7 @@ class RotationMeter(Meter):
                 f"the script stopped after {self.steps} steps, while candidate {self.warming + 1} of "
                 f"{len(self.order)} warmed up: side by side, every candidate warms up in turn; raise its step "
                 "budget (script.args)")
-        r = self.rotation
-        needed = len(self.order) * (r.settle_steps + r.window_steps) * 2
+        p = self.rotation.policy
+        needed = len(self.order) * (p.settle_steps + p.window_steps) * 2
         return (f"the script stopped after {self.steps} steps, before two rounds of windows (about {needed} more "
                 "steps after the warm-ups): raise its step budget (script.args)")

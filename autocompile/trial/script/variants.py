@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
 from torch import nn
 
 from autocompile.config.choices import Knobs, compiles
@@ -23,7 +24,14 @@ from autocompile.config.knob_spec import Env
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.script_settings import ScriptRotation
 from autocompile.trial.program.apply_parts import Compilers, compile_targets, compile_units
-from autocompile.trial.program.graphs import CompileLog, NothingCompiled, PartiallyCompiled, Program, coverage
+from autocompile.trial.program.graphs import (
+    CompileLog,
+    NothingCompiled,
+    PartiallyCompiled,
+    Program,
+    coverage,
+    stepped_coverage,
+)
 from autocompile.trial.program.step import compile_kwargs
 from autocompile.trial.script import hooks
 from autocompile.trial.script.ending import CannotTakeOver
@@ -111,22 +119,37 @@ class Variants:
             v.compiled += [f"{prefix}{name}" for name in targets[v.label]]
         hooks.leave_out_forward(list(units.values()))
 
-    def program(self, i: int, models: list[nn.Module], calls: int, prepared: Knobs) -> Program:
-        """Candidate ``i``'s coverage and fingerprint after its warm-up, as its own process reports them
-        (:meth:`autocompile.trial.script.meter.Meter.check_program`), or raise why it did not run compiled."""
+    def program(self, i: int, models: list[nn.Module], weights: list[torch.Tensor], calls: int,
+                prepared: Knobs) -> Program:
+        """Candidate ``i``'s coverage and fingerprint after its warm-up, as its own process reports them."""
         v = self.all[i]
-        if not compiles(v.scope):
-            return {"coverage": 0.0, "fingerprint": "eager:script" + "".join(
-                f":{k}={val}" for k, val in sorted(prepared.items()))}
-        if not calls or not models:
-            raise NothingCompiled(f"compile.scope={v.scope}, but the script never called torch.compile on a model, "
-                                  "and no module it calls owns its optimizer's parameters (nothing to take over): "
-                                  "add model = torch.compile(model) to it")
-        cover = coverage(v.log, models[0], v.units)
-        if not v.log.graphs:
-            raise NothingCompiled(f"{', '.join(v.compiled)} handed to torch.compile, but no graph was compiled "
-                                  "(dynamo skipped every frame)")
-        if cover.missing:
-            raise PartiallyCompiled(f"{', '.join(cover.missing[:6])} handed to torch.compile but ran eager")
-        return {"coverage": cover.fraction,
-                "fingerprint": v.log.fingerprint({"scope": v.scope, "script": True, **prepared}, training_only=True)}
+        return script_program(v.log, v.scope, v.units, v.compiled, [], models, weights, calls, prepared)
+
+
+def script_program(log: CompileLog, scope: str, units: list[tuple[str, nn.Module]], compiled: list[str],
+                   functions: list[str], models: list[nn.Module], weights: list[torch.Tensor], calls: int,
+                   prepared: Knobs) -> Program:
+    """After the warm-up: what the script's trial compiled ran compiled (every unit inside a graph), or raise
+    why not. Its coverage counts ``weights`` (the models' and every stepped optimizer's): a module the script
+    trains and nobody compiled ran eager, and shows there. ``functions``: functions compiled, no module."""
+    if not compiles(scope):
+        return {"coverage": 0.0, "fingerprint": "eager:script" + "".join(
+            f":{k}={val}" for k, val in sorted(prepared.items()))}
+    dynamo_skipped = NothingCompiled(f"{', '.join(compiled)} handed to torch.compile, but no graph was compiled "
+                                     "(dynamo skipped every frame)")
+    if functions and not models:  # only functions compiled: their graphs hold what they train
+        if not log.graphs:
+            raise dynamo_skipped
+        return {"coverage": stepped_coverage(log, weights),
+                "fingerprint": log.fingerprint({"scope": "function", "script": True, **prepared}, training_only=True)}
+    if not calls or not models:
+        raise NothingCompiled(f"compile.scope={scope}, but the script never called torch.compile on a model, and no "
+                              "module it calls owns its optimizer's parameters or got gradients from its backward() "
+                              "(nothing to take over): add model = torch.compile(model) to it")
+    cover = coverage(log, [p for m in models for p in m.parameters()] + weights, units)
+    if not log.graphs:
+        raise dynamo_skipped
+    if cover.missing:
+        raise PartiallyCompiled(f"{', '.join(cover.missing[:6])} handed to torch.compile but ran eager")
+    return {"coverage": cover.fraction,
+            "fingerprint": log.fingerprint({"scope": scope, "script": True, **prepared}, training_only=True)}

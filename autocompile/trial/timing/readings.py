@@ -13,13 +13,25 @@ from typing import Any
 
 import torch
 
+from autocompile.config.torch_private import LOGGERS, compile_times, counters, dynamo_exc, guard_failures
 from autocompile.trial.program.build import NonFiniteLoss
 from autocompile.trial.program.graphs import NothingCompiled, PartiallyCompiled
-from autocompile.trial.timing.result import Environment, Failure
+from autocompile.trial.timing.result import Environment, Failure, TrialResult
 
 
 class CompileInTimedPart(RuntimeError):
-    """Dynamo kept compiling after a second warm-up: no steady state to time."""
+    """Dynamo kept compiling in the timed windows: no steady state to time."""
+
+
+class NotSameProgram(RuntimeError):
+    """Beside the others, a candidate compiled another program than in its own process."""
+
+
+def same_program(fingerprint: str, expected: str | None) -> None:
+    """A candidate beside others compiled the program of its own cold process (``expected``; None: unchecked)."""
+    if expected and fingerprint != expected:
+        raise NotSameProgram(f"compiled program {fingerprint} beside the other candidates, {expected} in its own "
+                             "process: it cannot share a process with them")
 
 
 class CudaGraphsSkipped(RuntimeError):
@@ -55,7 +67,7 @@ def is_oom(exc: BaseException, reason: str) -> bool:
 
 def classify(exc: BaseException) -> Failure:
     """Kind and a readable reason: the first lines of the message, not the traceback."""
-    import torch._dynamo.exc as dynamo_exc
+    dynamo = dynamo_exc()
 
     lines = [line.rstrip() for line in str(exc).strip().splitlines() if line.strip()]
     reason = f"{type(exc).__name__}: " + " | ".join(lines[:4])[:800]
@@ -76,7 +88,7 @@ def classify(exc: BaseException) -> Failure:
         kind = "fullgraph_no_frames"  # torch >= 2.13; 2.11 ran such a step eager without a word
     elif "exceeded maximum reuse entries" in reason:
         kind = "region_reuse_limit"  # torch >= 2.13 nested compile regions
-    elif name == "NotSameProgram":  # side by side: another program than in its own process
+    elif isinstance(exc, NotSameProgram):  # side by side: another program than in its own process
         kind = "not_same_program"
     elif isinstance(exc, RanksDiverged):
         kind = "ranks_diverged"
@@ -84,7 +96,7 @@ def classify(exc: BaseException) -> Failure:
         kind = "ranks_out_of_step"
     elif name in ("FailOnRecompileLimitHit", "RecompileLimitExceeded"):
         kind = "recompile_limit"
-    elif isinstance(exc, dynamo_exc.Unsupported):
+    elif isinstance(exc, dynamo.Unsupported):
         kind = "graph_break"
     else:
         kind = "exception"
@@ -99,17 +111,13 @@ def short_reason(text: str) -> str:
 
 def guard_failure_counts() -> dict[str, int]:
     """How many guard failures dynamo has recorded per compiled function so far (a snapshot to diff against)."""
-    from torch._dynamo.utils import guard_failures
-
-    return {_code_name(code): len(reasons) for code, reasons in list(guard_failures.items())}
+    return {_code_name(code): len(reasons) for code, reasons in list(guard_failures().items())}
 
 
 def recompile_reasons(before: dict[str, int], most: int = 5) -> list[str]:
     """The guards that failed since ``before`` (:func:`guard_failure_counts`), as ``TORCH_LOGS=recompiles``
     names them: ``forward (model.py:41): 0/0: tensor 'x' size mismatch at index 1. expected 16, actual 32``."""
-    from torch._dynamo.utils import guard_failures
-
-    found = [f"{name}: {reason}" for code, reasons in list(guard_failures.items())
+    found = [f"{name}: {reason}" for code, reasons in list(guard_failures().items())
              for name in [_code_name(code)] for reason in reasons[before.get(name, 0):]]
     return [short_reason(r) for r in found[:most]]
 
@@ -136,15 +144,23 @@ class RecompileLimitHits(logging.Handler):
                 self.hits.append(hit)
 
     def install(self) -> RecompileLimitHits:
-        logging.getLogger("torch._dynamo.convert_frame").addHandler(self)
+        logging.getLogger(LOGGERS["convert_frame"]).addHandler(self)
         return self
 
 
-def dynamo_compile_times() -> dict[str, float]:
-    from torch._dynamo.utils import compile_times
+def check_cuda_graphs(device: torch.device) -> None:
+    """A CUDA-graph mode whose graphs inductor declined ran as another program: its ``cudagraph_skips`` counter
+    fails the run (not ``triton.cudagraph_or_error``: inductor's FX-graph cache key holds every config, and the
+    winner's artifacts would miss in the user's own process)."""
+    skips = counters()["inductor"]["cudagraph_skips"]
+    if device.type == "cuda" and skips:
+        raise CudaGraphsSkipped(f"inductor skipped CUDA graphs {skips} time(s): the mode ran as another program (see "
+                                "the process's stderr for the reason)")
 
-    names, seconds = compile_times(repr="csv", aggregate=True)
-    return {n: float(s) for n, s in zip(names, seconds, strict=True)}
+
+def dynamo_compile_times() -> dict[str, float]:
+    """Dynamo's own seconds per compile phase (``torch._dynamo.utils.compile_times``)."""
+    return compile_times()
 
 
 def reset_peak_memory(device: torch.device) -> str:
@@ -198,3 +214,11 @@ def environment(device: torch.device | None, rank: int, threads: int | None = No
         "cpus": sorted(os.sched_getaffinity(0)),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+
+
+def set_graphs(result: TrialResult) -> None:
+    """What dynamo compiled in this process: its distinct graphs and its graph breaks, with their reasons."""
+    counted = counters()
+    result.graph_count = counted["stats"]["unique_graphs"]
+    result.graph_breaks = sum(counted["graph_break"].values())
+    result.graph_break_reasons = {short_reason(k): v for k, v in counted["graph_break"].items()}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from autocompile.config.torch_private import counters, dynamo_callbacks
+
 log = logging.getLogger(__name__)
 
 _state = {"recorded": 0, "unseen": False}
@@ -28,8 +30,7 @@ def cudagraph_recordings() -> int:
     runs, and the difference of two calls is what was recorded between them. ``torch._dynamo.reset()`` drops
     dynamo's callbacks: the next call installs the counter again. Always 0 on a torch without the recording
     callback (logged once)."""
-    from torch._dynamo import callback as dynamo_callback
-
+    dynamo_callback = dynamo_callbacks()
     trigger = getattr(dynamo_callback, "CallbackTrigger", None)
     if trigger is None or not hasattr(trigger, "CUDAGRAPH_RECORDING"):
         if not _state["unseen"]:
@@ -40,3 +41,9 @@ def cudagraph_recordings() -> int:
     if _count not in handler.start_callbacks:
         handler.register_start_callback(_count)
     return int(_state["recorded"])
+
+
+def compile_events() -> int:
+    """Frames dynamo compiled and CUDA graphs recorded in this process so far: a window in which this grows was
+    compile work, not the steady state."""
+    return int(counters()["frames"]["total"]) + cudagraph_recordings()

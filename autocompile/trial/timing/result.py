@@ -56,14 +56,6 @@ class Artifacts(TypedDict, total=False):
     """Entries by kind (``inductor``, ``aot_autograd``, ``dynamo``...)."""
 
 
-class Memory(TypedDict):
-    """A run's peak memory fields, the largest rank's."""
-
-    peak_memory_bytes: int
-    warmup_peak_memory_bytes: int
-    memory_source: str
-
-
 class Failure(TypedDict):
     """What ended a run that failed (``readings.classify``)."""
 

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+from autocompile.config.torch_private import dynamo_pgo
+
 log = logging.getLogger(__name__)
 
 SHAPE_STATE_FILE = "shape_state.pkl"
@@ -37,10 +39,10 @@ def fresh_shape_state() -> None:
     """Forget which dimensions dynamo has seen change, as a fresh process has (T5's blocks at the encoder's and
     the decoder's lengths warmed after another candidate would compile dynamic graphs from the start)."""
     try:
-        from torch._dynamo.pgo import reset_code_state
+        pgo = dynamo_pgo()
     except ImportError:
         return
-    reset_code_state()
+    pgo.reset_code_state()
 
 
 PROPAGATED = "_dynamo_propagated_dynamic_indices"
@@ -68,8 +70,7 @@ def save_shape_state(path: Path, models: Iterable[nn.Module]) -> bool:
     by ``hash()`` of the code it closes over, which differs from process to process: it is written by that
     code's name, found among the forwards of ``models``, and a frame closing over anything else is left out."""
     try:
-        from torch._dynamo import pgo
-
+        pgo = dynamo_pgo()
         names = _forward_codes(models)
         entries = []
         for code_id, state in pgo.get_code_state().items():
@@ -93,8 +94,7 @@ def load_shape_state(path: str | None, models: Iterable[nn.Module]) -> None:
     if not path or not Path(path).is_file():
         return
     try:
-        from torch._dynamo import pgo
-
+        pgo = dynamo_pgo()
         local = {name: closure for closure, name in _forward_codes(models).items()}
         state = pgo.get_code_state()
         for filename, firstlineno, name, file_hash, closure_name, code_state in pickle.loads(Path(path).read_bytes()):

@@ -1,10 +1,15 @@
-"""The script's processes seen together: the device the meter reads, clocks synchronised with it, and the
-values every rank must agree on (the largest over the ranks).
+"""A timed process's ranks seen together, the one rank helper of every driver (model trial, side by side, script):
+the device it measures, its synchronisation, and the values every rank must agree on (the largest over the ranks,
+so every rank's scheduler decides alike).
 
-Torch only: this runs inside the user's processes.
+Torch only: this runs inside the user's processes too.
 """
 
 from __future__ import annotations
+
+import atexit
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -52,3 +57,13 @@ def rank0_says(flag: bool) -> bool:
     t = torch.tensor([float(flag)], device=collective_device())
     dist.broadcast(t, src=0)
     return bool(t.item())
+
+
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown: after dynamo is loaded, freeing every module takes
+    about 2 s per process (more than this tiny trial's timed part), which each trial would pay.
+    Exit handlers still run (inductor's compile workers stop), and the streams are flushed."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
