@@ -282,7 +282,7 @@ def cold_runs(study: optuna.Study) -> tuple[dict[str, TrialRecord], set[str]]:
 
 def cost_estimate(study: optuna.Study, plan: list[Slot]) -> float:
     """Seconds a fresh-process plan will take, from the search's wall times: a cold run as a search trial took;
-    a warm one without most of its compile time (side by side: ``study.estimate.process_s``)."""
+    a warm one without most of its compile time (side by side: ``study.phase_costs.process_s``)."""
     walls = [(r.wall_s, r.compile_s) for t in measured_trials(study)
              if (r := TrialRecord.of(t).measured).ok and r.wall_s is not None]
     if not walls:
