@@ -88,7 +88,7 @@ class Meter(Ending):
         """The most ``backward()`` calls before one step: over 1, the script accumulates gradients."""
         self.window_shapes: Counter[torch.Size] = Counter()
         """The open window's: timed once it closes, warm-up if it compiled (timed again)."""
-        self.windows = Windows(spec.measure, torch.device("cuda" if spec.device == "cuda" else "cpu"))
+        self.windows = Windows(spec.measure)
         self.program: Program | None = None
         self.warmup_peak, self.memory_source = 0, ""
         self.finished = False

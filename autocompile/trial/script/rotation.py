@@ -33,7 +33,7 @@ from autocompile.trial.script.meter import Meter
 from autocompile.trial.script.variants import Variants
 from autocompile.trial.timing.clock import WindowClock
 from autocompile.trial.timing.compile_artifacts import load_artifacts
-from autocompile.trial.timing.ranks import exit_now, sync
+from autocompile.trial.timing.ranks import exit_now, sync, timed_device
 from autocompile.trial.timing.readings import classify, environment, same_program
 from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.rounds import LOSSES_KEPT, Rounds, Window, kept_mean, rotate
@@ -58,7 +58,8 @@ class RotationMeter(Meter):
         self.own_losses: dict[int, list[torch.Tensor]] = {i: [] for i in self.order}
         self.rounds: Rounds | None = None
         """The rounds, once every candidate warmed up (None before)."""
-        self.clock = WindowClock(torch.device("cuda" if spec.device == "cuda" else "cpu"), sync)
+        self.clock: WindowClock | None = None
+        """Made when the rounds start (:func:`~autocompile.trial.timing.ranks.timed_device`)."""
         self.members: list[int] = []
         self.position = 0
         self.settle_from: int | None = None
@@ -118,6 +119,7 @@ class RotationMeter(Meter):
             self.finish()  # ends the process: the failed candidates say why
             return
         self.rounds = Rounds(ok, self.rotation.policy, self.rotation.shift, side_by_side=True)
+        self.clock = WindowClock(timed_device(), sync)
         self.begin_round()
 
     def check_candidate(self, i: int) -> None:
@@ -162,6 +164,7 @@ class RotationMeter(Meter):
             self.open_mark()
 
     def open_mark(self) -> None:
+        assert self.clock is not None
         self.settle_from = None
         self.mark = (self.frames(), self.steps, self.items)
         self.clock.start()
@@ -175,6 +178,7 @@ class RotationMeter(Meter):
         frames, start, items = self.mark
         if self.steps - start < self.rotation.policy.window_steps:
             return
+        assert self.clock is not None
         k = self.clock.stop()
         self.this_round[self.members[self.position]] = Window(
             self.clock.resolve()[k], self.clock.cpu_seconds[k], self.frames() != frames, self.items - items)

@@ -13,11 +13,9 @@ import statistics
 from dataclasses import dataclass
 from typing import TypedDict
 
-import torch
-
 from autocompile.config.spec import MeasureSettings
 from autocompile.trial.timing.clock import WindowClock
-from autocompile.trial.timing.ranks import reduce_max, sync
+from autocompile.trial.timing.ranks import reduce_max, sync, timed_device
 from autocompile.trial.timing.readings import CompileInTimedPart
 from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.rounds import Rounds, Window, set_timing
@@ -47,9 +45,10 @@ class Mark:
 class Windows:
     """The warm-up and the timed windows of one process (every rank's largest values)."""
 
-    def __init__(self, measure: MeasureSettings, device: torch.device) -> None:
+    def __init__(self, measure: MeasureSettings) -> None:
         self.rounds = Rounds([0], measure.policy(measure.window_steps))
-        self.clock = WindowClock(device, sync)
+        self.clock: WindowClock | None = None
+        """Made at the first window (:func:`~autocompile.trial.timing.ranks.timed_device`)."""
         self.warm_s: list[float] = []
         self.waited: list[float] = []
         """Seconds of each kept window spent waiting for the script's data loader."""
@@ -65,6 +64,7 @@ class Windows:
 
     def open(self, step: int, items: int, frames: int, waited: float) -> None:
         self.rounds.next_round()
+        self.clock = self.clock or WindowClock(timed_device(), sync)
         self.clock.start()
         self.mark = Mark(step, items, frames, waited)
 
@@ -72,7 +72,7 @@ class Windows:
         """Close the open window at ``step`` (``frames``: compile events so far); False when it was warm-up after
         all (frames compiled in it on any rank)."""
         mark = self.mark
-        assert mark is not None
+        assert mark is not None and self.clock is not None
         k = self.clock.stop()
         seconds, cpu, compiled, waited = reduce_max([self.clock.resolve()[k], self.clock.cpu_seconds[k],
                                                      float(frames - mark.frames), waited - mark.waited])

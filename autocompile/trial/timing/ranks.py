@@ -22,6 +22,12 @@ def device_of(spec_device: str) -> torch.device:
     return torch.device("cpu")
 
 
+def timed_device() -> torch.device:
+    """The device a script's windows are timed on, read when they start: CUDA once the script has initialised it
+    (its work is queued there), else the CPU (a script on the CPU of a GPU machine: events would time nothing)."""
+    return torch.device("cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu")
+
+
 def sync() -> None:
     """Wait for the device's queued work, so a clock read after it covers that work."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
