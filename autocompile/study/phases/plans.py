@@ -41,6 +41,7 @@ from autocompile.study.records.optuna_store import feasible, measured_trials
 from autocompile.study.records.phase_trials import phase_trials, step_time
 from autocompile.study.records.record import TrialRecord, user_attrs
 from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, prune_margin
+from autocompile.trial.timing.rounds import rotate
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,6 @@ class Slot:
 def key_of(trial: FrozenTrial) -> tuple[str, int, str] | None:
     a = TrialRecord.of(trial)
     return (a.phase, a.round, a.label or "") if a.round is not None else None
-
-
-def rotate(items: list[Any], r: int) -> list[Any]:
-    """Round ``r``'s order: each candidate opens a round in turn (position effects average out)."""
-    k = r % len(items) if items else 0
-    return items[k:] + items[:k]
 
 
 # -- plans ---------------------------------------------------------------------------------------------
