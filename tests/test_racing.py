@@ -322,7 +322,7 @@ def test_a_neighbour_the_confirmation_timed_beside_the_winner_reads_those_proces
     """Issue 35: a verdict neighbour whose configuration the confirmation raced beside the winner in every one of
     its side-by-side processes (eager and default compile always are) joins no verdict process: its verdict pairs
     the confirmation's windows, the winner's from the same processes, and it is read once, at the end."""
-    from autocompile.study.phases.run import raced, timed_beside
+    from autocompile.study.phases.phase_plan import raced, timed_beside
     from autocompile.study.records.optuna_store import VERDICT_LOOK
 
     rng = random.Random(3)

@@ -145,11 +145,23 @@ def stand_in(study: optuna.Study, space: SearchSpace, objective: Objective, cost
 
 
 def run_costs(study: optuna.Study, settings: Settings, prior: tuple[float, str]) -> RunCosts | None:
-    """Per-run costs from the study's own trials where it has them, else the reference and ``prior``."""
+    """Per-run costs from the study's own trials where it has them, else the reference and ``prior``.
+
+    A run times its windows until its precision or ``measure.max_timed_s``: the reference's timed part is one draw
+    of that (2 s of 18 windows or the whole 10 s on the 2-core VM), so before any eager trial a run is the reference
+    less its timed part, plus the cap most trials there reach."""
     measured = [t for t in measured_trials(study) if "wall_s" in t.user_attrs["result"]]
     ref = study.user_attrs.get(REFERENCE) or {}
-    eager = [t.user_attrs["result"]["wall_s"] for t in measured if not trial_compiles(t)]
-    eager_s = statistics.median(eager) if eager else ref.get("wall_s")
+    eager = [t.user_attrs["result"] for t in measured if not trial_compiles(t)]
+    cap = settings.measure.max_timed_s
+    starts = [r["wall_s"] - r["timed_s"] for r in eager if r.get("timed_s") is not None]
+    start_s = statistics.median(starts) if starts else None
+    eager_s = statistics.median(r["wall_s"] for r in eager) if eager else None
+    if eager_s is None and ref.get("wall_s") is not None:
+        timed = ref["windows"] * settings.measure.window_steps * ref["step_s"] if ref.get("windows") and \
+            ref.get("step_s") else None
+        start_s = ref["wall_s"] - min(timed, cap) if timed is not None else None
+        eager_s = start_s + cap if start_s is not None else ref["wall_s"]
     cold = [t.user_attrs["result"] for t in measured if trial_compiles(t)]
     if cold:
         # Pruned and failed trials included: the next trials will be stopped about as often.
@@ -164,7 +176,8 @@ def run_costs(study: optuna.Study, settings: Settings, prior: tuple[float, str])
     else:
         return None  # no reference yet
     return RunCosts(eager_s=eager_s + BOOKKEEPING_S, cold_s=cold_s + BOOKKEEPING_S,
-                    warm_s=eager_s + WARM_COMPILE_SHARE * compile_s + BOOKKEEPING_S, basis=basis)
+                    warm_s=eager_s + WARM_COMPILE_SHARE * compile_s + BOOKKEEPING_S, basis=basis,
+                    start_s=start_s + BOOKKEEPING_S if start_s is not None else None)
 
 
 def search_left_s(study: optuna.Study, space: SearchSpace, settings: Settings,

@@ -15,11 +15,15 @@ import optuna
 from optuna.trial import TrialState
 
 from autocompile.config.choices import SIDE_BY_SIDE, compiles
+from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import Settings
-from autocompile.config.space import SearchSpace, identity
+from autocompile.config.space import BASELINES, CONFIRMED_BASELINES, SearchSpace, identity
+from autocompile.study.phases.phase_plan import Foresight, searched_runs, verdict_side_plan
+from autocompile.study.phases.plans import neighbours
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import FINISHED, METHOD, counted, interrupted
 from autocompile.study.records.phase_trials import method, phase_trials
+from autocompile.study.search.samplers import SHARED, eager_runs_left, lead_programs
 
 
 @dataclass
@@ -34,6 +38,9 @@ class RunCosts:
     """A repeat that compiles from its configuration's warm cache."""
     basis: str
     """Where the compile share comes from, in words."""
+    start_s: float | None = None
+    """A process's start, imports, model build and teardown: an eager run less its timed windows (None: the eager
+    run less ``measure.max_timed_s``)."""
 
 
 def trial_compiles(trial: Any) -> bool:
@@ -54,10 +61,11 @@ def phase_costs(study: optuna.Study, space: SearchSpace, objective: Objective, s
 
 
 def process_s(costs: RunCosts, compiled: int, settings: Settings) -> float:
-    """One side-by-side process: its start and builds (an eager run), each compiled candidate's warm start
-    from its cold cache, and the timing budget (measured on gpt2-tiny: 20 s for three candidates, one
+    """One side-by-side process: its start and builds (an eager run less its timed part), each compiled candidate's
+    warm start from its cold cache, and the timing budget (measured on gpt2-tiny: 20 s for three candidates, one
     compiled; 16 s for three eager ones)."""
-    return costs.eager_s + compiled * (costs.warm_s - costs.eager_s) + settings.compare.max_timed_s
+    start = costs.start_s if costs.start_s is not None else costs.eager_s - settings.measure.max_timed_s
+    return max(start, 1.0) + compiled * (costs.warm_s - costs.eager_s) + settings.compare.max_timed_s
 
 
 def asked_at(winner: Any, settings: Settings) -> list[str] | None:
@@ -71,10 +79,10 @@ def asked_at(winner: Any, settings: Settings) -> list[str] | None:
 
 def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
                         costs: RunCosts, winner: Any) -> tuple[float, float]:
-    """Side by side: ``compare.processes`` processes per phase, minus those done; verdict neighbours
-    first run once cold."""
-    from autocompile.study.phases.plans import confirm_plan, neighbours
-    from autocompile.study.phases.run import raced, searched_runs, timed_beside
+    """Side by side: ``compare.processes`` processes per phase, minus those done; the verdicts as
+    :func:`phase_plan.verdict_side_plan` lays them out (each neighbour's one brief cold run unless a search trial is
+    it, then the processes of the winner and the neighbours timed nowhere beside it)."""
+    from autocompile.study.phases.plans import confirm_plan
 
     s, processes = settings.study, settings.compare.decided_processes
     trials = study.get_trials(deepcopy=False)
@@ -84,6 +92,7 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
         # The top trials and the two baselines besides eager: all but one compile.
         members = s.confirm_top + 2
         confirm_s = processes * process_s(costs, members - 1, settings) if s.confirm_top else 0.0
+        foresight: Foresight | None = searched_foresight(study, space, settings, winner)
     else:
         plan = confirm_plan(study, objective, s.confirm_top, processes) if s.confirm_top else []
         labels = {slot.label: slot for slot in plan}
@@ -91,30 +100,53 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
         done = {t.user_attrs["round"] for t in phase_trials(study, "confirm")}
         confirm_s = (processes - len(done)) * process_s(costs, compiled, settings) if labels else 0.0
         winner = winner if wanted != [] else None
+        # Until the confirmation ran, the candidates it will time beside the winner in every process.
+        foresight = confirm_foresight(study, plan, winner) if len(done) < processes else None
     if winner is None or wanted == []:
         return confirm_s, 0.0
-    found = neighbours(winner, space, wanted)
-    if not found:
-        return confirm_s, 0.0
-    finished = phase_trials(study, "verdict") if not searching else []
-    ran_cold = {(t.user_attrs.get("knob"), t.user_attrs.get("value")) for t in finished if t.user_attrs.get("cold_run")}
-    # A neighbour the search measured takes that trial as its cold run (phases.run.reuse_search_runs); the others
-    # run once, one timed window (search trials timed up to measure.max_timed_s more). Before the search, the
-    # baselines it has queued are not counted as measured: the suite's records (tests/test_estimate.py) were priced
-    # so, and counting them takes bert-tiny's verdicts under its band (x0.51) for little (gpt2-tiny x3.02 -> x2.87).
-    searched = searched_runs(study)
+    verdicts = verdict_side_plan(study, winner, space, wanted, processes, foresight)
+    # One timed window for a cold run (search trials timed up to measure.max_timed_s more).
     brief = max(settings.measure.max_timed_s * (1 - 1 / max(settings.measure.windows, 1)), 0.0)
-    scopes = [config.flat()["compile.scope"] for _, _, config in found]
-    cold_s = sum(max(costs.cold_s - brief, costs.warm_s) if compiles(scope) else max(costs.eager_s - brief, 1.0)
-                 for (key, value, config), scope in zip(found, scopes, strict=True)
-                 if (key, value) not in ran_cold and identity(config, space.env) not in searched)
-    rounds_done = {t.user_attrs["round"] for t in finished if not t.user_attrs.get("cold_run")}
-    # Neighbours the confirmation timed beside the winner join no verdict process (before it: its baselines).
-    beside = set(timed_beside(study, winner, processes)) if not searching else raced(study) if s.confirm_top else set()
-    left = [scope for (_, _, conf), scope in zip(found, scopes, strict=True) if identity(conf, space.env) not in beside]
-    compiled = sum(compiles(scope) for scope in left) + trial_compiles(winner)
-    verdict_s = cold_s + ((processes - len(rounds_done)) * process_s(costs, compiled, settings) if left else 0.0)
-    return confirm_s, verdict_s
+    cold_s = sum(max(costs.cold_s - brief, costs.warm_s) if n.compiled else max(costs.eager_s - brief, 1.0)
+                 for n in verdicts.neighbours if n.runs_cold)
+    compiled = sum(n.compiled for n in verdicts.members()) + verdicts.winner_compiles
+    return confirm_s, cold_s + verdicts.processes_left() * process_s(costs, compiled, settings)
+
+
+def confirm_foresight(study: optuna.Study, plan: list[Any], winner: Any) -> Foresight:
+    """The confirmation still to run: its candidates are timed beside ``winner`` in every process when it is one."""
+    if winner is None or f"#{winner.number}" not in {slot.label for slot in plan}:
+        return Foresight(frozenset(searched_runs(study)))
+    return Foresight(frozenset(searched_runs(study)), frozenset(
+        study.trials[slot.attrs["cold_trial"]].user_attrs.get("identity") for slot in plan))
+
+
+def searched_foresight(study: optuna.Study, space: SearchSpace, settings: Settings, winner: Any) -> Foresight:
+    """Before the search ends: what it will have measured of ``winner``'s neighbours (its queued baselines, and with
+    ``study.sampler=staged`` its lead programs and as many one-knob changes of the compiled lead as its trials left
+    allow, :func:`samplers.staged`), and what the confirmation will time beside the winner (the baselines it races
+    and, up to ``study.confirm_top``, the measured neighbours)."""
+    found = neighbours(winner, space, asked_at(winner, settings))
+    idents = [identity(config, space.env) for _, _, config in found]
+    trials = study.get_trials(deepcopy=False)
+    queued = {identity(TrialConfig.from_flat(space.start(**BASELINES[t.user_attrs["baseline"]]), space.env,
+                                             strict=False), space.env): t.user_attrs["baseline"]
+              for t in trials if t.user_attrs.get("baseline") in BASELINES}
+    searched = set(searched_runs(study)) | set(queued)
+    if settings.study.sampler == "staged":
+        leads = {identity(TrialConfig.from_flat(flat, space.env, strict=False), space.env)
+                 for flat in lead_programs(space)}
+        searched |= leads
+        left = settings.study.n_trials - sum(counted(t) for t in trials) - len(leads - set(searched_runs(study)))
+        left -= eager_runs_left(space, trials)
+        others = [ident for (key, _, _), ident in sorted(zip(found, idents, strict=True),
+                                                         key=lambda pair: pair[0][0] not in SHARED)
+                  if ident not in searched]
+        searched |= set(others[:max(left, 0)])
+    raced = {ident for ident, name in queued.items() if name in CONFIRMED_BASELINES}
+    near = [ident for ident in idents if ident in searched and ident not in raced]
+    beside = raced | set(near[:max(settings.study.confirm_top - 1, 0)]) if settings.study.confirm_top else set()
+    return Foresight(frozenset(searched), frozenset(beside))
 
 
 def _fresh_phase_costs(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,

@@ -181,7 +181,7 @@ def pruned_by_tuner(objective: Objective, told: dict[str, Told], compile_s: floa
     rule = objective.stop_rule(best, None, len(scored))
     if rule is None or rule(first_window_events(compile_s, window_step_s), 0.0) is None:
         return None
-    return dict(rule.evidence)  # type: ignore[attr-defined]
+    return dict(rule.evidence)
 
 
 def replay(space: SearchSpace, table: dict[str, Row], sampler: optuna.samplers.BaseSampler, n_trials: int,

@@ -29,6 +29,7 @@ from autocompile.study.phases.racing import REPEAT_PHASES, alone_window_spread, 
 from autocompile.study.phases.repeats import alone_on_the_machine, measure_repeat
 from autocompile.study.phases.run import PhaseSettings, run_phases
 from autocompile.study.phases.together import measure_together, process_dir
+from autocompile.study.records.context import StudyContext
 from autocompile.study.records.objective import Objective, near_misses
 from autocompile.study.records.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
 from autocompile.study.records.optuna_store import (
@@ -109,7 +110,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
 
     INTERRUPT.clear()  # a study interrupted earlier in this process (a test) must not stop this one
     budget = Budget(study, settings, INTERRUPT)
-    run = Runner(study, space, objective, settings, run_dir, budget, observer, agents, remaining)
+    run = Runner(StudyContext(study, space, objective, settings, run_dir, agents), budget, observer, remaining)
     with observer.live() as view:
         run.search(slots, view)
         if not budget.stop.is_set() and budget.stop_reason == f"{settings.study.n_trials} trials finished":
@@ -141,15 +142,18 @@ def ending_error(outcome: Outcome, settings: Settings, run_dir: Path) -> Runtime
 class Runner:
     """The search and the phases of one study run, each trial released if its measurement is cut short."""
 
-    study: optuna.Study
-    space: SearchSpace
-    objective: Objective
-    settings: Settings
-    run_dir: Path
+    ctx: StudyContext
     budget: Budget
     observer: StudyObserver
-    agents: Agents
     remaining: Remaining
+
+    @property
+    def study(self) -> optuna.Study:
+        return self.ctx.study
+
+    @property
+    def settings(self) -> Settings:
+        return self.ctx.settings
 
     def release(self, exc: BaseException, numbers: list[int]) -> None:
         """Ctrl-C, the stop flag or an error: the trial measured nothing; left RUNNING, it would hold a slot of
@@ -161,8 +165,7 @@ class Runner:
     def slot_loop(self, resources: Resources, view: LiveView) -> None:
         while (trial := self.budget.next_trial(view)) is not None:
             try:
-                run_trial(self.study, trial, self.space, self.objective, self.settings, self.run_dir, view,
-                          resources, self.agents)
+                run_trial(self.ctx, trial, view, resources)
             except BaseException as exc:
                 self.release(exc, [trial.number])
                 if isinstance(exc, Interrupted):
@@ -197,7 +200,7 @@ class Runner:
 
     def remeasure(self, slots: list[Resources], view: LiveView) -> None:
         """The near-miss prunes (``objective.near_misses``) measured once more, as search trials beyond n_trials."""
-        with file_lock(self.run_dir / "remeasure.lock"):  # tuners of one study ending together pick once
+        with file_lock(self.ctx.run_dir / "remeasure.lock"):  # tuners of one study ending together pick once
             picked = near_misses(self.study.get_trials(deepcopy=False), self.settings.study.remeasure_pruned)
             for t in picked:
                 self.study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number})
@@ -216,10 +219,10 @@ class Runner:
         if not (s.confirm_top or s.verdict_knobs() != []):
             return False
         try:
-            with alone_on_the_machine(self.study, self.run_dir), \
+            with alone_on_the_machine(self.study, self.ctx.run_dir), \
                     self.observer.live(table=False) as view:
                 view.refresh(self.study.get_trials(deepcopy=False))
-                run_phases(self.study, self.space, self.objective, PhaseSettings.of(self.settings),
+                run_phases(self.study, self.ctx.space, self.ctx.objective, PhaseSettings.of(self.settings),
                            lambda trial: self.repeat(trial, view, resources),
                            lambda trials: self.together(trials, view, resources),
                            lambda phase: expect_phase(self.remaining, phase))
@@ -231,10 +234,9 @@ class Runner:
     def repeat(self, trial: optuna.Trial, view: LiveView, resources: Resources) -> None:
         a = TrialRecord.of(trial)
         view.running(trial.number, f"{a.phase} round {a.round}: {a.label}",
-                     self.run_dir / "trials" / f"{trial.number:04d}")
+                     self.ctx.run_dir / "trials" / f"{trial.number:04d}")
         try:
-            run_trial(self.study, trial, self.space, self.objective, self.settings, self.run_dir, NO_VIEW,
-                      resources, self.agents)
+            run_trial(self.ctx, trial, NO_VIEW, resources)
             view.refresh(self.study.get_trials(deepcopy=False))  # and the time left
         except BaseException as exc:
             self.release(exc, [trial.number])
@@ -247,10 +249,9 @@ class Runner:
         a = TrialRecord.of(trials[0])
         key = f"{a.phase} round {a.round}"
         labels = ", ".join(TrialRecord.of(t).label or "" for t in trials)
-        view.running(key, f"{key} side by side: {labels}", process_dir(self.run_dir, a.phase, a.round))
+        view.running(key, f"{key} side by side: {labels}", process_dir(self.ctx.run_dir, a.phase, a.round))
         try:
-            why = measure_together(self.study, trials, self.space, self.objective, self.settings, self.run_dir,
-                                   resources, self.agents)
+            why = measure_together(self.ctx, trials, resources)
             view.refresh(self.study.get_trials(deepcopy=False))  # and the time left
         except BaseException as exc:
             self.release(exc, [t.number for t in trials])
@@ -336,11 +337,11 @@ def failing(trials: list[optuna.trial.FrozenTrial], max_rate: float) -> bool:
     return len(finished) >= FAILURE_GUARD_MIN_TRIALS and failed / len(finished) > max_rate
 
 
-def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, objective: Objective,
-              settings: Settings, run_dir: Path, view: LiveView, resources: Resources, agents: Agents) -> None:
+def run_trial(ctx: StudyContext, trial: optuna.Trial, view: LiveView, resources: Resources) -> None:
+    study, space, objective, settings = ctx.study, ctx.space, ctx.objective, ctx.settings
     if TrialRecord.of(trial).phase in REPEAT_PHASES:
         # A repeat (also one a resumed search asks: a killed phase queued it again): measured again.
-        measure_repeat(study, trial, space, objective, settings, run_dir, resources, agents)
+        measure_repeat(ctx, trial, resources)
         return
     set_attrs(trial, phase="search")
     config, beat = begin(study, trial, space)
@@ -375,7 +376,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
         return Twin(twin.number, f"the same program as trial {twin.number} ({TrialRecord.of(twin).name})", twin) \
             if twin is not None else None
 
-    measure_and_tell(study, trial, config, beat, objective, settings, run_dir, resources, agents,
+    measure_and_tell(ctx, trial, config, beat, resources,
                      twin_of=twin_of if record.baseline is None and record.remeasure_of is None else None,
                      prune=prune, view=view)
 

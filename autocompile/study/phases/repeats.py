@@ -16,15 +16,13 @@ from optuna.trial import TrialState
 
 from autocompile.config.choices import compiles
 from autocompile.config.sections import Resources
-from autocompile.config.settings import Settings
-from autocompile.config.space import SearchSpace
 from autocompile.study.phases.plans import Slot, key_of
-from autocompile.study.records.objective import Objective
+from autocompile.study.records.context import StudyContext
 from autocompile.study.records.optuna_store import file_lock, measured_here, owner
 from autocompile.study.records.phase_trials import method, phase_trials
 from autocompile.study.records.record import TrialRecord, set_attrs, user_attrs
 from autocompile.study.search.tell import Twin, begin, measure_and_tell
-from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted
+from autocompile.trial.launcher import INTERRUPT, Interrupted
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +50,12 @@ def slot_done(study: optuna.Study, key: tuple[str, int, str]) -> bool:
     return any(key_of(t) == key for t in phase_trials(study, key[0]))
 
 
-def measure_repeat(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, objective: Objective,
-                   settings: Settings, run_dir: Path, resources: Resources, agents: Agents) -> None:
+def measure_repeat(ctx: StudyContext, trial: optuna.Trial, resources: Resources) -> None:
     """One repeat: measured in a fresh process whatever was measured before (never deduped), unpruned.
 
     A verdict neighbour's first run is stopped once compiled if it compiled the winner's program."""
-    config, beat = begin(study, trial, space)
+    study, settings = ctx.study, ctx.settings
+    config, beat = begin(study, trial, ctx.space)
     attrs = TrialRecord.of(trial)
     cache = settings.cache_dir
     warm_from = Path(attrs.cache_from) / "inductor_cache" if attrs.cache_from else None
@@ -74,7 +72,7 @@ def measure_repeat(study: optuna.Study, trial: optuna.Trial, space: SearchSpace,
     log.info("%s round %d: %s (trial %d, %s compile cache)", attrs.phase, attrs.round, attrs.label, trial.number,
              compile_cache)
     # Optuna's value uses the cold compile time: a warm repeat's compile is not what a new job pays.
-    measure_and_tell(study, trial, config, beat, objective, settings, run_dir, resources, agents,
+    measure_and_tell(ctx, trial, config, beat, resources,
                      twin_of=twin_of if attrs.same_as else None, cache_dir=cache,
                      cold_compile_s=attrs.compile_s_cold if cache is not None else None, brief=attrs.cold_run)
 

@@ -16,18 +16,18 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.choices import FRESH_PROCESSES, SIDE_BY_SIDE
-from autocompile.config.knobs import KNOBS, Env, TrialConfig, describe
+from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.sections import StudySettings
 from autocompile.config.settings import Settings
-from autocompile.config.space import CONFIRMED_BASELINES, SearchSpace, identity
+from autocompile.config.space import SearchSpace
 from autocompile.study.phases import sidebyside
+from autocompile.study.phases.phase_plan import searched_runs, verdict_side_plan
 from autocompile.study.phases.plans import (
     Slot,
     asked,
     confirm_plan,
     describe_plan,
     key_of,
-    neighbours,
     verdict_plan,
     winner_trial,
 )
@@ -39,12 +39,10 @@ from autocompile.study.records.optuna_store import (
     METHOD,
     NOT_ASKED,
     VERDICT_LOOK,
-    feasible,
     interrupted,
-    measured_trials,
     owner,
 )
-from autocompile.study.records.phase_trials import method, phase_trials, set_method, step_time
+from autocompile.study.records.phase_trials import method, set_method
 from autocompile.study.records.record import TrialRecord, set_attrs, user_attrs
 from autocompile.study.statistics.decisions import first_look
 
@@ -127,42 +125,32 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
 def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
                       settings: PhaseSettings, measure: Measure, together: MeasureTogether,
                       objective: Objective | None = None) -> bool:
-    """The verdict phase side by side: each neighbour once alone and cold (compile time, memory, program;
-    "identical program" stops it there), then the winner and the rest in side-by-side rounds, read at two looks
-    (:func:`racing.verdicts`): a neighbour decided after half the processes leaves the rest. False when they
-    cannot share a process (the caller runs fresh-process rounds)."""
+    """The verdict phase side by side, as :func:`phase_plan.verdict_side_plan` lays it out: each neighbour once
+    alone and cold (compile time, memory, program; "identical program" stops it there), then the winner and the rest
+    in side-by-side rounds, read at two looks (:func:`racing.verdicts`): a neighbour decided after half the processes
+    leaves the rest. False when they cannot share a process (the caller runs fresh-process rounds)."""
     if METHOD["verdict"] not in study.user_attrs:
         set_method(study, "verdict", SIDE_BY_SIDE)
     won = TrialRecord.of(winner)
-    left_out: list[str] = []
-    found = neighbours(winner, space, wanted, left_out)
-    for why in left_out:
+    plan = verdict_side_plan(study, winner, space, wanted, settings.processes)
+    for why in plan.left_out:
         log.info("verdict %s left out", why)
-    identities = [identity(config, space.env) for _, _, config in found]
-    beside = timed_beside(study, winner, settings.processes)
-    cold = [Slot("verdict", -1, f"{key}={value}", space.params(config.flat()), user_attrs(
-        knob=key, value=value, reference=won.config.get(key, KNOBS[key][1]), name=describe(config, space.env),
-        same_as=won.measured.fingerprint, same_as_trial=winner.number, cold_run=True, timed_in=beside.get(ident)))
-        for (key, value, config), ident in zip(found, identities, strict=True)]
-    reused = reuse_search_runs(study, winner, cold, identities)
-    timed = [slot.label for slot in cold if slot.attrs.get("timed_in")]
+    reused = reuse_search_runs(study, winner, [n.cold for n in plan.neighbours], [n.identity for n in plan.neighbours])
+    timed = [n.cold.label for n in plan.neighbours if n.beside]
     log.info("verdict phase (at trial %d, %s): %d neighbours once alone (cold; %d of them measured so by the "
              "search already), then side by side with the winner in %d fresh processes%s", winner.number, won.name,
-             len(cold), reused, settings.processes,
+             len(plan.neighbours), reused, settings.processes,
              f" ({', '.join(timed)}: timed beside it in every confirmation process already)" if timed else "")
-    run_plan(study, cold, measure)
-    firsts = {rec.label: t for t in phase_trials(study, "verdict") if (rec := TrialRecord.of(t)).round == -1}
+    run_plan(study, [n.cold for n in plan.neighbours], measure)
+    plan = verdict_side_plan(study, winner, space, wanted, settings.processes)  # with the cold runs' outcomes
     members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
         candidate=winner.number, name=won.name, compile_s_cold=won.measured.compile_s, cold_trial=winner.number))]
-    members += [Slot("verdict", 0, slot.label, slot.params, {k: slot.attrs[k] for k in ("knob", "value", "reference",
-                                                                                         "name")}
-                     | {"cold_trial": firsts[slot.label].number}) for slot in cold
-                if slot.label in firsts and step_time(firsts[slot.label]) is not None
-                and not TrialRecord.of(firsts[slot.label]).timed_in]
+    members += [Slot("verdict", 0, n.cold.label, n.cold.params,
+                     {k: n.cold.attrs[k] for k in ("knob", "value", "reference", "name")}
+                     | {"cold_trial": n.first.number}) for n in plan.members() if n.first is not None]
     if len(members) < 2:
-        return True  # every neighbour is the winner's program or failed: the verdicts say so
-    plan = [Slot("verdict", r, m.label, m.params, dict(m.attrs))
-            for r in range(settings.processes) for m in members]
+        return True  # every neighbour is the winner's program, failed or timed beside it: the verdicts say so
+    rounds = [Slot("verdict", r, m.label, m.params, dict(m.attrs)) for r in range(settings.processes) for m in members]
     why = why_apart(study, members, settings)
     if why is None:
         if VERDICT_LOOK not in study.user_attrs:  # a resumed phase reads where it first planned to
@@ -172,7 +160,7 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
         def decided(r: int) -> set[str]:
             return decided_early(study, objective) if look is not None and r >= look else set()
 
-        why = run_together(study, plan, measure, together, drop_failed=True, decided=decided)
+        why = run_together(study, rounds, measure, together, drop_failed=True, decided=decided)
     if why:
         study.set_user_attr(VERDICT_LOOK, None)  # fresh-process rounds are read once
         set_method(study, "verdict", FRESH_PROCESSES, why)
@@ -180,33 +168,7 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
     return True
 
 
-def timed_beside(study: optuna.Study, winner: FrozenTrial, processes: int) -> dict[str | None, str]:
-    """Configuration identity -> confirmation label (``#N``) of each candidate timed beside ``winner`` in every one of
-    the confirmation's side-by-side processes (at least ``processes``): the verdict processes would time that pair
-    again in as many processes, window by window, so the verdict reads the confirmation's (``TrialRecord.timed_in``).
-    Empty when the confirmation ran in fresh-process rounds or without the winner."""
-    if METHOD["confirm"] not in study.user_attrs or method(study, "confirm")["method"] != SIDE_BY_SIDE:
-        return {}
-    rounds: dict[str, set[int]] = {}
-    candidate: dict[str, int] = {}
-    for t in phase_trials(study, "confirm"):
-        rec = TrialRecord.of(t)
-        if rec.label and rec.round is not None and rec.candidate is not None and step_time(t) is not None:
-            rounds.setdefault(rec.label, set()).add(rec.round)
-            candidate[rec.label] = rec.candidate
-    mine = rounds.get(f"#{winner.number}", set())
-    if len(mine) < processes:
-        return {}
-    return {TrialRecord.of(study.trials[candidate[label]]).identity: label for label, done in rounds.items()
-            if label != f"#{winner.number}" and done >= mine}
-
-
-def raced(study: optuna.Study) -> set[str | None]:
-    """Identities of the baselines every confirmation races (``CONFIRMED_BASELINES``), so times beside its winner."""
-    return {rec.identity for t in measured_trials(study) if (rec := TrialRecord.of(t)).baseline in CONFIRMED_BASELINES}
-
-
-def reuse_search_runs(study: optuna.Study, winner: FrozenTrial, cold: list[Slot], identities: list[str]) -> int:
+def reuse_search_runs(study: optuna.Study, winner: FrozenTrial, cold: list[Slot], identities: list[str | None]) -> int:
     """A neighbour the search already measured needs no cold run of its own: a complete, feasible search trial of
     the same configuration was one fresh process alone with the study's cache, as the cold run would be, and the
     winner's own compile time and peak come from its search trial too. It is recorded as the neighbour's cold run
@@ -230,13 +192,6 @@ def reuse_search_runs(study: optuna.Study, winner: FrozenTrial, cold: list[Slot]
         log.info("verdict %s: its cold run is search trial %d (the same configuration)", slot.label, src.number)
         reused += 1
     return reused
-
-
-def searched_runs(study: optuna.Study) -> dict[str | None, FrozenTrial]:
-    """Configuration identity -> the first complete, feasible search trial that measured it: what can stand in
-    for a verdict neighbour's cold run (and what the estimate does not charge one for)."""
-    return {rec.identity: t for t in reversed(measured_trials(study))
-            if t.state == TrialState.COMPLETE and feasible(t) and (rec := TrialRecord.of(t)).measured.ok}
 
 
 SEARCH_ONLY = ("baseline", "remeasure_of", "retry_of", "candidate", "prune_ratio", "prune_margin", "same_program_as",

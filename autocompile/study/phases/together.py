@@ -20,15 +20,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import optuna
 
 from autocompile.config.choices import SIDE_BY_SIDE
-from autocompile.config.settings import Settings
-from autocompile.config.space import SearchSpace
+from autocompile.config.sections import Resources
 from autocompile.study.phases import sidebyside
-from autocompile.study.records.objective import Objective
+from autocompile.study.records.context import StudyContext
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
 from autocompile.study.search.tell import begin, tell_measured
 from autocompile.trial.timing.compile_artifacts import TRIAL_FILE
@@ -68,16 +66,16 @@ def process_dir(run_dir: Path, phase: str, r: int) -> Path:
     return run_dir / "phases" / f"{phase}-round{r}"
 
 
-def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: SearchSpace, objective: Objective,
-                     settings: Settings, run_dir: Path, resources: Any, agents: Any) -> str | None:
+def measure_together(ctx: StudyContext, trials: list[optuna.Trial], resources: Resources) -> str | None:
     """One side-by-side process timing ``trials`` (the candidates of one round); each told alone. Returns
     why they could not share the process (a candidate failed beside the others), or None."""
+    study, objective, settings = ctx.study, ctx.objective, ctx.settings
     first = TrialRecord.of(trials[0])
     r, phase = first.round, first.phase
-    out = process_dir(run_dir, phase, r)
+    out = process_dir(ctx.run_dir, phase, r)
     members, beats = [], []
     for trial in trials:
-        config, beat = begin(study, trial, space)
+        config, beat = begin(study, trial, ctx.space)
         beats.append(beat)
         set_attrs(trial, trial_dir=str(out), method=SIDE_BY_SIDE,
                   compile_cache="side by side: warm from its cold run's artifacts")
@@ -89,10 +87,10 @@ def measure_together(study: optuna.Study, trials: list[optuna.Trial], space: Sea
         for beat in beats:
             beat()
 
-    result = sidebyside.run_process(out, members, settings, shift=r, resources=resources, agents=agents,
+    result = sidebyside.run_process(out, members, settings, shift=r, resources=resources, agents=ctx.agents,
                                     beat=beat_all)
     shared = sidebyside.not_shared([result])
-    script_study = getattr(getattr(settings, "script", None), "given", False)
+    script_study = settings.script.given
     outcomes = result.candidates or [TrialResult(status="failed")] * len(trials)
     for trial, member, c in zip(trials, members, outcomes, strict=True):
         failed = failure(c, result, shared)

@@ -18,14 +18,13 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.settings import ObjectiveSettings
 from autocompile.study.records.record import Measurement, TrialRecord
 from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE, PRUNE_WINDOWS, prune_margin
-from autocompile.trial.launcher import StopRule
 from autocompile.trial.timing.result import ProgressEvent
 
 DIRECTIONS = {
@@ -81,7 +80,7 @@ class Objective:
         return {"memory_gb_over_limit": memory, "loss_drift_over_rtol": numerics}
 
     def stop_rule(self, best: tuple[int, Measurement] | None, noise: float | None = None,
-                  k: int = 1, spread: float | None = None) -> StopRule | None:
+                  k: int = 1, spread: float | None = None) -> PruneRule | None:
         """Prune against the best complete trial so far (its number and measurement); Pareto studies keep
         every trial.
 
@@ -137,8 +136,21 @@ class Objective:
                             f"{margin - 1:.0%} for noise {sd:.1%})")
             return None
 
-        rule.evidence = evidence  # type: ignore[attr-defined]
-        return rule
+        return PruneRule(rule, evidence)
+
+
+class PruneRule:
+    """A search trial's stop rule against the best so far, as the launcher calls it (``launcher.StopRule``), with
+    its evidence once it stopped the trial on its windows: the ratio to the best and the margin it exceeded (the tuner
+    keeps both: a near miss is measured again)."""
+
+    def __init__(self, rule: Callable[[list[ProgressEvent], float], str | None], evidence: dict[str, float]) -> None:
+        self.rule = rule
+        self.evidence = evidence
+        """Filled (``ratio``, ``margin``) when the rule stops the trial after its first windows."""
+
+    def __call__(self, events: list[ProgressEvent], elapsed: float) -> str | None:
+        return self.rule(events, elapsed)
 
 
 def loss_drift(losses: list[float], reference: list[float] | None, steps: int | None = None) -> float | None:

@@ -21,14 +21,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.knobs import TrialConfig, describe
 from autocompile.config.sections import Resources
-from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace, identity
-from autocompile.study.records.objective import Objective
+from autocompile.study.records.context import StudyContext
+from autocompile.study.records.objective import Objective, PruneRule
 from autocompile.study.records.optuna_store import heartbeat, tell
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
 from autocompile.study.search.numerics import numerics, reference
 from autocompile.study.search.warmstart import drop_cache
-from autocompile.trial.launcher import Agents, StopRule, launch
+from autocompile.trial.launcher import launch
 from autocompile.trial.slots import slot_threads
 from autocompile.trial.timing.result import ProgressEvent
 
@@ -63,10 +63,10 @@ def begin(study: optuna.Study, trial: optuna.Trial, space: SearchSpace) -> tuple
     return config, beat
 
 
-def measure_and_tell(study: optuna.Study, trial: optuna.Trial, config: TrialConfig, beat: Callable[[], None],
-                     objective: Objective, settings: Settings, run_dir: Path, resources: Resources, agents: Agents,
-                     *, twin_of: FindTwin | None = None, prune: StopRule | None = None, cache_dir: Path | None = None,
-                     cold_compile_s: float | None = None, view: Any = None, brief: bool = False) -> None:
+def measure_and_tell(ctx: StudyContext, trial: optuna.Trial, config: TrialConfig, beat: Callable[[], None],
+                     resources: Resources, *, twin_of: FindTwin | None = None, prune: PruneRule | None = None,
+                     cache_dir: Path | None = None, cold_compile_s: float | None = None, view: Any = None,
+                     brief: bool = False) -> None:
     """Launch ``trial`` in a fresh process (``run_dir/trials/NNNN``), stop it once compiled when ``twin_of``
     knows its program, or when ``prune`` says so; then tell Optuna what it measured.
 
@@ -74,7 +74,8 @@ def measure_and_tell(study: optuna.Study, trial: optuna.Trial, config: TrialConf
     ``cold_compile_s``: the compile time of Optuna's value when the run's own is warm; ``view``: the live
     view that shows it running; ``brief``: a run whose steps no decision reads (a verdict neighbour's cold run:
     its compile time, program and peak memory): one timed window, no precision target."""
-    trial_dir = run_dir / "trials" / f"{trial.number:04d}"
+    study, objective, settings = ctx.study, ctx.objective, ctx.settings
+    trial_dir = ctx.run_dir / "trials" / f"{trial.number:04d}"
     set_attrs(trial, trial_dir=str(trial_dir))
     if view is not None:
         view.running(trial.number, TrialRecord.of(trial).name, trial_dir)
@@ -92,9 +93,9 @@ def measure_and_tell(study: optuna.Study, trial: optuna.Trial, config: TrialConf
         spec.measure = replace(spec.measure, windows=1, precision=0.0)
     result = launch(trial_dir, spec,
                     cache_dir=cache_dir if cache_dir is not None else settings.cache_dir, should_stop=rule,
-                    resources=resources, agents=agents)
+                    resources=resources, agents=ctx.agents)
     measured = Measurement.of(result)
-    evidence = getattr(prune, "evidence", None)
+    evidence = prune.evidence if prune is not None else None
     if measured.status == "pruned" and evidence:  # kept before the tell: a near miss is measured again
         set_attrs(trial, prune_ratio=evidence["ratio"], prune_margin=evidence["margin"])
     measured, twin = same_program_run(measured, twin_of)
