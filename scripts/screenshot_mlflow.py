@@ -57,11 +57,12 @@ def compare_url(server: str) -> str:
     if not parents:
         raise RuntimeError("no autocompile study in this store")
     parent = parents[0]["info"]
-    children = http_json(api + "/runs/search", {
+    study = {t["key"]: t["value"] for t in parents[0]["data"]["tags"]}["autocompile.study"]
+    children = http_json(api + "/runs/search", {  # by the study's tag: repeats nest under their configuration's run
         "experiment_ids": [parent["experiment_id"]],
-        "filter": f"tags.`mlflow.parentRunId` = '{parent['run_id']}' and attributes.status = 'FINISHED'",
+        "filter": f"tags.`autocompile.study` = '{study}' and attributes.status = 'FINISHED'",
         "max_results": 100})["runs"]
-    runs = [r["info"]["run_id"] for r in children]
+    runs = [r["info"]["run_id"] for r in children if r["info"]["run_id"] != parent["run_id"]]
     query = urllib.parse.urlencode({"runs": json.dumps(runs), "experiments": json.dumps([parent["experiment_id"]])},
                                    quote_via=urllib.parse.quote)
     return f"{server}/#/compare-runs?{query}"

@@ -114,9 +114,13 @@ def test_every_trial_is_a_child_run_with_knobs_metrics_histories_and_reasons(stu
     parent_tags = kv(parent["data"].get("tags"))
     assert parent_tags["best_run_id"] and "Best: trial" in parent_tags["mlflow.note.content"]
 
-    children = search(server, experiment["experiment_id"], f"tags.`mlflow.parentRunId` = '{parent['info']['run_id']}'")
+    # Every trial at any depth: the parent's children are the configurations, their other trials nested under them.
+    runs = search(server, experiment["experiment_id"], f"tags.`autocompile.study` = '{study.study_name}'")
+    children = [c for c in runs if c["info"]["run_id"] != parent["info"]["run_id"]]
     by_number = {int(kv(c["data"]["tags"])["optuna.trial_number"]): c for c in children}
-    assert len(children) == len(by_number) == len(trials)  # one child per trial, no more
+    assert len(children) == len(by_number) == len(trials)  # one run per trial, no more
+    direct = [c for c in children if kv(c["data"]["tags"])["mlflow.parentRunId"] == parent["info"]["run_id"]]
+    assert len(direct) == len({t.user_attrs.get("identity", t.number) for t in study.trials})
     # near-miss prunes measured once more (study.remeasure_pruned) are trials on top of study.n_trials
     assert sum(TrialRecord.of(t).remeasure_of is None for t in study.trials) == N_TRIALS
 
@@ -180,9 +184,10 @@ def test_resume_continues_under_the_same_parent_and_never_duplicates_a_run(study
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     parent_id = load_study(root).user_attrs["mlflow_parent_run_id"]
 
-    def children() -> dict[str, Any]:
-        return {r.info.run_id: r for r in client.search_runs(
-            [client.get_run(parent_id).info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")}
+    def children() -> dict[str, Any]:  # at any depth: a configuration's other trials nest under its run
+        runs = client.search_runs([client.get_run(parent_id).info.experiment_id],
+                                  f"tags.`autocompile.study` = '{load_study(root).study_name}'")
+        return {r.info.run_id: r for r in runs if r.info.run_id != parent_id}
 
     before = children()
     # A tuner killed while logging trial 1 left its child half-written (still RUNNING).

@@ -1,4 +1,4 @@
-"""MLflow tracking: one parent run per study, one child run per trial, comparable in the MLflow UI.
+"""MLflow tracking: one parent run per study, one run per trial nested by configuration, comparable in the MLflow UI.
 
 Only the tuner writes to MLflow (workers write files). The store defaults to SQLite next to the
 run directories (``<output_root>/mlflow.db``, artifacts in ``<output_root>/mlartifacts``), so
@@ -12,7 +12,8 @@ plot the params and metrics that the selected runs share:
 - one parent run per study, named after it; a resumed study continues under the same parent
   (its id is kept in the Optuna study) and never logs a trial twice; tuners started together make
   it one at a time (a lock in the run directory; a fresh SQLite store is created under a lock too);
-- one child run per finished trial (``mlflow.parentRunId`` set explicitly), named ``#N`` plus the
+- one run per finished trial, the parent's direct children one per configuration, its other trials (repeats,
+  duplicates, retries) nested under it (:mod:`autocompile.report.tracking.nesting`), named ``#N`` plus the
   knobs that differ from their defaults (fixed knobs left out: they are the same in every trial).
   Params: every knob under its dotted key (``n/a`` where it does not apply), plus the workload.
   Metrics: the measurement, the objective, the speedup over each baseline, and histories (loss
@@ -53,6 +54,7 @@ from autocompile.report.tracking.child_run import (
     local_environment,
 )
 from autocompile.report.tracking.mlflow_store import artifact_location, open_client
+from autocompile.report.tracking.nesting import PARENT_TAG, identities, parent_for, regroup, tree
 from autocompile.study.records.optuna_store import file_lock, is_orphaned, journal_file, owner, pid_namespace
 from autocompile.study.records.record import Measurement, TrialRecord
 from autocompile.trial.timing.result import Environment
@@ -66,7 +68,8 @@ INACTIVE = "n/a"
 """Param value of a knob that does not apply to the trial (e.g. compile.mode of an eager trial)."""
 PARENT_FILES = ("summary.json", "best_config.yaml", "best_config.py")
 PARENT_LOCK = ".mlflow-parent.lock"
-"""In the run directory: the study's tuners on this machine create its parent run one at a time."""
+"""In the run directory: the study's tuners on this machine create its parent run, and place its runs at the end,
+one at a time."""
 LOG_GRACE_S = 600
 """A trial another live tuner finished is left to it for this long (it logs its own trials)."""
 
@@ -123,6 +126,7 @@ class MlflowTracker:
         # the first makes it and records it in the study, the others find it there.
         with file_lock(run_dir / PARENT_LOCK):
             self.parent_id, self.experiment_id = self._parent_run(run_dir)
+        self.placed: dict[int, str] = {}  # trial number -> the run its run hangs under (parent or configuration)
         self.children = self._children()
         # Trials finished before this tuner started (a resume, or another tuner process) are logged now.
         self.sync()
@@ -184,45 +188,43 @@ class MlflowTracker:
                 "workload.device": s.device, "objective.kind": s.objective.kind}
 
     def _children(self) -> dict[int, tuple[str, set[str]]]:
-        """Trial number -> (run id, metric keys) of this parent's children. A child left RUNNING was cut
-        off while being logged: it is deleted and logged again, and so is a second child of one trial."""
-        from mlflow.entities import ViewType
-
+        """Trial number -> (run id, metric keys) of the runs under this parent, nested ones too (and where each
+        hangs, in ``placed``). A run left RUNNING was cut off while being logged: it is deleted and logged
+        again, and so is a second run of one trial."""
         children: dict[int, tuple[str, set[str]]] = {}
+        self.placed = {}
         trials = {t.number: t for t in self.study.get_trials(deepcopy=False)}
-        token = None
-        while True:
-            page = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent_id}'",
-                                           run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
-            for run in page:
-                number = run.data.tags.get(TRIAL_TAG)
-                if number is None:
-                    continue
-                if run.info.status == "RUNNING" or int(number) in children:
-                    trial = trials.get(int(number))
-                    if trial is None or not logged_elsewhere(trial):  # else its live tuner is logging it now
-                        self.client.delete_run(run.info.run_id)
-                    continue
-                children[int(number)] = (run.info.run_id, set(run.data.metrics))
-            token = page.token
-            if not token:
-                return children
+        for run in tree(self.client, self.experiment_id, self.study.study_name, self.parent_id):
+            number = run.data.tags.get(TRIAL_TAG)
+            if number is None:
+                continue
+            if run.info.status == "RUNNING" or int(number) in children:
+                trial = trials.get(int(number))
+                if trial is None or not logged_elsewhere(trial):  # else its live tuner is logging it now
+                    self.client.delete_run(run.info.run_id)
+                continue
+            children[int(number)] = (run.info.run_id, set(run.data.metrics))
+            self.placed[int(number)] = run.data.tags.get(PARENT_TAG, "")
+        return children
 
     def sync(self) -> None:
         """Log every finished trial that has no child run yet, except those another live tuner logs."""
         for trial in self.study.get_trials(deepcopy=False, states=tuple(RUN_STATUS)):
             if not logged_elsewhere(trial):
                 self.log_trial(trial)
+        runs = {number: run_id for number, (run_id, _) in self.children.items()}
+        regroup(self.client, identities(self.study.get_trials(deepcopy=False)), runs, self.placed, self.parent_id)
 
     def converge(self) -> None:
         """Tuners on several machines (no shared run directory, so no shared lock) that started a fresh
         study together may each have made a parent; the one the study recorded last wins: the others
-        move their children under it and delete their own."""
+        move their direct children under it (nested runs follow their configuration's run) and delete their own."""
         winner = self.study.user_attrs.get(PARENT_ATTR)
         if not winner or winner == self.parent_id:
             return
-        for run_id, _ in self.children.values():
-            self.client.set_tag(run_id, "mlflow.parentRunId", winner)
+        for number, (run_id, _) in self.children.items():
+            if self.placed.get(number) == self.parent_id:
+                self.client.set_tag(run_id, PARENT_TAG, winner)
         self.client.delete_run(self.parent_id)
         self.parent_id = winner
         self.children = self._children()
@@ -278,7 +280,8 @@ class MlflowTracker:
         config = record.config or trial.params
         params = {**{k: config.get(k, INACTIVE) for k in KNOBS}, **self.workload_params()}
         tags = child_tags(trial, record, env, self.study.study_name, self.settings.workload.world_size)
-        tags["mlflow.parentRunId"] = self.parent_id
+        runs = {number: run_id for number, (run_id, _) in self.children.items()}
+        tags[PARENT_TAG] = parent_for(trial, identities(self.study.get_trials(deepcopy=False)), runs, self.parent_id)
         speedups = self.speedups(record.measured) if record.measured.ok else {}
         metrics = child_metrics(trial, record, self.settings.objective.horizon_steps, speedups)
         trial_dir = Path(record.trial_dir) if record.trial_dir else None
@@ -294,6 +297,7 @@ class MlflowTracker:
                     self.client.log_artifact(run_id, str(trial_dir / file), artifact_path="trial")
         self.client.set_terminated(run_id, status=RUN_STATUS[trial.state], end_time=end)
         self.children[trial.number] = (run_id, {m[0] for m in metrics})
+        self.placed[trial.number] = tags[PARENT_TAG]
 
     def speedups(self, result: Measurement) -> dict[str, float]:
         """Steady-state speedup over each measured baseline: baseline step time / this step time."""
@@ -316,7 +320,9 @@ class MlflowTracker:
         from autocompile.report.tracking.plots import study_note, trial_rows, write_plots, write_tables
 
         self.converge()
-        self.sync()
+        with file_lock(run_dir / PARENT_LOCK):  # tuners finishing together: the last reads all the others logged
+            self.children = self._children()
+            self.sync()  # and places every run
         self._backfill_speedups()
         for file in PARENT_FILES:
             if (run_dir / file).is_file():
