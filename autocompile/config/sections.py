@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from autocompile.config.knobs import KNOBS
@@ -89,6 +90,14 @@ class StudySettings:
     """``warm``: a repeat reuses its configuration's own inductor cache (from its first, cold run), so
     its steps are timed in a fresh process after a cheap compile; compile time is the cold run's.
     ``cold``: every repeat compiles cold."""
+    reuse: str = "auto"
+    """``auto``: a fresh study starts from the newest answer the tracking store (or ``reuse_from``) holds for this
+    job: an exact one (the same model, workload, objective, device and versions, its winner decided) is re-verified
+    side by side against eager and default compile and the study stops there; a related one (the same model and
+    device) has its best configurations measured first. ``off``: every study starts from nothing."""
+    reuse_from: str = ""
+    """An ``answer.json`` a finished study wrote in its run directory (for a machine with no shared store): the
+    answer ``reuse`` starts from instead of the store's."""
 
     def __post_init__(self) -> None:
         if self.n_trials < 1:
@@ -97,6 +106,11 @@ class StudySettings:
             raise ValueError(f"study.remeasure_pruned={self.remeasure_pruned} must be >= 0 (0 = every prune is final)")
         if self.confirm_top < 0:
             raise ValueError(f"study.confirm_top={self.confirm_top} must be >= 0 (0 = no confirmation phase)")
+        if self.reuse not in ("auto", "off"):
+            raise ValueError(f"study.reuse={self.reuse!r}: choose auto or off")
+        if self.reuse_from and not Path(self.reuse_from).is_file():
+            raise ValueError(f"study.reuse_from={self.reuse_from}: no such file; give the answer.json a finished "
+                             "study wrote in its run directory")
         if self.repeats < 1:
             raise ValueError(f"study.repeats={self.repeats} must be >= 1 (2 or more give intervals)")
         if self.start_precision not in START_PRECISIONS:

@@ -14,9 +14,10 @@ from optuna.trial import FrozenTrial
 from autocompile.config.settings import Settings
 from autocompile.report.summary import SummaryDoc, build_report, print_report, write_artifacts
 from autocompile.report.tracking.runs import NoTracker, tracker_for
-from autocompile.report.view import StudyView
+from autocompile.report.view import StudyView, console
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.observers import Outcome
+from autocompile.study.reuse import REUSED
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ class Watch:
         self.tracker = tracker_for(self.settings, study, self.run_dir)
 
     def live(self, table: bool = True, estimate: bool = True) -> StudyView:
-        return StudyView(self.settings.study.n_trials, self.objective, self.remaining if estimate else None,
+        settings = self.remaining.settings if self.remaining is not None else self.settings  # a re-verification's
+        return StudyView(settings.study.n_trials, self.objective, self.remaining if estimate else None,
                          show_table=table)
 
     def recorded(self, trial: FrozenTrial) -> None:
@@ -56,6 +58,8 @@ class Watch:
                                   outcome.stop_reason, outcome.wall_s, self.run_dir)
             write_artifacts(report, self.run_dir)
             print_report(report)
+            if (line := reuse_line(outcome.study)) is not None:
+                console().print(line)
             self.tracker.finish(report, self.run_dir)
         except Exception as exc:
             if not outcome.interrupted:
@@ -63,3 +67,17 @@ class Watch:
             log.warning("the report of the interrupted study is incomplete: %r", exc)
             return {}
         return report.summary
+
+
+def reuse_line(study: optuna.Study) -> str | None:
+    """What the study started from (:mod:`autocompile.study.reuse`), or None."""
+    kept = study.user_attrs.get(REUSED)
+    if not kept:
+        return None
+    if kept["exact"]:
+        return (f"[bold]Reused[/] the answer of study {kept['study']} ({kept['finished']}, {kept['source']}): "
+                f"{kept['winner']}, re-verified above against eager and default compile, side by side, on this "
+                "machine today; study.reuse=off runs the full study.")
+    return (f"[bold]Started from[/] a related answer (study {kept['study']}, {kept['finished']}, {kept['source']}; "
+            f"differs in {', '.join(kept['differs']) or 'nothing but an undecided winner'}): its "
+            f"{kept['queued']} best configurations measured first.")

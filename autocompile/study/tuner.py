@@ -23,6 +23,7 @@ from autocompile.config.knobs import KnobError
 from autocompile.config.sections import Resources
 from autocompile.config.settings import ConfigError, Settings
 from autocompile.config.space import SearchSpace
+from autocompile.study.answers import answer_key, answer_of, keep
 from autocompile.study.estimate import Remaining, announce, expect_phase, remember
 from autocompile.study.phases.plans import recommended
 from autocompile.study.phases.racing import REPEAT_PHASES, alone_window_spread, study_noise
@@ -48,6 +49,7 @@ from autocompile.study.records.optuna_store import (
     wait_finished,
 )
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
+from autocompile.study.reuse import reverifies, start_from
 from autocompile.study.search.baselines import queue_as_written, queue_baselines
 from autocompile.study.search.numerics import ensure_reference, probed_env, reference
 from autocompile.study.search.samplers import make_sampler
@@ -98,6 +100,9 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
             raise ConfigError(f"{exc} (seen in the script's reference run: {run_dir / 'reference'})") from exc
         study.sampler = make_sampler(settings.study.sampler, space, settings.study.seed)
         remaining.space = space
+    key = answer_key(settings)
+    settings = start_from(study, space, settings, key)  # a known answer: re-verified, or its ranking first
+    remaining.settings = settings
     if settings.study.baselines:
         queue_baselines(study, space)
         if found is not None and found.get("compile_calls"):
@@ -123,6 +128,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
         if settings.study.warm_start:
             warm_start(study, settings, winner, run_dir)
         prune_caches(study, winner, run_dir)  # a resumed study's repeats start warm from the caches it still has
+        if (answer := answer_of(study, objective, settings, key)) is not None:
+            keep(answer, run_dir)
     return Outcome(study, space, objective, budget.stop_reason, time.time() - budget.started, interrupted,
                    len(budget.released))
 
@@ -378,7 +385,7 @@ def run_trial(ctx: StudyContext, trial: optuna.Trial, view: LiveView, resources:
 
     measure_and_tell(ctx, trial, config, beat, resources,
                      twin_of=twin_of if record.baseline is None and record.remeasure_of is None else None,
-                     prune=prune, view=view)
+                     prune=prune, view=view, brief=reverifies(study))
 
 
 def scored_results(study: optuna.Study, objective: Objective) -> list[tuple[int, Measurement]]:

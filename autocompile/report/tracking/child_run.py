@@ -11,12 +11,15 @@ from typing import TypedDict
 from optuna.trial import FrozenTrial
 
 from autocompile.config.gpus import gpu_name
+from autocompile.study.answers import ANSWER_FILE, ANSWER_TAG, KEY_TAG, RELATED_TAG, Answer
 from autocompile.study.records.objective import time_to_train
 from autocompile.study.records.record import Measurement, TrialRecord
 from autocompile.trial.launcher import read_progress
 from autocompile.trial.timing.result import Environment
 
 STUDY_TAG = "autocompile.study"
+MAX_TAG_CHARS = 8000
+"""MLflow's longest tag value (``mlflow.utils.validation.MAX_TAG_VAL_LENGTH``)."""
 TRIAL_TAG = "optuna.trial_number"
 METRICS = ("tokens_per_s", "step_s", "step_s_cv", "compile_s", "first_step_s", "mfu", "graph_count",
            "graph_breaks", "recompiles_timed", "wall_s", "compiled_coverage")
@@ -47,9 +50,20 @@ class ChildTags(ChildTagsAlways, ChildTagsWhenSet):
 
 ParentTags = TypedDict("ParentTags", {
     "stop_reason": str, "mlflow.note.content": str, "best_trial": int, "best_config": str, "best_run_id": str,
-    "confirmed_trial": int, "confirmed_config": str, "confirmed_conclusion": str}, total=False)
+    "confirmed_trial": int, "confirmed_config": str, "confirmed_conclusion": str, "autocompile.answer_key": str,
+    "autocompile.answer_related": str, "autocompile.answer": str}, total=False)
 """The tags the study's parent run ends with: ``stop_reason`` and the note always, ``best_*`` when a trial
-completed, ``confirmed_*`` when the confirmation found a winner."""
+completed, ``confirmed_*`` when the confirmation found a winner, ``autocompile.answer*`` when it recommends one (what
+a later study of the same job finds by key, :mod:`autocompile.study.answers`)."""
+
+
+def answer_tags(run_dir: Path) -> ParentTags:
+    """The study's answer (its ``answer.json``) as tags a search by key finds; none when it has none."""
+    path = run_dir / ANSWER_FILE
+    if not path.is_file():
+        return {}
+    answer = Answer.from_json(path.read_text(), str(path))
+    return {KEY_TAG: answer.key, RELATED_TAG: answer.related, ANSWER_TAG: answer.to_json(MAX_TAG_CHARS)}
 
 
 def local_environment(device: str) -> Environment:

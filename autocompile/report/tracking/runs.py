@@ -49,6 +49,7 @@ from autocompile.report.tracking.child_run import (
     TRIAL_TAG,
     ParentTags,
     WorkloadParams,
+    answer_tags,
     child_metrics,
     child_tags,
     local_environment,
@@ -351,7 +352,8 @@ class MlflowTracker:
         counts = report.counts
         step = counts.get("trials", len(trials))  # one point per (resumed) session: the best as the study grew
         metrics = [(f"n_{k}", v, step) for k, v in counts.items() if k in ("trials", "complete", "pruned", "failed")]
-        tags: ParentTags = {"stop_reason": report.stop_reason, "mlflow.note.content": study_note(report)}
+        tags: ParentTags = {"stop_reason": report.stop_reason, "mlflow.note.content": study_note(report),
+                            **answer_tags(run_dir)}
         best = report.best
         if best is not None:
             metrics += [("best_tokens_per_s", best.result.tokens_per_s, step),

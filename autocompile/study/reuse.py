@@ -1,0 +1,115 @@
+"""A study that starts from an answer already measured (``study.reuse``, issue 52): used, never trusted blindly.
+
+An exact answer (the same job on the same kind of machine and versions, :func:`answers.answer_key`) is re-verified:
+its winner and the baselines it must beat (eager, default ``torch.compile(model)``) are measured once each and then
+raced side by side in the fewest processes a decision needs; no other search, no verdicts, no warm start. The report
+says what was reused and from when, and what the race found today. A related answer (the same model and device,
+another batch size, world size or version) only orders the search: its ranking's first configurations are measured
+first, and the study runs in full. ``study.reuse=off`` ignores both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autocompile.config.compare_settings import MIN_PROCESSES
+from autocompile.config.knobs import KnobError, TrialConfig
+from autocompile.config.settings import Settings
+from autocompile.config.space import BASELINES, CONFIRMED_BASELINES, SearchSpace, identity
+from autocompile.study.answers import Answer, AnswerKey, differences, find_in_store, read_file
+from autocompile.study.records.record import user_attrs
+
+log = logging.getLogger(__name__)
+
+REUSED = "reused_answer"
+"""Study attribute: the answer a study started from (``source``, ``study``, ``finished``, ``exact``, ``differs``,
+``queued``), so a resumed study re-verifies the same way and the report says so."""
+RELATED_FIRST = 3
+"""A related answer's ranking: how many of its best configurations the search measures first."""
+
+
+def reverifies(study: optuna.Study) -> bool:
+    """Whether ``study`` re-verifies an exact answer: its search trials are brief (compile time, program, peak memory;
+    one timed window), as the confirmation side by side times their steps."""
+    return bool((study.user_attrs.get(REUSED) or {}).get("exact"))
+
+
+def look_up(settings: Settings, key: AnswerKey) -> Answer | None:
+    """The answer ``study.reuse_from`` names, else the newest the tracking store holds for ``key``."""
+    s = settings.study
+    if s.reuse == "off":
+        return None
+    if s.reuse_from:
+        return read_file(Path(s.reuse_from))
+    return find_in_store(settings.tracking_uri, key) if settings.tracking.enabled else None
+
+
+def reverifying(settings: Settings, queued: int) -> Settings:
+    """The settings of a study re-verifying an exact answer: its ``queued`` configurations only, all of them raced
+    in the confirmation side by side in :data:`MIN_PROCESSES` processes (unless more were asked), nothing else."""
+    study = dataclasses.replace(settings.study, n_trials=queued, confirm_top=queued, verdicts="none",
+                                warm_start=False, remeasure_pruned=0, prune=False, baselines=False)
+    compare = dataclasses.replace(settings.compare, processes=MIN_PROCESSES)
+    return dataclasses.replace(settings, study=study, compare=compare)
+
+
+def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key: AnswerKey) -> Settings:
+    """Queue what a known answer says to measure first, and return the settings the study runs with (the given ones
+    unless it re-verifies an exact answer). A study that already has trials keeps the way it started."""
+    kept: dict[str, Any] | None = study.user_attrs.get(REUSED)
+    if kept is not None:
+        return reverifying(settings, kept["queued"]) if kept["exact"] else settings
+    if study.trials:
+        return settings  # a resumed study that started without one
+    answer = look_up(settings, key)
+    if answer is None:
+        return settings
+    exact = answer.key == key.exact and answer.decided
+    queued = enqueue(study, space, [answer.winner] if exact else answer.ranking[:RELATED_FIRST],
+                     [name for name in CONFIRMED_BASELINES if name in BASELINES] if exact else [])
+    if not queued:
+        return settings
+    differs = differences(answer, key)
+    study.set_user_attr(REUSED, {"source": answer.source, "study": answer.study, "finished": answer.finished,
+                                 "winner": answer.winner_name, "exact": exact, "differs": differs,
+                                 "queued": queued})
+    if exact:
+        log.info("reusing the answer of study %s (%s, %s): %s; re-verifying it against eager and default compile "
+                 "side by side (study.reuse=off runs the full study)", answer.study, answer.finished, answer.source,
+                 answer.winner_name)
+        return reverifying(settings, queued)
+    why = ", ".join(differs) or "its confirmation did not decide"
+    log.info("a related answer (study %s, %s; differs in %s): its %d best configurations are measured first",
+             answer.study, answer.source, why, queued)
+    return settings
+
+
+def enqueue(study: optuna.Study, space: SearchSpace, configs: list[dict[str, Any]], baselines: list[str]) -> int:
+    """Queue each distinct valid configuration of ``configs``, then the ``baselines`` not among them, as search
+    trials; returns how many."""
+    seen: set[str | None] = set()
+    for flat in configs:
+        try:
+            config = TrialConfig.from_flat({**space.start(), **flat, **space.fixed}, space.env, strict=False)
+        except KnobError as exc:
+            log.info("a reused configuration is not valid here (%s): skipped", exc)
+            continue
+        if (ident := identity(config, space.env)) not in seen:
+            seen.add(ident)
+            study.enqueue_trial(space.params(config.flat()))
+    for name in baselines:
+        try:
+            params = space.baseline_params(name)
+        except KnobError as exc:
+            log.info("baseline %s skipped: %s", name, exc)
+            continue
+        config = TrialConfig.from_flat(space.start(**BASELINES[name]), space.env, strict=False)
+        if (ident := identity(config, space.env)) not in seen:
+            seen.add(ident)
+            study.enqueue_trial(params, user_attrs=user_attrs(baseline=name))
+    return len(seen)
