@@ -191,6 +191,10 @@ def main(argv: list[str] | None = None) -> None:
     stop_on_signals()
     try:
         register()
+        if "task=answers" in argv:  # no model, no study: the store's answers (report/answers_table.py)
+            from autocompile.report.answers_table import print_answers
+
+            sys.exit(print_answers(argv))
         if not any(a in ("--help", "-h", "--hydra-help", "--info", "--version", "--cfg", "-c") for a in argv):
             try:
                 check_command_line(argv)

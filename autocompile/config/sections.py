@@ -92,7 +92,7 @@ class StudySettings:
     ``cold``: every repeat compiles cold."""
     reuse: str = "auto"
     """``auto``: a fresh study starts from the newest answer the tracking store (or ``reuse_from``) holds for this
-    job: an exact one (the same model, workload, objective, device and versions, its winner decided) is re-verified
+    job: an exact one (the same model, workload, objective, device and versions) has its recommendation re-verified
     side by side against eager and default compile and the study stops there; a related one (the same model and
     device) has its best configurations measured first. ``off``: every study starts from nothing."""
     reuse_from: str = ""

@@ -75,9 +75,10 @@ def reuse_line(study: optuna.Study) -> str | None:
     if not kept:
         return None
     if kept["exact"]:
+        rivals = "" if kept.get("decided") else (" (that study left it undetermined against a rival: only a full "
+                                                 "study races the rivals again)")
         return (f"[bold]Reused[/] the answer of study {kept['study']} ({kept['finished']}, {kept['source']}): "
-                f"{kept['winner']}, re-verified above against eager and default compile, side by side, on this "
-                "machine today; study.reuse=off runs the full study.")
+                f"{kept['winner']}{rivals}, re-verified above against eager and default compile, side by side, on "
+                "this machine today; study.reuse=off runs the full study.")
     return (f"[bold]Started from[/] a related answer (study {kept['study']}, {kept['finished']}, {kept['source']}; "
-            f"differs in {', '.join(kept['differs']) or 'nothing but an undecided winner'}): its "
-            f"{kept['queued']} best configurations measured first.")
+            f"differs in {', '.join(kept['differs'])}): its {kept['queued']} best configurations measured first.")

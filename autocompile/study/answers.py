@@ -22,7 +22,7 @@ import optuna
 
 from autocompile.config.gpus import device_name
 from autocompile.config.knobs import KNOBS
-from autocompile.config.settings import Settings
+from autocompile.config.settings import Settings, versions
 from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.phases.plans import ranked_trials, recommended
 from autocompile.study.records.objective import Objective
@@ -55,9 +55,7 @@ def model_fingerprint(settings: Settings) -> str:
     """The script's path, source and arguments; or the model's module tree and parameter shapes, built on the meta
     device (no memory, no init)."""
     if settings.script.given:
-        path = Path(settings.script.path)
-        source = path.read_bytes() if path.is_file() else b""
-        return digest([str(path.resolve()), hashlib.sha256(source).hexdigest(), settings.script.args])
+        return digest([str(Path(settings.script.path).resolve()), settings.script.source_hash(), settings.script.args])
     import torch
 
     from autocompile.workload.models import build
@@ -73,16 +71,10 @@ def model_fingerprint(settings: Settings) -> str:
     return digest(tree)
 
 
-def versions() -> dict[str, str]:
+def cuda_version() -> str:
     import torch
 
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except Exception:  # noqa: BLE001 - no triton (CPU wheels) or a broken one: either is a version here
-        triton_version = ""
-    return {"torch": torch.__version__, "triton": triton_version, "cuda": str(torch.version.cuda or "")}
+    return str(torch.version.cuda or "")
 
 
 def answer_key(settings: Settings) -> AnswerKey:
@@ -95,7 +87,8 @@ def answer_key(settings: Settings) -> AnswerKey:
         "fixed_knobs": digest(sorted(settings.fixed_knobs.items())),
         "objective": digest([o.kind, o.horizon_steps, o.memory_limit_gb]),
         "device": device_name(settings.device),
-        **versions(),
+        **versions(),  # torch, triton, transformers where installed
+        "cuda": cuda_version(),
         # The knobs, their defaults, fixed values and conditions in words: a knob or value added changes it.
         "knob_table": digest([(k, default, None if callable(spec.values) else spec.values,
                                spec.when.text if spec.when else "") for k, (spec, default) in KNOBS.items()]),
@@ -198,6 +191,25 @@ def find_in_store(tracking_uri: str, key: AnswerKey) -> Answer | None:
     except Exception as exc:  # noqa: BLE001 - an unreachable or broken store must not stop the study
         log.warning("answers: the MLflow store %s cannot be searched (%s); the study runs in full", tracking_uri, exc)
     return None
+
+
+def list_answers(tracking_uri: str, limit: int = 200) -> list[Answer]:
+    """Every answer on a parent run of the store, newest first (the ``task=answers`` table); unreadable ones left out
+    with a warning."""
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    runs = client.search_runs(experiments, f"tags.`{KEY_TAG}` LIKE '%'", order_by=["attributes.start_time DESC"],
+                              max_results=limit) if experiments else []
+    found = []
+    for run in runs:
+        try:
+            found.append(Answer.from_json(run.data.tags.get(ANSWER_TAG) or "", f"mlflow run {run.info.run_id}"))
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("MLflow run %s: its answer cannot be read (%s); left out", run.info.run_id, exc)
+    return found
 
 
 def differences(answer: Answer, key: AnswerKey) -> list[str]:

@@ -1,11 +1,12 @@
 """A study that starts from an answer already measured (``study.reuse``, issue 52): used, never trusted blindly.
 
 An exact answer (the same job on the same kind of machine and versions, :func:`answers.answer_key`) is re-verified:
-its winner and the baselines it must beat (eager, default ``torch.compile(model)``) are measured once each and then
-raced side by side in the fewest processes a decision needs; no other search, no verdicts, no warm start. The report
-says what was reused and from when, and what the race found today. A related answer (the same model and device,
-another batch size, world size or version) only orders the search: its ranking's first configurations are measured
-first, and the study runs in full. ``study.reuse=off`` ignores both.
+its recommendation and the baselines it must beat (eager, default ``torch.compile(model)``) are measured once each,
+briefly, and raced side by side in the fewest processes a decision needs; no other search, no verdicts, no warm
+start. Rivals its own study could not tell from it are not raced again (the report names that study, and a full
+study races them). The report says what was reused and from when, and what the race found today. A related answer
+(the same model and device, another batch size, world size or version) only orders the search: its ranking's first
+configurations are measured first, and the study runs in full. ``study.reuse=off`` ignores both.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key:
     answer = look_up(settings, key)
     if answer is None:
         return settings
-    exact = answer.key == key.exact and answer.decided
+    exact = answer.key == key.exact
     queued = enqueue(study, space, [answer.winner] if exact else answer.ranking[:RELATED_FIRST],
                      [name for name in CONFIRMED_BASELINES if name in BASELINES] if exact else [])
     if not queued:
@@ -77,13 +78,13 @@ def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key:
     differs = differences(answer, key)
     study.set_user_attr(REUSED, {"source": answer.source, "study": answer.study, "finished": answer.finished,
                                  "winner": answer.winner_name, "exact": exact, "differs": differs,
-                                 "queued": queued})
+                                 "queued": queued, "decided": answer.decided})
     if exact:
         log.info("reusing the answer of study %s (%s, %s): %s; re-verifying it against eager and default compile "
                  "side by side (study.reuse=off runs the full study)", answer.study, answer.finished, answer.source,
                  answer.winner_name)
         return reverifying(settings, queued)
-    why = ", ".join(differs) or "its confirmation did not decide"
+    why = ", ".join(differs)
     log.info("a related answer (study %s, %s; differs in %s): its %d best configurations are measured first",
              answer.study, answer.source, why, queued)
     return settings

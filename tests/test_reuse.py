@@ -1,0 +1,248 @@
+"""Issue 52: a study's answer is kept where the team looks (its run directory, its MLflow parent run) and a later
+study of the same job starts from it: an exact one re-verified side by side, a related one's ranking measured first;
+a corrupt record or an unreachable store is a warning and a full study."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autocompile.config.settings import Settings
+from autocompile.config.space import SearchSpace
+from autocompile.study.answers import (
+    ANSWER_TAG,
+    Answer,
+    answer_key,
+    differences,
+    find_in_store,
+    keep,
+    read_file,
+)
+from autocompile.study.reuse import REUSED, start_from
+
+ROOT = Path(__file__).resolve().parent.parent
+Compose = Callable[..., Settings]
+GPT2 = ("+model=gpt2-tiny", "workload.device=cpu")
+
+
+def answer_for(settings: Settings, winner: dict, decided: bool = True) -> Answer:
+    key = answer_key(settings)
+    return Answer(key.exact, key.related, key.fields, "earlier", "2026-11-29T00:00:00Z", winner,
+                  ", ".join(f"{k}={v}" for k, v in winner.items()), decided,
+                  ranking=[winner, *({"compile.scope": scope} for scope in ("regional", "none", "module"))])
+
+
+def test_an_answers_key_is_the_job_and_its_related_key_the_model_on_the_device(settings_for: Compose) -> None:
+    base = answer_key(settings_for(*GPT2))
+    assert answer_key(settings_for(*GPT2)) == base  # the same job: the same key, every time
+    other_batch = answer_key(settings_for(*GPT2, "workload.batch_size=4"))
+    assert other_batch.exact != base.exact and other_batch.related == base.related
+    assert [k for k in base.fields if base.fields[k] != other_batch.fields[k]] == ["workload"]
+    other_objective = answer_key(settings_for(*GPT2, "objective.horizon_steps=500"))
+    assert other_objective.exact != base.exact and other_objective.related == base.related
+    other_model = answer_key(settings_for("+model=llama-tiny", "workload.device=cpu"))
+    assert other_model.related != base.related
+    # A record made on another torch: never exact, and the report says what differs.
+    older = answer_for(settings_for(*GPT2), {"compile.scope": "train_step"})
+    older = dataclasses.replace(older, fields={**older.fields, "torch": "2.11.0"})
+    assert differences(older, base) == ["torch"]
+
+
+def test_a_finished_studys_answer_is_found_by_its_key_in_the_tracking_store(settings_for: Compose,
+                                                                           tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from autocompile.report.tracking.child_run import answer_tags
+
+    settings = settings_for(*GPT2)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("autocompile-test")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    keep(answer_for(settings, {"compile.scope": "train_step"}), run_dir)
+    assert read_file(run_dir / "answer.json").winner == {"compile.scope": "train_step"}
+    run = client.create_run(experiment, tags=dict(answer_tags(run_dir)))
+    found = find_in_store(uri, answer_key(settings))
+    assert found is not None and found.winner == {"compile.scope": "train_step"}
+    assert found.source == f"mlflow run {run.info.run_id}"
+    # Another batch size finds it as related (its key differs), and says so.
+    bigger = answer_key(settings_for(*GPT2, "workload.batch_size=4"))
+    related = find_in_store(uri, bigger)
+    assert related is not None and related.key != bigger.exact and differences(related, bigger) == ["workload"]
+    assert find_in_store(uri, answer_key(settings_for("+model=llama-tiny", "workload.device=cpu"))) is None
+
+
+def test_a_corrupt_record_or_an_unreachable_store_is_a_warning_and_no_answer(
+        settings_for: Compose, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.tracking import MlflowClient
+
+    settings = settings_for(*GPT2)
+    key = answer_key(settings)
+    half = tmp_path / "answer.json"
+    half.write_text(answer_for(settings, {"compile.scope": "module"}).to_json()[:40])  # cut off while written
+    with caplog.at_level(logging.WARNING):
+        assert read_file(half) is None
+    assert "not an answer autocompile can read" in caplog.text
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("autocompile-test")
+    client.create_run(experiment, tags={"autocompile.answer_key": key.exact, ANSWER_TAG: "{not json"})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert find_in_store(uri, key) is None
+    assert "its answer cannot be read" in caplog.text
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens on it once closed
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert find_in_store(f"http://127.0.0.1:{port}", key) is None
+    assert "cannot be searched" in caplog.text and "the study runs in full" in caplog.text
+
+
+def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(settings_for: Compose,
+                                                                         tmp_path: Path) -> None:
+    settings = settings_for(*GPT2, f"output_root={tmp_path}")
+    space = SearchSpace(settings.env, settings.fixed_knobs)
+    keep(answer_for(settings, {"compile.scope": "train_step"}), tmp_path)
+    exact = dataclasses.replace(settings, study=dataclasses.replace(settings.study,
+                                                                    reuse_from=str(tmp_path / "answer.json")))
+    study = optuna.create_study()
+    runs = start_from(study, space, exact, answer_key(settings))
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    # The winner, then the baselines it must beat; only those, raced side by side in 3 processes, nothing after.
+    assert [t.user_attrs.get("baseline") for t in waiting] == [None, "eager", "compile"]
+    assert runs.study.n_trials == 3 and runs.study.confirm_top == 3 and runs.compare.decided_processes == 3
+    assert runs.study.verdicts == "none" and not runs.study.warm_start and not runs.study.baselines
+    assert study.user_attrs[REUSED]["exact"] and study.user_attrs[REUSED]["source"].startswith("file ")
+    # Resumed: the same re-verification, nothing queued twice.
+    again = start_from(study, space, exact, answer_key(settings))
+    assert again.study.n_trials == 3 and len(study.get_trials(states=(TrialState.WAITING,))) == 3
+    # Another batch size: related; its ranking's best three are measured first, then the study runs in full.
+    bigger = settings_for(*GPT2, "workload.batch_size=4", f"study.reuse_from={tmp_path / 'answer.json'}")
+    study = optuna.create_study()
+    runs = start_from(study, SearchSpace(bigger.env, bigger.fixed_knobs), bigger, answer_key(bigger))
+    assert runs is bigger and len(study.get_trials(states=(TrialState.WAITING,))) == 3
+    assert study.user_attrs[REUSED]["differs"] == ["workload"] and not study.user_attrs[REUSED]["exact"]
+    # A winner its study left undetermined against a rival: still re-verified against the baselines, and said so.
+    keep(answer_for(settings, {"compile.scope": "train_step"}, decided=False), tmp_path)
+    study = optuna.create_study()
+    assert start_from(study, space, exact, answer_key(settings)).study.n_trials == 3
+    assert study.user_attrs[REUSED]["exact"] and not study.user_attrs[REUSED]["decided"]
+    off = settings_for(*GPT2, "study.reuse=off", f"study.reuse_from={tmp_path / 'answer.json'}")
+    study = optuna.create_study()
+    assert start_from(study, space, off, answer_key(off)) is off and not study.trials
+
+
+def test_bad_reuse_settings_fail_in_one_line(tmp_path: Path) -> None:
+    for arg, said in (("study.reuse=maybe", "study.reuse='maybe': choose auto or off"),
+                      (f"study.reuse_from={tmp_path / 'none.json'}", "no such file")):
+        done = subprocess.run([sys.executable, "-m", "autocompile", "+model=gpt2-tiny", arg,
+                               f"output_root={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())  # nothing made
+
+
+TINY = ["+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.batch_size=2",
+        "workload.seq_len=[16]", "workload.device=cpu", "workload.threads=1", "measure.windows=2",
+        "measure.window_steps=2", "measure.warmup_steps=2", "measure.max_timed_s=0.5", "compile.backend=aot_eager",
+        "+workload.optimizer.foreach=false", "study.n_trials=5", "study.confirm_top=2", "study.verdicts=none",
+        "compare.processes=3"]
+
+
+def study_of(root: Path) -> optuna.Study:
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    (journal,) = root.glob("*/optuna.journal")
+    storage = JournalStorage(JournalFileBackend(str(journal)))
+    (summary,) = optuna.get_all_study_summaries(storage)
+    return optuna.load_study(study_name=summary.study_name, storage=storage)
+
+
+def tune(root: Path, uri: str, *args: str) -> tuple[optuna.Study, str, float]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "autocompile", *TINY, f"output_root={root}", f"tracking.uri={uri}",
+                           *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return study_of(root), done.stdout + done.stderr, time.monotonic() - started
+
+
+def recommended_config(root: Path) -> dict:
+    import json
+
+    (summary,) = root.glob("*/summary.json")
+    return json.loads(summary.read_text())["recommended"]["config"]
+
+
+@pytest.mark.integration
+def test_a_second_run_root_on_one_mlflow_server_reverifies_the_first_ones_answer(tmp_path: Path) -> None:
+    """Two run roots on one ``mlflow server`` process (a real server, started here): the second root's study finds
+    the first's answer by key and re-verifies it side by side; ``study.reuse=off`` runs the full study."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                               "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        first, _, _ = tune(tmp_path / "first", uri)
+        assert REUSED not in first.user_attrs and (next((tmp_path / "first").glob("*/answer.json"))).is_file()
+        second, said, _ = tune(tmp_path / "second", uri)
+        assert second.user_attrs[REUSED]["exact"] and second.user_attrs[REUSED]["source"].startswith("mlflow run ")
+        assert "Reused the answer of study" in said and "re-verified" in said
+        search = [t for t in second.trials if t.user_attrs.get("phase") == "search"]
+        assert len(search) <= 3 < len([t for t in first.trials if t.user_attrs.get("phase") == "search"])
+        assert any(t.user_attrs.get("phase") == "confirm" and t.user_attrs.get("method") == "side_by_side"
+                   for t in second.trials)
+        assert recommended_config(tmp_path / "second") == recommended_config(tmp_path / "first")
+        full, _, _ = tune(tmp_path / "third", uri, "study.reuse=off")
+        assert REUSED not in full.user_attrs
+        assert len([t for t in full.trials if t.user_attrs.get("phase") == "search"]) >= len(search) + 2
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_the_answers_a_store_knows_are_listed(settings_for: Compose, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from autocompile.report.tracking.child_run import answer_tags
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def listed() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "autocompile", "task=answers", f"tracking.uri={uri}"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
+
+    empty = listed()
+    assert empty.returncode == 1 and "no answers in" in empty.stdout
+    client = MlflowClient(tracking_uri=uri)
+    keep(answer_for(settings_for(*GPT2), {"compile.scope": "train_step"}), tmp_path)
+    run = client.create_run(client.create_experiment("autocompile-test"), tags=dict(answer_tags(tmp_path)))
+    shown = listed()
+    assert shown.returncode == 0, shown.stderr
+    assert "earlier" in shown.stdout and "compile.scope=train_step" in shown.stdout and run.info.run_id in shown.stdout
