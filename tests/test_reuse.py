@@ -104,6 +104,26 @@ def test_a_corrupt_record_or_an_unreachable_store_is_a_warning_and_no_answer(
     with caplog.at_level(logging.WARNING):
         assert find_in_store(uri, key) is None
     assert "its answer cannot be read" in caplog.text
+    # Two tuners of one study finishing at once each write the run directory's answer: every read sees a whole one.
+    import threading
+
+    answers = [answer_for(settings, {"compile.scope": scope}) for scope in ("module", "train_step")]
+    stop = threading.Event()
+
+    def write(answer: Answer) -> None:
+        while not stop.is_set():
+            keep(answer, tmp_path)
+
+    writers = [threading.Thread(target=write, args=(a,)) for a in answers]
+    for w in writers:
+        w.start()
+    try:
+        seen = {read_file(tmp_path / "answer.json").winner["compile.scope"] for _ in range(200)}
+    finally:
+        stop.set()
+        for w in writers:
+            w.join()
+    assert seen <= {"module", "train_step"} and seen
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     with socket.socket() as s:
@@ -222,6 +242,16 @@ def test_a_second_run_root_on_one_mlflow_server_reverifies_the_first_ones_answer
         full, _, _ = tune(tmp_path / "third", uri, "study.reuse=off")
         assert REUSED not in full.user_attrs
         assert len([t for t in full.trials if t.user_attrs.get("phase") == "search"]) >= len(search) + 2
+        # Another batch size: a related answer; its search measures the known ranking's best first, then in full.
+        related, said, _ = tune(tmp_path / "fourth", uri, "workload.batch_size=4")
+        assert not related.user_attrs[REUSED]["exact"] and related.user_attrs[REUSED]["differs"] == ["workload"]
+        assert "a related answer" in said
+        known = [{k: v for k, v in t.user_attrs["config"].items()} for t in sorted(
+            (t for t in first.trials if t.user_attrs.get("phase") == "search" and t.state == TrialState.COMPLETE),
+            key=lambda t: t.values[0])]
+        firsts = [t.user_attrs["config"] for t in related.trials[:related.user_attrs[REUSED]["queued"]]]
+        assert firsts and all(config in known for config in firsts)
+        assert len([t for t in related.trials if t.user_attrs.get("phase") == "search"]) >= 5
     finally:
         server.terminate()
         server.wait(timeout=30)
