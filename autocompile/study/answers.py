@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -153,11 +155,13 @@ def answer_of(study: optuna.Study, objective: Objective, settings: Settings, key
 
 
 def keep(answer: Answer, run_dir: Path) -> Path:
-    """Write ``answer.json`` in the run directory (atomically: a half-written file is never read)."""
+    """Write ``answer.json`` in the run directory (atomically: a half-written file is never read, and of two tuners
+    ending together the last one's stands whole)."""
     path = run_dir / ANSWER_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(answer.to_json())
-    tmp.replace(path)
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".answer.", suffix=".tmp")  # one per writer: two tuners may end
+    with os.fdopen(fd, "w") as out:
+        out.write(answer.to_json())
+    Path(tmp).replace(path)
     return path
 
 
