@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from autocompile.study.answers import (
     read_file,
 )
 from autocompile.study.reuse import REUSED, start_from
+from tests.conftest import cli_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 Compose = Callable[..., Settings]
@@ -158,6 +158,9 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
     study = optuna.create_study()
     runs = start_from(study, SearchSpace(bigger.env, bigger.fixed_knobs), bigger, answer_key(bigger))
     assert runs is bigger and len(study.get_trials(states=(TrialState.WAITING,))) == 3
+    # One that is a baseline is queued as it (the study's queue_baselines then finds it there).
+    assert [t.user_attrs.get("baseline") for t in study.get_trials(states=(TrialState.WAITING,))] == [
+        None, "regional", "eager"]
     assert study.user_attrs[REUSED]["differs"] == ["workload"] and not study.user_attrs[REUSED]["exact"]
     # A winner its study left undetermined against a rival: still re-verified against the baselines, and said so.
     keep(answer_for(settings, {"compile.scope": "train_step"}, decided=False), tmp_path)
@@ -172,9 +175,8 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
 def test_bad_reuse_settings_fail_in_one_line(tmp_path: Path) -> None:
     for arg, said in (("study.reuse=maybe", "study.reuse='maybe': choose auto or off"),
                       (f"study.reuse_from={tmp_path / 'none.json'}", "no such file")):
-        done = subprocess.run([sys.executable, "-m", "autocompile", "+model=gpt2-tiny", arg,
-                               f"output_root={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1
+        code, err = cli_in_process("+model=gpt2-tiny", arg, f"output_root={tmp_path}")
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())  # nothing made
 
 
@@ -257,22 +259,22 @@ def test_a_second_run_root_on_one_mlflow_server_reverifies_the_first_ones_answer
         server.wait(timeout=30)
 
 
-def test_the_answers_a_store_knows_are_listed(settings_for: Compose, tmp_path: Path) -> None:
+def test_the_answers_a_store_knows_are_listed(settings_for: Compose, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     from mlflow.tracking import MlflowClient
 
     from autocompile.report.tracking.child_run import answer_tags
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
-    def listed() -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "autocompile", "task=answers", f"tracking.uri={uri}"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
+    def listed() -> tuple[int, str]:
+        code, _ = cli_in_process("task=answers", f"tracking.uri={uri}")
+        return code, capsys.readouterr().out
 
-    empty = listed()
-    assert empty.returncode == 1 and "no answers in" in empty.stdout
+    code, out = listed()
+    assert code == 1 and "no answers in" in out
     client = MlflowClient(tracking_uri=uri)
     keep(answer_for(settings_for(*GPT2), {"compile.scope": "train_step"}), tmp_path)
     run = client.create_run(client.create_experiment("autocompile-test"), tags=dict(answer_tags(tmp_path)))
-    shown = listed()
-    assert shown.returncode == 0, shown.stderr
-    assert "earlier" in shown.stdout and "compile.scope=train_step" in shown.stdout and run.info.run_id in shown.stdout
+    code, out = listed()
+    assert code == 0 and "earlier" in out and "compile.scope=train_step" in out and run.info.run_id in out

@@ -92,7 +92,15 @@ def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key:
 
 def enqueue(study: optuna.Study, space: SearchSpace, configs: list[dict[str, Any]], baselines: list[str]) -> int:
     """Queue each distinct valid configuration of ``configs``, then the ``baselines`` not among them, as search
-    trials; returns how many."""
+    trials; returns how many. A configuration that is a baseline is queued as that baseline (the report's speedups
+    and the confirmation's race know it by that name)."""
+    named = {}
+    for name in BASELINES:
+        try:
+            named[identity(TrialConfig.from_flat(space.start(**BASELINES[name]), space.env, strict=False),
+                           space.env)] = name
+        except KnobError:
+            continue  # not here (regional on a model without blocks): queue_baselines says so
     seen: set[str | None] = set()
     for flat in configs:
         try:
@@ -102,15 +110,16 @@ def enqueue(study: optuna.Study, space: SearchSpace, configs: list[dict[str, Any
             continue
         if (ident := identity(config, space.env)) not in seen:
             seen.add(ident)
-            study.enqueue_trial(space.params(config.flat()))
+            attrs = user_attrs(baseline=named[ident]) if ident in named else None
+            study.enqueue_trial(space.params(config.flat()), user_attrs=attrs)
     for name in baselines:
         try:
             params = space.baseline_params(name)
         except KnobError as exc:
             log.info("baseline %s skipped: %s", name, exc)
             continue
-        config = TrialConfig.from_flat(space.start(**BASELINES[name]), space.env, strict=False)
-        if (ident := identity(config, space.env)) not in seen:
+        ident = next((i for i, n in named.items() if n == name), None)
+        if ident not in seen:
             seen.add(ident)
             study.enqueue_trial(params, user_attrs=user_attrs(baseline=name))
     return len(seen)

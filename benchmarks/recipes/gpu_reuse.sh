@@ -9,12 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu_reuse_out}
 mkdir -p "$OUT"
-SITE=${SITE:-/tmp/site}
-PY=${PYTHON:-python3}
-if compgen -G ".whl/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
-fi
-export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source benchmarks/recipes/gpu_env.sh
 STORE=sqlite:////tmp/gpu_reuse/mlflow.db
 mkdir -p /tmp/gpu_reuse
 ARGS=(+model=gpt2 study.n_trials=4 study.confirm_top=2 compare.processes=3 study.verdicts=none study.warm_start=false

@@ -11,12 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu_study_out}
 mkdir -p "$OUT"
-SITE=${SITE:-/tmp/site}
-PY=${PYTHON:-python3}
-if compgen -G ".whl/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
-fi
-export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source benchmarks/recipes/gpu_env.sh
 ARGS=(+model=gpt2 study.n_trials=4 study.confirm_top=2 compare.processes="${PROCESSES:-4}" study.verdicts=none
       study.warm_start=false tracking.enabled=false output_root=/tmp/gpu_study "$@")
 {
