@@ -111,6 +111,16 @@ class SearchSpace:
         TrialConfig.from_flat({**self.fixed, **BASELINES[name]}, self.env, strict=False)  # KnobError: not here
         return self.params(self.start(**BASELINES[name]))
 
+    def baseline_identities(self) -> dict[str | None, str]:
+        """Configuration identity -> baseline name, for each baseline this space can run."""
+        found: dict[str | None, str] = {}
+        for name, knobs in BASELINES.items():
+            try:
+                found[identity(TrialConfig.from_flat(self.start(**knobs), self.env, strict=False), self.env)] = name
+            except KnobError:
+                continue  # not here (regional on a model without blocks)
+        return found
+
     def offered_params(self, knobs: Knobs) -> Knobs:
         """The Optuna params that make ``sample`` return ``knobs`` (defaults elsewhere); a KnobError naming the first
         of ``knobs`` this space does not offer where it stands (not searched here, or not applying there)."""

@@ -174,24 +174,34 @@ def read_file(path: Path) -> Answer | None:
         return None
 
 
+def answer_runs(tracking_uri: str, where: str, limit: int) -> list[Any]:
+    """The store's study parent runs matching ``where`` (a tag filter), newest first, over every experiment."""
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    return client.search_runs(experiments, where, order_by=["attributes.start_time DESC"],
+                              max_results=limit) if experiments else []
+
+
+def answer_in(run: Any) -> Answer | None:
+    """The answer a parent run's tag holds; None (with a warning) when it cannot be read."""
+    try:
+        return Answer.from_json(run.data.tags.get(ANSWER_TAG) or "", f"mlflow run {run.info.run_id}")
+    except (ValueError, TypeError, KeyError) as exc:
+        log.warning("MLflow run %s: its answer cannot be read (%s); skipped", run.info.run_id, exc)
+        return None
+
+
 def find_in_store(tracking_uri: str, key: AnswerKey) -> Answer | None:
     """The newest answer of ``key`` (exact, else related) on a study's parent run in the MLflow store; None (with a
     warning when the store cannot be read) otherwise."""
     try:
-        from mlflow.entities import ViewType
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=tracking_uri)
-        experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
         for tag, value in ((KEY_TAG, key.exact), (RELATED_TAG, key.related)):
-            runs = client.search_runs(experiments, f"tags.`{tag}` = '{value}'", order_by=["attributes.start_time DESC"],
-                                      max_results=5) if experiments else []
-            for run in runs:
-                text = run.data.tags.get(ANSWER_TAG)
-                try:
-                    return Answer.from_json(text or "", f"mlflow run {run.info.run_id}")
-                except (ValueError, TypeError, KeyError) as exc:
-                    log.warning("MLflow run %s: its answer cannot be read (%s); skipped", run.info.run_id, exc)
+            for run in answer_runs(tracking_uri, f"tags.`{tag}` = '{value}'", 5):
+                if (answer := answer_in(run)) is not None:
+                    return answer
     except Exception as exc:  # noqa: BLE001 - an unreachable or broken store must not stop the study
         log.warning("answers: the MLflow store %s cannot be searched (%s); the study runs in full", tracking_uri, exc)
     return None
@@ -200,20 +210,8 @@ def find_in_store(tracking_uri: str, key: AnswerKey) -> Answer | None:
 def list_answers(tracking_uri: str, limit: int = 200) -> list[Answer]:
     """Every answer on a parent run of the store, newest first (the ``task=answers`` table); unreadable ones left out
     with a warning."""
-    from mlflow.entities import ViewType
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
-    runs = client.search_runs(experiments, f"tags.`{KEY_TAG}` LIKE '%'", order_by=["attributes.start_time DESC"],
-                              max_results=limit) if experiments else []
-    found = []
-    for run in runs:
-        try:
-            found.append(Answer.from_json(run.data.tags.get(ANSWER_TAG) or "", f"mlflow run {run.info.run_id}"))
-        except (ValueError, TypeError, KeyError) as exc:
-            log.warning("MLflow run %s: its answer cannot be read (%s); left out", run.info.run_id, exc)
-    return found
+    runs = answer_runs(tracking_uri, f"tags.`{KEY_TAG}` LIKE '%'", limit)
+    return [answer for run in runs if (answer := answer_in(run)) is not None]
 
 
 def differences(answer: Answer, key: AnswerKey) -> list[str]:

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from autocompile.config.choices import SIDE_BY_SIDE, compiles
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.settings import Settings
-from autocompile.config.space import BASELINES, CONFIRMED_BASELINES, SearchSpace, identity
+from autocompile.config.space import CONFIRMED_BASELINES, SearchSpace, identity
 from autocompile.study.phases.phase_plan import Foresight, searched_runs, verdict_side_plan
 from autocompile.study.phases.plans import neighbours
 from autocompile.study.records.objective import Objective
@@ -129,15 +129,15 @@ def searched_foresight(study: optuna.Study, space: SearchSpace, settings: Settin
     found = neighbours(winner, space, asked_at(winner, settings))
     idents = [identity(config, space.env) for _, _, config in found]
     trials = study.get_trials(deepcopy=False)
-    queued = {identity(TrialConfig.from_flat(space.start(**BASELINES[t.user_attrs["baseline"]]), space.env,
-                                             strict=False), space.env): t.user_attrs["baseline"]
-              for t in trials if t.user_attrs.get("baseline") in BASELINES}
-    searched = set(searched_runs(study)) | set(queued)
+    names = {t.user_attrs.get("baseline") for t in trials}
+    queued = {ident: name for ident, name in space.baseline_identities().items() if name in names}
+    measured = set(searched_runs(study))
+    searched = measured | set(queued)
     if settings.study.sampler == "staged":
         leads = {identity(TrialConfig.from_flat(flat, space.env, strict=False), space.env)
                  for flat in lead_programs(space)}
         searched |= leads
-        left = settings.study.n_trials - sum(counted(t) for t in trials) - len(leads - set(searched_runs(study)))
+        left = settings.study.n_trials - sum(counted(t) for t in trials) - len(leads - measured)
         left -= eager_runs_left(space, trials)
         others = [ident for (key, _, _), ident in sorted(zip(found, idents, strict=True),
                                                          key=lambda pair: pair[0][0] not in SHARED)

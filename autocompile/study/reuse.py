@@ -94,13 +94,7 @@ def enqueue(study: optuna.Study, space: SearchSpace, configs: list[dict[str, Any
     """Queue each distinct valid configuration of ``configs``, then the ``baselines`` not among them, as search
     trials; returns how many. A configuration that is a baseline is queued as that baseline (the report's speedups
     and the confirmation's race know it by that name)."""
-    named = {}
-    for name in BASELINES:
-        try:
-            named[identity(TrialConfig.from_flat(space.start(**BASELINES[name]), space.env, strict=False),
-                           space.env)] = name
-        except KnobError:
-            continue  # not here (regional on a model without blocks): queue_baselines says so
+    named = space.baseline_identities()
     seen: set[str | None] = set()
     for flat in configs:
         try:
