@@ -44,6 +44,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = (f"{report.longrepr[2]}\nOn CI (CI={os.environ['CI']}) a test skipped for a missing "
                            "service fails: scripts/setup.sh installs it (bash scripts/setup.sh as root).")
 
+@pytest.fixture(autouse=True, scope="session")
+def own_lease(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each test process its own device lease (``autocompile.trial.lease``): the suite's parallel workers are not one
+    machine's studies taking turns. A test of the machine-wide lease sets a directory its tuners share."""
+    before = os.environ.get("AUTOCOMPILE_LEASE_DIR")
+    os.environ["AUTOCOMPILE_LEASE_DIR"] = str(tmp_path_factory.mktemp("lease"))
+    yield
+    if before is None:
+        os.environ.pop("AUTOCOMPILE_LEASE_DIR", None)
+    else:
+        os.environ["AUTOCOMPILE_LEASE_DIR"] = before
+
+
 def cli_in_process(*args: str) -> tuple[int, str]:
     """``python -m autocompile ARGS`` in this process (``autocompile.app.main``): its exit code and what it wrote
     to stderr. For the one-line errors raised before anything starts: a subprocess costs seconds of imports, and

@@ -51,12 +51,12 @@ from autocompile.study.records.optuna_store import (
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
 from autocompile.study.reuse import reverifies, start_from
 from autocompile.study.search.baselines import queue_as_written, queue_baselines
-from autocompile.study.search.numerics import ensure_reference, probed_env, reference
+from autocompile.study.search.numerics import ensure_reference, probed_env, reference, reference_peak
 from autocompile.study.search.samplers import make_sampler
 from autocompile.study.search.tell import Twin, begin, measure_and_tell
 from autocompile.study.search.warmstart import prune_caches, warm_start
 from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted
-from autocompile.trial.slots import slots as trial_slots
+from autocompile.trial.slots import flights
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -107,9 +107,9 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
         queue_baselines(study, space)
         if found is not None and found.get("compile_calls"):
             queue_as_written(study, space, found["compile_calls"])
-    slots = trial_slots(settings)
+    slots = flights(settings, reference_peak(found))  # the processes in flight, each on its slot's resources
     agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)
-    log.info("study %s: %d distinct configurations in the space, %d trials asked, %d slot(s); storage %s",
+    log.info("study %s: %d distinct configurations in the space, %d trials asked, %d in flight; storage %s",
              study.study_name, space.size(), settings.study.n_trials, len(slots), settings.study.storage or run_dir)
     remember(study, "before_search", announce(remaining.update(), settings))
 

@@ -33,7 +33,9 @@ import psutil
 from autocompile.config.script_settings import ScriptSpec
 from autocompile.config.sections import Resources
 from autocompile.config.spec import SideBySideSpec, TrialSpec, write_json_atomic
+from autocompile.trial.lease import MACHINE, Member, lease_names
 from autocompile.trial.timing.result import ProgressEvent, TrialResult
+from autocompile.trial.timing.turn import GRANTED, LEASE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -189,11 +191,12 @@ def launch(
     if interrupt.is_set():
         raise Interrupted("the tuner is stopping: trial not started")
     cmd, extra = prepare(trial_dir, spec, cache_dir, resources, agents)
-    for stale in ("result.json", "progress.jsonl", *(p.name for p in trial_dir.glob("error.rank*.json"))):
+    for stale in ("result.json", "progress.jsonl", GRANTED, *(p.name for p in trial_dir.glob("error.rank*.json"))):
         (trial_dir / stale).unlink(missing_ok=True)
     started = time.time()
-    env = {**os.environ, **extra, "AUTOCOMPILE_LAUNCH_TIME": repr(started)}
+    env = {**os.environ, **extra, "AUTOCOMPILE_LAUNCH_TIME": repr(started), LEASE_ENV: "1"}
     procs: list[subprocess.Popen[bytes]] = []
+    member: Member | None = None
     stopped: tuple[str, str] | None = None
     try:
         with contextlib.ExitStack() as files:
@@ -207,43 +210,72 @@ def launch(
                 procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                               shell=isinstance(args, str), start_new_session=True,
                                               preexec_fn=functools.partial(_child_setup, resources.cpus)))
+            member = MACHINE.join(trial_dir, lease_names(spec.device, resources.gpus), [p.pid for p in procs])
             while any(p.poll() is None for p in procs):
-                elapsed = time.time() - started
-                if interrupt.is_set():
-                    stopped = INTERRUPTED
-                elif elapsed > spec.measure.timeout_s:
-                    stopped = ("timeout",
-                               f"exceeded measure.timeout_s={spec.measure.timeout_s:g}s; process tree killed")
-                elif should_stop is not None and (why := should_stop(read_progress(trial_dir), elapsed)):
-                    stopped = why if isinstance(why, tuple) else ("pruned", why)
-                if stopped:
+                # Paused, or waiting for its turn on the device: not its own time, neither for its timeout nor
+                # for a stop rule.
+                if stopped := _why_stop(trial_dir, spec, time.time() - started - member.idle_s(), should_stop,
+                                        interrupt):
                     break
                 interrupt.wait(poll_s)  # a sleep that ends as soon as the tuner stops
     except KeyboardInterrupt:  # Ctrl-C lands in the thread that launched when the tuner runs one slot
         stopped = INTERRUPTED
         raise
     finally:
+        if member is not None:  # its lock released and its tree resumed first: a paused process hears no SIGTERM
+            MACHINE.leave(member)
         # Stopped, interrupted, or an error on the way: no process of the trial outlives the launch.
         if stopped or any(p.poll() is None for p in procs):
             for p in procs:
                 kill_tree(p)
+        (trial_dir / GRANTED).unlink(missing_ok=True)
         if stopped == INTERRUPTED:
-            _record(trial_dir, procs, stopped, started, resources)
+            _record(trial_dir, procs, stopped, started, resources, member)
     if stopped == INTERRUPTED:
         raise Interrupted(INTERRUPTED[1])
-    return _record(trial_dir, procs, stopped, started, resources)
+    return _record(trial_dir, procs, stopped, started, resources, member)
+
+
+def _why_stop(trial_dir: Path, spec: Spec, elapsed: float, should_stop: StopRule | None,
+              interrupt: threading.Event) -> tuple[str, str] | None:
+    """Why a running launch ends now, if it does: the tuner stopping, its timeout, or its stop rule."""
+    if interrupt.is_set():
+        return INTERRUPTED
+    if elapsed > spec.measure.timeout_s:
+        return "timeout", f"exceeded measure.timeout_s={spec.measure.timeout_s:g}s; process tree killed"
+    if should_stop is not None and (why := should_stop(read_progress(trial_dir), elapsed)):
+        return why if isinstance(why, tuple) else ("pruned", why)
+    return None
 
 
 def _record(trial_dir: Path, procs: list[subprocess.Popen[bytes]], stopped: tuple[str, str] | None,
-            started: float, resources: Resources) -> TrialResult:
+            started: float, resources: Resources, member: Member | None) -> TrialResult:
     """The trial's result.json, written whatever ended it."""
     result = collect(trial_dir, procs[0].returncode if procs else None, stopped)
     result.wall_s = time.time() - started
     result.trial_dir = str(trial_dir)
     if resources.cpus or resources.gpus:
         result.resources = {"cpus": list(resources.cpus), "gpus": list(resources.gpus)}
+    if member is not None:
+        result.lease = member.summary()
+        unpause(result, member)
     write_json_atomic(trial_dir / "result.json", result.to_json())
     return result
+
+
+def unpause(result: TrialResult, member: Member) -> None:
+    """A compile paused while another process timed took that much longer on the wall: the pauses inside its
+    warm-up are not compile time (the warm-up steps were timed by the process's own clock)."""
+    t = result.timeline or {}
+    if result.compile_s is None or not {"build_done", "warmup_done"} <= t.keys():
+        return
+    paused = member.paused_within(t["build_done"], t["warmup_done"])
+    if paused > 0:
+        result.compile_s = max(0.0, result.compile_s - paused)
+        if result.first_step_s is not None:
+            result.first_step_s = max(0.0, result.first_step_s - paused)
+        if result.lease is not None:
+            result.lease["compile_paused_s"] = round(paused, 3)
 
 
 def collect(trial_dir: Path, returncode: int | None, stopped: tuple[str, str] | None) -> TrialResult:
@@ -294,6 +326,7 @@ def kill_tree(proc: subprocess.Popen[Any], grace_s: float = 5.0, first: signal.S
         tree = []
     for p in tree:
         _signal(p, first)
+        _signal(p, signal.SIGCONT)  # one stopped (paused by a lease) acts on nothing else
     _, alive = psutil.wait_procs(tree, timeout=grace_s)
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):

@@ -1,10 +1,13 @@
-"""The machine split into trial slots: each slot's GPUs or CPU cores, and its processes' threads."""
+"""The machine split into trial slots: each slot's GPUs or CPU cores, its processes' threads, and how many of its
+trial processes are in flight at once (one of them timed, the machine's lease: :mod:`autocompile.trial.lease`)."""
 
 from __future__ import annotations
 
 import os
 
-from autocompile.config.gpus import visible_gpus
+import psutil
+
+from autocompile.config.gpus import free_memory, visible_gpus
 from autocompile.config.sections import Resources
 from autocompile.config.settings import ConfigError, Settings
 
@@ -46,3 +49,35 @@ def partition(cores: list[int], n: int) -> list[tuple[int, ...]]:
     """``n`` equal, disjoint runs of ``cores`` (a remainder stays unused)."""
     per = len(cores) // n
     return [tuple(cores[i * per:(i + 1) * per]) for i in range(n)]
+
+
+AUTO_MAX = 8
+"""The most processes in flight per slot that ``launch.concurrency=0`` picks: past a few, the timed parts (one at a
+time) are the wall, not the compiles."""
+MEMORY_MARGIN = 1.5
+"""A process in flight may need this much more than the reference's peak: compile buffers, another program."""
+MIN_PROCESS_BYTES = 1 << 30
+"""What a CPU process holds at least (Python, torch, inductor's compile workers), whatever its model's peak."""
+
+
+def in_flight(settings: Settings, resources: Resources, peak_bytes: float | None) -> int:
+    """Trial processes in flight on one slot: ``launch.concurrency``, or what the slot allows: a compile keeps one
+    core busy per process, and every process in flight holds its memory (paused ones too), ``peak_bytes`` (the
+    reference run's peak, per process) with a margin, in the slot's GPU or the machine's free memory."""
+    if settings.launch.concurrency:
+        return settings.launch.concurrency
+    nproc = settings.workload.nproc_per_node
+    cores = len(resources.cpus) or len(os.sched_getaffinity(0))
+    by_cores = max(1, cores // nproc)
+    need = max(peak_bytes or 0.0, 0.0) * MEMORY_MARGIN
+    if settings.device == "cuda":
+        free = free_memory(resources.gpus[0] if resources.gpus else None)
+        by_memory = int(free // need) if free and need else AUTO_MAX
+    else:
+        by_memory = int(psutil.virtual_memory().available // (nproc * max(need, MIN_PROCESS_BYTES)))
+    return max(1, min(by_cores, by_memory, AUTO_MAX))
+
+
+def flights(settings: Settings, peak_bytes: float | None) -> list[Resources]:
+    """:func:`slots`, each repeated by its :func:`in_flight`: one tuner thread per process in flight."""
+    return [r for r in slots(settings) for _ in range(in_flight(settings, r, peak_bytes))]

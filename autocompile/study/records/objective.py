@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
@@ -99,6 +98,7 @@ class Objective:
         best_score = self.score(measured)
         horizon = self.settings.horizon_steps
         evidence: dict[str, float] = {}
+        warm_from: dict[str, float] = {}
 
         def stop(ratio: float, reason: str) -> str:
             evidence.update(ratio=ratio, margin=margin)  # the tuner keeps both: a near miss is measured again
@@ -111,8 +111,11 @@ class Objective:
             warm = [e["seconds"] for e in events if e["event"] == "warmup_step"]
             windows = [e["step_s"] for e in events if e["event"] == "window"]
             if self.kind == "time_to_train" and not windows:
-                # time to train = sum(warm-up) + (horizon - warm-up steps) x step >= time spent warming up
-                spent = time.time() - started["time"]
+                # time to train = sum(warm-up) + (horizon - warm-up steps) x step >= time spent warming up;
+                # ``elapsed`` leaves out what the lease paused (counted from when this rule first saw the warm-up:
+                # a bound that can only come out low, never prune early)
+                warm_from.setdefault("elapsed", elapsed)
+                spent = elapsed - warm_from["elapsed"]
                 if spent > best_score * compile_margin:
                     # Not provisional: the bound only grows while the warm-up goes on.
                     return (f"warm-up (compile) alone took {spent:.1f} s > best time to train "

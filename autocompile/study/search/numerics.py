@@ -16,6 +16,7 @@ then the check compares every trial with the eager program at that precision, wh
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any, TypedDict
@@ -75,6 +76,15 @@ def reference(study: optuna.Study) -> Reference | None:
     """The study's measured reference, if it has one that succeeded."""
     ref: Reference | None = study.user_attrs.get(REFERENCE)
     return ref if ref and ref.get("status") == "ok" else None
+
+
+def reference_peak(ref: Reference | None) -> float | None:
+    """The reference run's peak memory in bytes (its ``result.json``), or None: what a process in flight holds."""
+    path = Path(ref["trial_dir"]) / "result.json" if ref and ref.get("trial_dir") else None
+    if path is None or not path.is_file():
+        return None
+    found = TrialResult.from_json(json.loads(path.read_text()))
+    return float(max(found.peak_memory_bytes or 0, found.warmup_peak_memory_bytes or 0)) or None
 
 
 def numerics(ref: Reference | None) -> str:

@@ -31,6 +31,7 @@ from autocompile.trial.timing.readings import (
     set_graphs,
 )
 from autocompile.trial.timing.result import TrialResult
+from autocompile.trial.timing.turn import end_turn
 from autocompile.workload.units import Structure
 
 
@@ -101,6 +102,9 @@ class Ending:
     def device(self) -> torch.device:
         raise NotImplementedError
 
+    def progress(self, event: str, **data: Any) -> None:
+        raise NotImplementedError
+
     def finish(self) -> None:
         """Write the result, meet the other ranks, and end this process."""
         try:
@@ -110,6 +114,7 @@ class Ending:
             exit_now(1)
         self.finished = True
         self.timeline["timed_done"] = time.time()
+        end_turn(self.rank, self.progress)
         result = self.result()
         if self.rank == 0:
             write_json_atomic(self.trial_dir / "result.json", result.to_json())

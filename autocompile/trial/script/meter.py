@@ -47,6 +47,7 @@ from autocompile.trial.timing.ranks import device_of, sync
 from autocompile.trial.timing.readings import dynamo_compile_times, peak_memory, reset_peak_memory
 from autocompile.trial.timing.recordings import compile_events
 from autocompile.trial.timing.shape_state import SHAPE_STATE_FILE, save_shape_state
+from autocompile.trial.timing.turn import wait_turn
 
 log = logging.getLogger("autocompile.trial.script")
 
@@ -239,6 +240,7 @@ class Meter(Ending):
         if self.step_kind == "undecided" or self.steps < self.warmup_target():
             return
         self.check_program()
+        wait_turn(self.trial_dir, self.rank, self.progress)  # the device alone from here: other trials paused
         self.reset_memory()
         self.open_window()
 

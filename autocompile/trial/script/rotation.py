@@ -38,6 +38,7 @@ from autocompile.trial.timing.readings import classify, environment, same_progra
 from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.rounds import LOSSES_KEPT, Rounds, Window, kept_mean, rotate
 from autocompile.trial.timing.shape_state import load_shape_state
+from autocompile.trial.timing.turn import end_turn, wait_turn
 
 log = logging.getLogger("autocompile.trial.script")
 
@@ -120,6 +121,7 @@ class RotationMeter(Meter):
             return
         self.rounds = Rounds(ok, self.rotation.policy, self.rotation.shift, side_by_side=True)
         self.clock = WindowClock(timed_device(), sync)
+        wait_turn(self.trial_dir, self.rank, self.progress)  # the device alone from here: other trials paused
         self.begin_round()
 
     def check_candidate(self, i: int) -> None:
@@ -208,6 +210,7 @@ class RotationMeter(Meter):
     def finish(self) -> None:
         self.finished = True
         self.timeline["timed_done"] = time.time()
+        end_turn(self.rank, self.progress)
         if self.rank == 0:
             write_json_atomic(self.trial_dir / "result.json", self.side_by_side_result().to_json())
         logging.shutdown()

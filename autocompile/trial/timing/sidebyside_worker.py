@@ -40,6 +40,7 @@ from autocompile.config.torch_private import default_store, dynamo_config
 from autocompile.config.window_policy import WindowPolicy
 from autocompile.trial.program.build import (
     Built,
+    align,
     build_candidate,
     period,
     stage,
@@ -56,6 +57,7 @@ from autocompile.trial.timing.readings import classify, environment, same_progra
 from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.rounds import LOSSES_KEPT, Rounds, kept_mean, rotate
 from autocompile.trial.timing.shape_state import forget_propagated_dims, fresh_shape_state
+from autocompile.trial.timing.turn import end_turn, wait_turn
 
 log = logging.getLogger("autocompile.trial.timing.sidebyside_worker")
 
@@ -109,10 +111,13 @@ class SideBySide(ModelProcess):
             self.agree(outcome, [i])
             self.progress("candidate_ready", candidate=i, label=label, status=outcome[i].status)
         self.timeline["warmup_done"] = time.time()
+        wait_turn(self.out_dir, self.rank, self.progress)  # the device alone from here: other trials paused
+        align(self.world_size)
         rounds = Rounds([i for i in sorted(alive) if outcome[i].ok], self.policy, spec.shift, side_by_side=True)
         failed = time_rounds(rounds, alive, WindowClock(self.device, self.sync), self.progress, spec.labels,
                              self.scoped)
         self.timeline["timed_done"] = time.time()
+        end_turn(self.rank, self.progress)
         for i, why in failed.items():
             outcome[i] = TrialResult(status="failed", label=outcome[i].label, failure="compile_in_timed_part",
                                      reason=why)

@@ -64,6 +64,7 @@ from autocompile.trial.timing.readings import (  # noqa: E402
 from autocompile.trial.timing.result import TrialResult  # noqa: E402
 from autocompile.trial.timing.rounds import Rounds, set_timing  # noqa: E402
 from autocompile.trial.timing.sidebyside_worker import SideBySide  # noqa: E402
+from autocompile.trial.timing.turn import end_turn, wait_turn  # noqa: E402
 from autocompile.workload.data import count_items, item_unit  # noqa: E402
 from autocompile.workload.models import build  # noqa: E402
 
@@ -137,6 +138,7 @@ class Trial(ModelProcess):
         self.timeline["warmup_done"] = time.time()
         self.progress("compiled", **program)
         artifacts = save_artifacts(self.trial_dir) if self.rank == 0 and compiles(config.compile.scope) else None
+        wait_turn(self.trial_dir, self.rank, self.progress)  # the device alone from here: other trials paused
         align(self.world_size)  # nor its saving in their first window
 
         window_steps = steps_per_window(spec, spec.measure.window_steps)
@@ -153,6 +155,7 @@ class Trial(ModelProcess):
         timed = rounds.of[0]
         reasons = recompile_reasons(guards) if timed.rewarm_steps else []
         self.timeline["timed_done"] = time.time()
+        end_turn(self.rank, self.progress)
         check_cuda_graphs(self.device)
 
         s = built.steps_done
