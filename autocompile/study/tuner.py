@@ -31,7 +31,7 @@ from autocompile.study.phases.repeats import alone_on_the_machine, measure_repea
 from autocompile.study.phases.run import PhaseSettings, run_phases
 from autocompile.study.phases.together import measure_together, process_dir
 from autocompile.study.records.context import StudyContext
-from autocompile.study.records.objective import Objective, near_misses
+from autocompile.study.records.objective import LatestBest, Objective, PruneRule, near_misses
 from autocompile.study.records.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
 from autocompile.study.records.optuna_store import (
     counted,
@@ -372,10 +372,13 @@ def run_trial(ctx: StudyContext, trial: optuna.Trial, view: LiveView, resources:
         log.info("trial %d = trial %d (%s): not measured again", trial.number, prior.number, name)
         return
 
-    noise = study_noise(study, "alone")  # a search trial is one alone process
-    scored = scored_results(study, objective)
-    best = min(scored, key=lambda s: objective.score(s[1]), default=None)
-    prune = objective.stop_rule(best, noise.rel_sd if noise else None, len(scored), alone_window_spread(study)) \
+    def against_best() -> PruneRule | None:
+        noise = study_noise(study, "alone")  # a search trial is one alone process
+        scored = scored_results(study, objective)
+        best = min(scored, key=lambda s: objective.score(s[1]), default=None)
+        return objective.stop_rule(best, noise.rel_sd if noise else None, len(scored), alone_window_spread(study))
+
+    prune = LatestBest(against_best, lambda: len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))) \
         if settings.study.prune and record.baseline is None else None
 
     def twin_of(fingerprint: str) -> Twin | None:

@@ -156,6 +156,28 @@ class PruneRule:
         return self.rule(events, elapsed)
 
 
+class LatestBest:
+    """A search trial's stop rule against the best so far while it runs, not only when it started: trials in
+    flight together (``launch.concurrency``) finish while it compiles, and a best found meanwhile counts. The rule
+    is built again (``build``) whenever ``changed`` says the complete trials changed."""
+
+    def __init__(self, build: Callable[[], PruneRule | None], changed: Callable[[], object]) -> None:
+        self.build, self.changed = build, changed
+        self.key: object = None
+        self.current: PruneRule | None = None
+        self.built = False
+
+    @property
+    def evidence(self) -> dict[str, float]:
+        return self.current.evidence if self.current is not None else {}
+
+    def __call__(self, events: list[ProgressEvent], elapsed: float) -> str | None:
+        key = self.changed()
+        if not self.built or key != self.key:
+            self.key, self.current, self.built = key, self.build(), True
+        return self.current(events, elapsed) if self.current is not None else None
+
+
 def loss_drift(losses: list[float], reference: list[float] | None, steps: int | None = None) -> float | None:
     """Largest relative distance between per-step losses over the first ``steps`` steps both ran."""
     if not reference or not losses:

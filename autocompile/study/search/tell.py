@@ -23,7 +23,7 @@ from autocompile.config.knobs import TrialConfig, describe
 from autocompile.config.sections import Resources
 from autocompile.config.space import SearchSpace, identity
 from autocompile.study.records.context import StudyContext
-from autocompile.study.records.objective import Objective, PruneRule
+from autocompile.study.records.objective import LatestBest, Objective, PruneRule
 from autocompile.study.records.optuna_store import heartbeat, tell
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
 from autocompile.study.search.numerics import numerics, reference
@@ -64,9 +64,9 @@ def begin(study: optuna.Study, trial: optuna.Trial, space: SearchSpace) -> tuple
 
 
 def measure_and_tell(ctx: StudyContext, trial: optuna.Trial, config: TrialConfig, beat: Callable[[], None],
-                     resources: Resources, *, twin_of: FindTwin | None = None, prune: PruneRule | None = None,
-                     cache_dir: Path | None = None, cold_compile_s: float | None = None, view: Any = None,
-                     brief: bool = False) -> None:
+                     resources: Resources, *, twin_of: FindTwin | None = None,
+                     prune: PruneRule | LatestBest | None = None, cache_dir: Path | None = None,
+                     cold_compile_s: float | None = None, view: Any = None, brief: bool = False) -> None:
     """Launch ``trial`` in a fresh process (``run_dir/trials/NNNN``), stop it once compiled when ``twin_of``
     knows its program, or when ``prune`` says so; then tell Optuna what it measured.
 
