@@ -135,7 +135,7 @@ def interrupted_exit(exc: BaseException) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> Any:
-    from autocompile.study.tuner import StudyFailing, StudyInterrupted, ending_error
+    from autocompile.study.records.observers import StudyFailing, StudyInterrupted, ending_error
 
     stop_on_signals()  # again here: launchers such as submitit call this function without main()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -167,7 +167,7 @@ def hydra_main(cfg: DictConfig) -> Any:
         watch = Watch(settings, run_dir)
         outcome = tune(settings, run_dir, OmegaConf.to_yaml(cfg, resolve=True), watch)
         summary = watch.report(outcome)
-        if (error := ending_error(outcome, settings, run_dir)) is not None:
+        if (error := ending_error(outcome, settings.study.max_failure_rate, run_dir)) is not None:
             raise error
         return summary
     except (ConfigError, StudyFailing) as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
@@ -59,6 +60,18 @@ class TinyLM(nn.Module):
             return out
         return self._forward(ids)
 
+    def misbehave_when_timed(self) -> None:
+        """Past the warm-up of the tests' specs (2 steps), in its turn on the device: hang, raise or die."""
+        self.calls += 1
+        if self.calls <= 2:
+            return
+        if self.behaviour == "hang_when_timed":
+            time.sleep(3600)
+        elif self.behaviour == "raise_when_timed":
+            raise ValueError("boom from the test model, in its timed part")
+        elif self.behaviour == "killed_when_timed":
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
         if self.behaviour == "nan_late_on_rank1":
@@ -69,6 +82,8 @@ class TinyLM(nn.Module):
             time.sleep(3600)
         elif self.behaviour == "raise":
             raise ValueError("boom from the test model")
+        elif self.behaviour.endswith("_when_timed") and not ids.is_meta:
+            self.misbehave_when_timed()
         elif self.behaviour == "alone" and TinyLM.instances > 1:
             raise RuntimeError("this model holds a process-wide resource: one instance per process")
         elif self.behaviour == "nan":

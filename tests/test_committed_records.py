@@ -48,6 +48,13 @@ def test_each_committed_record_loads(path: Path, tmp_path: Path) -> None:
         assert data["wall_s"] > 0 and len(data["candidates"]) >= 2
         assert len({len(c["step_s_windows"]) for c in data["candidates"]}) == 1  # one window each per round
         assert (path.parent / "progress.jsonl").is_file()
+    elif path.name.startswith("lease_aa"):  # benchmarks/recipes/lease_aa.py: one candidate alone and beside another
+        summary = data["summary"]
+        assert summary["repeats"] == len(data["rows"]) >= 2
+        for row in data["rows"]:
+            assert {"alone", "beside"} <= row.keys() and row["beside"]["a"]["lease"] is not None
+        ratio = summary["step_beside_over_alone"]
+        assert ratio["low"] <= ratio["ratio"] <= ratio["high"]
     elif path.parent.name == "tables":
         table = load_table(path.with_suffix(".csv"))
         assert len(table) == data["configurations"] and any(row.ok for row in table.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import re
 import statistics
 from collections.abc import Callable
@@ -23,19 +24,23 @@ from autocompile.config.space import SearchSpace, identity
 from autocompile.report.view import StudyView
 from autocompile.study.estimate import (
     COMPILE_S_PER_MODULE,
+    CPU_PER_PROCESS,
     Remaining,
     RunCosts,
     announce,
     compile_prior_s,
     duration,
     estimate,
+    in_flight_wall,
 )
 from autocompile.study.records.objective import Objective
+from autocompile.study.records.optuna_store import IN_FLIGHT
 from autocompile.study.search.samplers import eager_runs_left
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.device=cpu",
-        "study.n_trials=5", "study.confirm_top=2", "study.repeats=3", "study.sampler=tpe")
+        "study.n_trials=5", "study.confirm_top=2", "study.repeats=3", "study.sampler=tpe",
+        "launch.concurrency=1")  # one process at a time: test_processes_in_flight_... prices several
 Compose = Callable[..., Settings]  # what conftest.settings_for yields
 
 
@@ -95,6 +100,27 @@ def test_before_any_trial_the_reference_and_the_model_size_set_the_estimate(sett
     none = settings_for(*TINY, "study.verdicts=none", "study.confirm_top=0")
     bare = estimate(study, *parts(none)[1:], none, compile_prior_s(none))
     assert bare is not None and bare.confirm_s == bare.verdict_s == 0.0
+
+
+def test_processes_in_flight_overlap_all_but_their_timed_parts(settings_for: Compose) -> None:
+    one, two = settings_for(*TINY), settings_for(*TINY, "launch.concurrency=2")
+    study, space, objective = parts(one)
+    study.set_user_attr("reference", {"status": "ok", "wall_s": 10.0})
+    prior = compile_prior_s(one)
+    serial = estimate(study, space, objective, one, prior)
+    study.set_user_attr(IN_FLIGHT, 2)  # what the tuner keeps as it starts the search
+    flying = estimate(study, space, objective, two, prior)
+    assert serial is not None and flying is not None and serial.in_flight == 1 and flying.in_flight == 2
+    assert "2 in flight" in flying.line() and "in flight" not in serial.line()
+    # Each run's timed part (the reference less nothing: its timed part is unknown, so measure.max_timed_s) stays
+    # one at a time; the rest overlaps as the cores allow.
+    speed = max(1.0, min(2, len(os.sched_getaffinity(0)) / CPU_PER_PROCESS))
+    timed = min(5 * one.measure.max_timed_s, serial.search_s)
+    assert flying.search_s == pytest.approx(timed + (serial.search_s - timed) / speed)
+    assert flying.search_s <= serial.search_s and flying.total_s <= serial.total_s
+    assert in_flight_wall(100.0, 20.0, 8, 16) == pytest.approx(20 + 80 / 8)  # 16 cores: 8 in flight overlap fully
+    assert in_flight_wall(100.0, 20.0, 8, 4) == pytest.approx(20 + 80 / (4 / CPU_PER_PROCESS))
+    assert in_flight_wall(100.0, 20.0, 1, 16) == 100.0
 
 
 def test_the_staged_search_is_priced_eager_runs_first_then_compiles(settings_for: Compose) -> None:

@@ -43,7 +43,8 @@ def full_record() -> TrialRecord:
                            fingerprint="abc", compiled_coverage=1.0, step_s_windows=[0.01, 0.011],
                            step_cpu_s_windows=[0.019, 0.021], rewarm_steps=0,
                            timed_precision=0.01, timed_s=0.5, windows=2,
-                           side_by_side={"round": 1, "rounds": 40, "window_steps": 10})
+                           side_by_side={"round": 1, "rounds": 40, "window_steps": 10}, compile_cpu_s=3.5,
+                           lease={"paused_s": 1.0, "waited_s": 0.1, "shared_compile_s": 2.0})
     return TrialRecord(phase="verdict", config={"compile.scope": "module", "compile.fullgraph": False},
                        identity="id", name="n", owner={"host": "h", "pid": 1, "pidns": 2}, baseline="eager",
                        trial_dir="/t", result=measured, constraints={"memory_gb_over_limit": -1.0}, numerics="checked",

@@ -72,8 +72,10 @@ def measurement_table(result: TrialResult, name: str) -> Table:
             table.add_row("loss first / last", f"{losses[0]:.4f} / {losses[-1]:.4f}  ({len(losses)} steps)")
     split = wall_split(result)
     if split:
+        paused = (result.lease or {}).get("paused_s", 0.0)
         table.add_row("wall time", f"{result.wall_s:.1f} s = " + ", ".join(
-            f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f}" for k, v in split.items()))
+            f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f}" for k, v in split.items())
+            + (f" (paused {paused:.1f} s of it while other processes timed)" if paused else ""))
     elif result.wall_s is not None:
         table.add_row("wall time", f"{result.wall_s:.1f} s")
     env = result.environment or {}
@@ -97,8 +99,10 @@ def progress_text(events: list[ProgressEvent], elapsed: float) -> str:
         done = last["step"] + 1
         what = (f"warm-up (compile): step {done + 1}/{total} (step {done}: {last['seconds']:.1f} s)"
                 if total is None or done < total else "checking what it compiled")
-    elif kind == "compiled":
+    elif kind in ("compiled", "lease_granted"):
         what = "timing: window 1"
+    elif kind == "lease_wait":
+        what = "compiled; waiting for its turn on the device (another process times)"
     elif kind == "window":
         what = f"timing: window {last['window'] + 2} (window {last['window'] + 1}: {last['step_s'] * 1e3:.1f} ms/step)"
     elif kind == "rewarm":
@@ -149,11 +153,14 @@ class StudyView:
 
     def running_lines(self) -> list[str]:
         from autocompile.trial.launcher import read_progress
+        from autocompile.trial.lease import MACHINE
 
         lines = []
         for number, (name, trial_dir, since) in list(self.watching.items()):
             label = f"trial {number}" if isinstance(number, int) else str(number)
             doing = progress_text(read_progress(trial_dir), time.time() - since) if trial_dir else "waiting"
+            if trial_dir and MACHINE.paused(trial_dir):
+                doing = f"paused while another process times; {doing}"
             lines.append(f"[bold]{label}[/] {escape(name)}: {escape(doing)}")
         return lines
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import (
     EXPECTED,
     FINISHED,
+    IN_FLIGHT,
     REFERENCE,
     counted,
     measured_trials,
@@ -55,6 +57,10 @@ EXPECTED_STEP_GAIN = 0.10
 compiles (eager vs default compile on gpt2-tiny, 2-core CPU: 11-13 % faster steps,
 benchmarks/results/cpu-2core/compare_eager_vs_compile_run*.txt)."""
 HINT = "study.n_trials, study.verdicts and measure.max_timed_s trade it down"
+CPU_PER_PROCESS = 1.3
+"""Cores a trial process keeps busy outside its timed windows, on average over its start, imports, build and compile
+(inductor compiles kernels in worker processes): what bounds how many processes in flight overlap usefully on a
+machine's cores. Measured on the 2-core VM (benchmarks/results/cpu-2core/issue51/cpu_per_process.txt)."""
 
 
 @dataclass
@@ -73,6 +79,8 @@ class StudyEstimate:
     """Search trials still to run."""
     costs: RunCosts
     """The per-run costs behind it."""
+    in_flight: int = 1
+    """Search processes in flight at once (``launch.concurrency``): their timed parts one after another."""
 
     @property
     def total_s(self) -> float:
@@ -85,8 +93,9 @@ class StudyEstimate:
 
     def line(self) -> str:
         """``about 2 h 40 min on this machine: search ~1 h 50 min (20 trials), ...``."""
+        flight = f", {self.in_flight} in flight" if self.in_flight > 1 else ""
         parts = [f"search ~{duration(self.search_s)} ({self.trials_left} trials at ~{duration(self.costs.cold_s)} "
-                 f"each, {self.costs.basis})"]
+                 f"each{flight}, {self.costs.basis})"]
         parts += [f"{name} ~{duration(s)}" for name, s in (("confirmation", self.confirm_s),
                                                            ("verdicts", self.verdict_s),
                                                            ("warm start", self.warm_start_s)) if s]
@@ -201,6 +210,29 @@ def search_left_s(study: optuna.Study, space: SearchSpace, settings: Settings,
     return queued_s + sampled_s, left
 
 
+def in_flight_wall(serial_s: float, timed_s: float, k: int, cores: int) -> float:
+    """The wall of runs that take ``serial_s`` one after another, ``timed_s`` of it timed, with ``k`` in flight: the
+    timed parts still one at a time (the lease pauses the rest), everything else ``min(k, cores / CPU_PER_PROCESS)``
+    at a time in between."""
+    if k <= 1:
+        return serial_s
+    timed = min(max(timed_s, 0.0), serial_s)
+    return timed + (serial_s - timed) / max(1.0, min(k, cores / CPU_PER_PROCESS))
+
+
+def flight_of(study: optuna.Study, settings: Settings) -> int:
+    """The search's processes in flight per slot: as the tuner started them (``IN_FLIGHT``), or as it will
+    (:func:`autocompile.trial.slots.in_flight`, by the cores alone: no GPU is asked)."""
+    from autocompile.config.sections import Resources
+    from autocompile.trial.slots import in_flight
+
+    if IN_FLIGHT in study.user_attrs:
+        return int(study.user_attrs[IN_FLIGHT])
+    # Not started yet (the tuner keeps it before its first estimate), or a study recorded before processes flew
+    # together: those ran one at a time.
+    return 1 if study.get_trials(deepcopy=False) else in_flight(settings, Resources(), None, memory=False)
+
+
 def estimate(study: optuna.Study, space: SearchSpace, objective: Objective, settings: Settings,
              prior: tuple[float, str]) -> StudyEstimate | None:
     """The study's remaining cost as of now; None before the reference has run (nothing to go on)."""
@@ -210,10 +242,16 @@ def estimate(study: optuna.Study, space: SearchSpace, objective: Objective, sett
     search_s, left = search_left_s(study, space, settings, costs)
     winner = stand_in(study, space, objective, costs)  # the confirmation's analysis runs once per estimate
     confirm_s, verdict_s = phase_costs(study, space, objective, settings, costs, winner)
+    k, cores = flight_of(study, settings), len(os.sched_getaffinity(0))
+    if k > 1:  # the timed parts: a search run's windows; a phase's processes at the side-by-side cap at most
+        start = costs.start_s if costs.start_s is not None else costs.eager_s - settings.measure.max_timed_s
+        search_s = in_flight_wall(search_s, left * (costs.eager_s - start), k, cores)
+        timed = settings.compare.decided_processes * settings.compare.max_timed_s
+        confirm_s, verdict_s = (in_flight_wall(s, timed, k, cores) for s in (confirm_s, verdict_s))
     warm_start_s = costs.warm_s if settings.study.warm_start and trial_compiles(
         winner) else 0.0
     return StudyEstimate(search_s=search_s, confirm_s=confirm_s, verdict_s=verdict_s, warm_start_s=warm_start_s,
-                         trials_left=left, costs=costs)
+                         trials_left=left, costs=costs, in_flight=k)
 
 
 def announce(found: StudyEstimate | None, settings: Settings) -> StudyEstimate | None:

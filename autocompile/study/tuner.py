@@ -34,6 +34,7 @@ from autocompile.study.records.context import StudyContext
 from autocompile.study.records.objective import LatestBest, Objective, PruneRule, near_misses
 from autocompile.study.records.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
 from autocompile.study.records.optuna_store import (
+    IN_FLIGHT,
     counted,
     feasible,
     file_lock,
@@ -62,14 +63,6 @@ log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 FAILURE_GUARD_MIN_TRIALS = 5
-
-
-class StudyFailing(RuntimeError):
-    """Most trials fail: the workload or the environment is broken, not the configurations."""
-
-
-class StudyInterrupted(RuntimeError):
-    """Ctrl-C: running trials were stopped and queued again; the same command resumes the study."""
 
 
 def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObserver | None = None) -> Outcome:
@@ -108,6 +101,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
         if found is not None and found.get("compile_calls"):
             queue_as_written(study, space, found["compile_calls"])
     slots = flights(settings, reference_peak(found))  # the processes in flight, each on its slot's resources
+    study.set_user_attr(IN_FLIGHT, slots.count(slots[0]))
     agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)
     log.info("study %s: %d distinct configurations in the space, %d trials asked, %d in flight; storage %s",
              study.study_name, space.size(), settings.study.n_trials, len(slots), settings.study.storage or run_dir)
@@ -122,7 +116,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
             run.remeasure(slots, view)
     interrupted = budget.stop.is_set()
     if not interrupted and budget.stop_reason != "failure guard":
-        interrupted = run.phases(slots[0])
+        interrupted = run.phases(slots[0], slots.count(slots[0]))
     if not interrupted:
         winner = recommended(study, objective)[0]
         if settings.study.warm_start:
@@ -132,17 +126,6 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
             keep(answer, run_dir)
     return Outcome(study, space, objective, budget.stop_reason, time.time() - budget.started, interrupted,
                    len(budget.released))
-
-
-def ending_error(outcome: Outcome, settings: Settings, run_dir: Path) -> RuntimeError | None:
-    """What the command ends with after its report: interrupted, or stopped by the failure guard."""
-    if outcome.interrupted:
-        return StudyInterrupted(f"{outcome.released} running trial(s) stopped and queued again; rerun the same "
-                                f"command to resume the study in {run_dir}")
-    if outcome.stop_reason == "failure guard":
-        return StudyFailing(f"stopped: more than {settings.study.max_failure_rate:.0%} of trials failed; see "
-                            f"the reasons above and in {run_dir / 'trials'}")
-    return None
 
 
 @dataclass
@@ -220,7 +203,7 @@ class Runner:
         self.budget.extra = max(done - self.settings.study.n_trials, 0) + len(picked)
         self.search(slots, view)
 
-    def phases(self, resources: Resources) -> bool:
+    def phases(self, resources: Resources, in_flight: int = 1) -> bool:
         """After the search: the best programs and the baselines again; then the verdicts. True: interrupted."""
         s = self.settings.study
         if not (s.confirm_top or s.verdict_knobs() != []):
@@ -229,7 +212,7 @@ class Runner:
             with alone_on_the_machine(self.study, self.ctx.run_dir), \
                     self.observer.live(table=False) as view:
                 view.refresh(self.study.get_trials(deepcopy=False))
-                run_phases(self.study, self.ctx.space, self.ctx.objective, PhaseSettings.of(self.settings),
+                run_phases(self.study, self.ctx.space, self.ctx.objective, PhaseSettings.of(self.settings, in_flight),
                            lambda trial: self.repeat(trial, view, resources),
                            lambda trials: self.together(trials, view, resources),
                            lambda phase: expect_phase(self.remaining, phase))

@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psutil
 
@@ -107,7 +107,7 @@ class Member:
     def paused_within(self, start: float, end: float) -> float:
         return _overlap(self.pauses, start, end)
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, Any]:
         """What the result keeps (``TrialResult.lease``)."""
         return {"paused_s": round(sum(b - a for a, b in self.pauses), 3), "pauses": len(self.pauses),
                 "waited_s": round(sum(b - a for a, b in self.waits), 3),
@@ -128,6 +128,7 @@ class Machine:
         self.thread: threading.Thread | None = None
         self.guard: subprocess.Popen[bytes] | None = None
         self.last = time.time()
+        self.published = 0
 
     # -- what the launcher calls ---------------------------------------------------------------------------------
     def join(self, trial_dir: Path, names: tuple[str, ...], pids: list[int]) -> Member:
@@ -154,6 +155,11 @@ class Machine:
                 self.members.remove(member)
             if not self.members:
                 self._close()
+
+    def paused(self, trial_dir: Path) -> bool:
+        """Whether the process in ``trial_dir`` is paused now (the live view says so)."""
+        with self.lock:
+            return any(m.trial_dir == trial_dir and m.paused_since is not None for m in self.members)
 
     # -- the tick ----------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -197,7 +203,8 @@ class Machine:
         if member_only is None:
             dt, self.last = now - self.last, now
             running = [m for m in self.members if m.paused_since is None and m.wait_since is None]
-            if len(running) > 1:
+            self._publish(len(running))
+            if len(running) + self._running_elsewhere() > 1:
                 for m in running:
                     m.shared_compile_s += dt if m.compiling else 0.0
 
@@ -260,6 +267,32 @@ class Machine:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False
 
+    def _publish(self, running: int) -> None:
+        """How many of this tuner's processes run now (``active/PID``), for the other tuners' accounts."""
+        if running == self.published:
+            return
+        folder = lease_dir() / "active"
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f".{os.getpid()}.tmp"
+        tmp.write_text(str(running))
+        tmp.replace(folder / str(os.getpid()))
+        self.published = running
+
+    def _running_elsewhere(self) -> int:
+        """Processes the other tuners of this machine run now (a dead tuner's count is removed)."""
+        total = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(lease_dir() / "active"):
+                if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                    continue
+                if not psutil.pid_exists(int(entry.name)):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                    continue
+                with contextlib.suppress(FileNotFoundError, ValueError):
+                    total += int(Path(entry.path).read_text() or 0)
+        return total
+
     # -- pausing -----------------------------------------------------------------------------------------------
     def _pause(self, m: Member, now: float) -> None:
         if m.paused_since is None:
@@ -303,6 +336,9 @@ class Machine:
         for fd in self.probes.values():
             os.close(fd)
         self.probes = {}
+        with contextlib.suppress(FileNotFoundError):
+            (lease_dir() / "active" / str(os.getpid())).unlink()
+        self.published = 0
 
 
 def _tree(roots: list[int]) -> list[psutil.Process]:

@@ -60,7 +60,7 @@ MIN_PROCESS_BYTES = 1 << 30
 """What a CPU process holds at least (Python, torch, inductor's compile workers), whatever its model's peak."""
 
 
-def in_flight(settings: Settings, resources: Resources, peak_bytes: float | None) -> int:
+def in_flight(settings: Settings, resources: Resources, peak_bytes: float | None, memory: bool = True) -> int:
     """Trial processes in flight on one slot: ``launch.concurrency``, or what the slot allows: a compile keeps one
     core busy per process, and every process in flight holds its memory (paused ones too), ``peak_bytes`` (the
     reference run's peak, per process) with a margin, in the slot's GPU or the machine's free memory."""
@@ -70,7 +70,9 @@ def in_flight(settings: Settings, resources: Resources, peak_bytes: float | None
     cores = len(resources.cpus) or len(os.sched_getaffinity(0))
     by_cores = max(1, cores // nproc)
     need = max(peak_bytes or 0.0, 0.0) * MEMORY_MARGIN
-    if settings.device == "cuda":
+    if not memory:  # a quick answer (the estimate): the cores' bound alone
+        by_memory = AUTO_MAX
+    elif settings.device == "cuda":
         free = free_memory(resources.gpus[0] if resources.gpus else None)
         by_memory = int(free // need) if free and need else AUTO_MAX
     else:

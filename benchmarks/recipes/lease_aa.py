@@ -81,10 +81,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--keep", type=Path, default=None, help="keep the runs' directories here")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="autocompile-lease-aa-") as tmp:
-        root, lease_dir = Path(tmp), Path(tmp) / "lease"
+        root = args.keep or Path(tmp)
+        lease_dir = root / "lease"
         for i in range(args.repeats):
             rows.append(repeat(i, root, lease_dir))
             r = rows[-1]

@@ -8,7 +8,9 @@ import logging
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import optuna
 from filelock import Timeout
@@ -27,11 +29,32 @@ from autocompile.trial.launcher import INTERRUPT, Interrupted
 log = logging.getLogger(__name__)
 
 Measure = Callable[[optuna.Trial], None]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 
-def run_plan(study: optuna.Study, plan: list[Slot], measure: Measure) -> None:
-    """Measure every slot of ``plan`` not measured yet (a resumed study skips what it has)."""
+def fly(work: Callable[[T], R], items: list[T], in_flight: int) -> list[R]:
+    """``work`` on each of ``items``, ``in_flight`` at a time (threads: each launches a process, which compiles beside
+    the others and takes its turn on the device, :mod:`autocompile.trial.lease`); results in ``items``' order. Ctrl-C
+    or an error stops the launches still in flight (they measured nothing) before it goes on up."""
+    if in_flight <= 1 or len(items) <= 1:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(min(in_flight, len(items)), thread_name_prefix="flight") as pool:
+        futures = [pool.submit(work, item) for item in items]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            INTERRUPT.set()  # the pool's exit waits for the others: their launches end now
+            raise
+
+
+def run_plan(study: optuna.Study, plan: list[Slot], measure: Measure, in_flight: int = 1) -> None:
+    """Measure every slot of ``plan`` not measured yet (a resumed study skips what it has), ``in_flight`` at a
+    time."""
+    if in_flight > 1:
+        _run_plan_in_flight(study, plan, measure, in_flight)
+        return
     for slot in plan:
         while not slot_done(study, slot.key()):
             waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
@@ -44,6 +67,32 @@ def run_plan(study: optuna.Study, plan: list[Slot], measure: Measure) -> None:
                 trial = study.ask()  # the oldest waiting trial: ours, or one an interruption queued again
             set_attrs(trial, owner=owner())
             measure(trial)
+
+
+def _run_plan_in_flight(study: optuna.Study, plan: list[Slot], measure: Measure, in_flight: int) -> None:
+    """Every slot queued first, then ``in_flight`` workers ask and measure until none of it waits (a trial an
+    interruption queued again is measured too, as one at a time does)."""
+    lock = threading.Lock()
+    with lock:
+        busy = {key_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))}
+        for slot in plan:
+            if not slot_done(study, slot.key()) and slot.key() not in busy:
+                study.enqueue_trial(slot.params, user_attrs=user_attrs(
+                    phase=slot.phase, round=slot.round, label=slot.label,
+                    **{**slot.attrs, "method": method(study, slot.phase)["method"]}))
+
+    def worker(_: int) -> None:
+        while True:
+            with lock:
+                if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                    return
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
+                    trial = study.ask()
+                set_attrs(trial, owner=owner())
+            measure(trial)
+
+    fly(worker, list(range(min(in_flight, len(plan)))), in_flight)
 
 
 def slot_done(study: optuna.Study, key: tuple[str, int, str]) -> bool:

@@ -32,7 +32,7 @@ from autocompile.study.phases.plans import (
     winner_trial,
 )
 from autocompile.study.phases.racing import decided_early
-from autocompile.study.phases.repeats import Measure, run_plan, slot_done
+from autocompile.study.phases.repeats import Measure, fly, run_plan, slot_done
 from autocompile.study.phases.together import MeasureTogether, cold_of
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import (
@@ -71,13 +71,15 @@ class PhaseSettings:
     """The workload's environment (device, world size, structure), detected once."""
     cannot_share: Callable[[list[sidebyside.Member]], str | None]
     """Why candidates cannot share a process (:func:`sidebyside.cannot_share` with the study's settings)."""
+    in_flight: int = 1
+    """Processes in flight at once (``launch.concurrency``): they build beside each other, time one at a time."""
 
     @classmethod
-    def of(cls, settings: Settings) -> PhaseSettings:
+    def of(cls, settings: Settings, in_flight: int = 1) -> PhaseSettings:
         s = settings.study
         return cls(s.confirm_top, s.repeats, settings.compare.decided_processes, s.side_by_side, s.verdicts,
                    settings.objective.memory_limit_gb, "study.side_by_side=false", settings.env,
-                   functools.partial(sidebyside.cannot_share, settings=settings))
+                   functools.partial(sidebyside.cannot_share, settings=settings), in_flight)
 
 
 def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, settings: PhaseSettings,
@@ -119,7 +121,7 @@ def run_phases(study: optuna.Study, space: SearchSpace, objective: Objective, se
     log.info(describe_plan(f"verdict (at trial {winner.number}, {TrialRecord.of(winner).name})", plan))
     for r in range(s.repeats):  # round by round: a neighbour found identical in round 0 needs no more
         run_plan(study, [slot for slot in verdict_plan(study, winner, space, wanted, s.repeats) if slot.round == r],
-                 measure)
+                 measure, s.in_flight)
 
 
 def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpace, wanted: list[str] | None,
@@ -141,7 +143,7 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
              "search already), then side by side with the winner in %d fresh processes%s", winner.number, won.name,
              len(plan.neighbours), reused, settings.processes,
              f" ({', '.join(timed)}: timed beside it in every confirmation process already)" if timed else "")
-    run_plan(study, [n.cold for n in plan.neighbours], measure)
+    run_plan(study, [n.cold for n in plan.neighbours], measure, settings.in_flight)
     plan = verdict_side_plan(study, winner, space, wanted, settings.processes)  # with the cold runs' outcomes
     members = [Slot("verdict", 0, "winner", winner.params, user_attrs(
         candidate=winner.number, name=won.name, compile_s_cold=won.measured.compile_s, cold_trial=winner.number))]
@@ -160,7 +162,8 @@ def verdicts_together(study: optuna.Study, winner: FrozenTrial, space: SearchSpa
         def decided(r: int) -> set[str]:
             return decided_early(study, objective) if look is not None and r >= look else set()
 
-        why = run_together(study, rounds, measure, together, drop_failed=True, decided=decided)
+        why = run_together(study, rounds, measure, together, drop_failed=True, decided=decided, look=look,
+                           in_flight=settings.in_flight)
     if why:
         study.set_user_attr(VERDICT_LOOK, None)  # fresh-process rounds are read once
         set_method(study, "verdict", FRESH_PROCESSES, why)
@@ -200,17 +203,22 @@ SEARCH_ONLY = ("baseline", "remeasure_of", "retry_of", "candidate", "prune_ratio
 
 
 def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, together: MeasureTogether,
-                 drop_failed: bool = False, decided: Callable[[int], set[str]] | None = None) -> str | None:
-    """Each round of ``plan`` in one side-by-side process (a resumed study skips the rounds it has).
-    Returns why the candidates could not share a process, or None.
+                 drop_failed: bool = False, decided: Callable[[int], set[str]] | None = None, look: int | None = None,
+                 in_flight: int = 1) -> str | None:
+    """Each round of ``plan`` in one side-by-side process (a resumed study skips the rounds it has), ``in_flight``
+    processes at a time (a wave: they build beside each other and time one after another). Returns why the
+    candidates could not share a process, or None.
 
     ``drop_failed`` (verdicts): a candidate that failed beside the others leaves the later rounds and its verdict
     says why, while the winner and the rest stay side by side (a compiled winner's twelve neighbours otherwise
     all fell back to fresh processes, ±30-100 % instead of ±2 %, for one that could not share). Without it, or
     when the winner failed or fewer than two are left, the first failure returns its reason. ``decided(r)``: the
-    candidates decided before round ``r``, which leave it and the later ones (every one decided ends the phase)."""
+    candidates decided before round ``r``, which leave it and the later ones (every one decided ends the phase);
+    ``look``: the round where that is first read (no wave runs across it)."""
     told: set[str] = set()
-    for r in sorted({slot.round for slot in plan}):
+    rounds = sorted({slot.round for slot in plan})
+    while rounds:
+        r = rounds[0]
         dropped = failed_beside(study, plan[0].phase) if drop_failed else set()
         done = decided(r) if decided is not None else set()
         if done - told:
@@ -219,38 +227,47 @@ def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, togeth
             told |= done
         if done and len({slot.label for slot in plan if slot.label not in dropped | done}) < 2:
             return None  # every neighbour decided: nothing left to time beside the winner
-        slots = [slot for slot in plan if slot.round == r and not slot_done(study, slot.key())
-                 and slot.label not in dropped | done]
         if len({slot.label for slot in plan if slot.label not in dropped}) < 2:
             return f"{', '.join(sorted(dropped))} failed beside the others"
-        if not slots:
-            continue
-        keys = {slot.key() for slot in slots}
-        waiting = {key_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
-        for slot in slots:
-            if slot.key() not in waiting:
-                study.enqueue_trial(slot.params, user_attrs=user_attrs(
-                    phase=slot.phase, round=slot.round, label=slot.label,
-                    **{**slot.attrs, "method": SIDE_BY_SIDE}))
-        trials: dict[tuple[str, int, str], optuna.Trial] = {}
-        while len(trials) < len(keys):
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
-                trial = study.ask()
-            set_attrs(trial, owner=owner())
-            rec = TrialRecord.of(trial)
-            key = (rec.phase, rec.round, rec.label)
-            if key in keys and rec.method == SIDE_BY_SIDE:
-                trials[key] = trial
-            else:
-                measure(trial)  # another queued trial (one an interruption queued again): measured alone
-        why = together([trials[slot.key()] for slot in slots])
-        if why:
-            failed = failed_beside(study, plan[0].phase) & {slot.label for slot in slots}
-            if not drop_failed or "winner" in failed or len(slots) - len(failed) < 2:
-                return why
-            log.warning("%s round %d: %s; its verdict says so, the rest stay side by side", plan[0].phase, r, why)
+        wave = [q for q in rounds[:max(in_flight, 1)] if look is None or not r < look <= q]
+        rounds = rounds[len(wave):]
+        slots = {q: [slot for slot in plan if slot.round == q and not slot_done(study, slot.key())
+                     and slot.label not in dropped | done] for q in wave}
+        trials = _ask_rounds(study, [slot for q in wave for slot in slots[q]], measure)
+        wave = [q for q in wave if slots[q]]
+        groups = [[trials[slot.key()] for slot in slots[q]] for q in wave]
+        whys = fly(together, groups, in_flight)
+        for q, why in zip(wave, whys, strict=True):
+            if why:
+                failed = failed_beside(study, plan[0].phase) & {slot.label for slot in slots[q]}
+                if not drop_failed or "winner" in failed or len(slots[q]) - len(failed) < 2:
+                    return why
+                log.warning("%s round %d: %s; its verdict says so, the rest stay side by side", plan[0].phase, q, why)
     return None
+
+
+def _ask_rounds(study: optuna.Study, slots: list[Slot], measure: Measure) -> dict[tuple[str, int, str], optuna.Trial]:
+    """The trials of ``slots``, queued and asked (another queued trial met on the way, one an interruption queued
+    again, is measured alone)."""
+    keys = {slot.key() for slot in slots}
+    waiting = {key_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+    for slot in slots:
+        if slot.key() not in waiting:
+            study.enqueue_trial(slot.params, user_attrs=user_attrs(
+                phase=slot.phase, round=slot.round, label=slot.label, **{**slot.attrs, "method": SIDE_BY_SIDE}))
+    trials: dict[tuple[str, int, str], optuna.Trial] = {}
+    while len(trials) < len(keys):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
+            trial = study.ask()
+        set_attrs(trial, owner=owner())
+        rec = TrialRecord.of(trial)
+        key = (rec.phase, rec.round, rec.label)
+        if key in keys and rec.method == SIDE_BY_SIDE:
+            trials[key] = trial
+        else:
+            measure(trial)
+    return trials
 
 
 def failed_beside(study: optuna.Study, phase: str) -> set[str]:
@@ -266,11 +283,11 @@ def together_or_fresh(study: optuna.Study, phase: str, plan: list[Slot], setting
     """``plan`` side by side when its candidates can share a process, else in fresh-process rounds."""
     if phase_method(study, phase, plan, settings, together) == SIDE_BY_SIDE:
         side = [Slot(s.phase, s.round, s.label, s.params, {**s.attrs, "method": SIDE_BY_SIDE}) for s in plan]
-        why = run_together(study, side, measure, together)  # type: ignore[arg-type]
+        why = run_together(study, side, measure, together, in_flight=settings.in_flight)  # type: ignore[arg-type]
         if why is None:
             return
         set_method(study, phase, FRESH_PROCESSES, why)
-    run_plan(study, plan, measure)
+    run_plan(study, plan, measure, settings.in_flight)
 
 
 def phase_method(study: optuna.Study, phase: str, plan: list[Slot], settings: PhaseSettings,

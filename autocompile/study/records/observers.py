@@ -94,3 +94,22 @@ class Outcome:
     """Ctrl-C or SIGTERM stopped it: running trials were queued again."""
     released: int
     """Trials stopped and queued again because of the interruption."""
+
+
+class StudyFailing(RuntimeError):
+    """Most trials fail: the workload or the environment is broken, not the configurations."""
+
+
+class StudyInterrupted(RuntimeError):
+    """Ctrl-C: running trials were stopped and queued again; the same command resumes the study."""
+
+
+def ending_error(outcome: Outcome, max_failure_rate: float, run_dir: Path) -> RuntimeError | None:
+    """What the command ends with after its report: interrupted, or stopped by the failure guard."""
+    if outcome.interrupted:
+        return StudyInterrupted(f"{outcome.released} running trial(s) stopped and queued again; rerun the same "
+                                f"command to resume the study in {run_dir}")
+    if outcome.stop_reason == "failure guard":
+        return StudyFailing(f"stopped: more than {max_failure_rate:.0%} of trials failed; see "
+                            f"the reasons above and in {run_dir / 'trials'}")
+    return None

@@ -41,6 +41,9 @@ WARM_START = "warm_start"
 EXPECTED = "expected_s"
 """The estimate each time it was made (``before_search``, ``after_search``, ``after_confirm``): seconds per part
 (``search``, ``confirm``, ``verdict``, ``warm_start``, ``total``) still to run then (``study/estimate.py``)."""
+IN_FLIGHT = "in_flight"
+"""The search's trial processes in flight per slot, as the tuner started them (``trial/slots.py:in_flight``): what
+the estimate prices (``study/estimate.py``)."""
 METHOD = {"confirm": "method.confirm", "verdict": "method.verdict"}
 """How each phase timed its candidates: ``{"method": Method, "why": ...}`` (``study/phases/together.py``)."""
 NOT_ASKED = "verdict.not_asked"

@@ -42,7 +42,8 @@ def _to_mapping(obj: Any) -> dict[str, Any]:
 MEASURED = ("status", "failure", "reason", "tokens_per_s", "throughput_unit", "step_s", "step_s_cv", "windows",
             "compile_s", "first_step_s", "peak_memory_bytes", "graph_count", "graph_breaks", "recompiles_timed", "mfu",
             "compiled", "wall_s", "losses", "tokens_per_s_windows", "environment", "fingerprint", "compiled_coverage",
-            "step_s_windows", "step_cpu_s_windows", "rewarm_steps", "timed_precision", "timed_s", "side_by_side")
+            "step_s_windows", "step_cpu_s_windows", "rewarm_steps", "timed_precision", "timed_s", "side_by_side",
+            "compile_cpu_s", "lease")
 """The fields of a process's :class:`TrialResult` kept on its trial (the ``result`` user attribute)."""
 
 

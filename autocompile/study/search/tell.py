@@ -23,8 +23,9 @@ from autocompile.config.knobs import TrialConfig, describe
 from autocompile.config.sections import Resources
 from autocompile.config.space import SearchSpace, identity
 from autocompile.study.records.context import StudyContext
+from autocompile.study.records.lone_compile import as_alone, lone_rate
 from autocompile.study.records.objective import LatestBest, Objective, PruneRule
-from autocompile.study.records.optuna_store import heartbeat, tell
+from autocompile.study.records.optuna_store import heartbeat, measured_trials, tell
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
 from autocompile.study.search.numerics import numerics, reference
 from autocompile.study.search.warmstart import drop_cache
@@ -94,6 +95,8 @@ def measure_and_tell(ctx: StudyContext, trial: optuna.Trial, config: TrialConfig
     result = launch(trial_dir, spec,
                     cache_dir=cache_dir if cache_dir is not None else settings.cache_dir, should_stop=rule,
                     resources=resources, agents=ctx.agents)
+    # A compile that shared the machine with processes in flight: priced as a lone run's (its CPU seconds)
+    as_alone(result, lone_rate(TrialRecord.of(t).measured for t in measured_trials(study)))
     measured = Measurement.of(result)
     evidence = prune.evidence if prune is not None else None
     if measured.status == "pruned" and evidence:  # kept before the tell: a near miss is measured again

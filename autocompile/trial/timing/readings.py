@@ -158,6 +158,22 @@ def check_cuda_graphs(device: torch.device) -> None:
                                 "the process's stderr for the reason)")
 
 
+def tree_cpu_s() -> float:
+    """CPU seconds of this process and everything under it: its threads, reaped children (the C++ compiler's
+    processes) and live ones (inductor's compile workers), read from ``/proc`` through psutil."""
+    import psutil
+
+    own = os.times()
+    total = own.user + own.system + own.children_user + own.children_system
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:  # ended between the listing and the read: reaped, counted above once waited for
+            continue
+        total += times.user + times.system
+    return total
+
+
 def dynamo_compile_times() -> dict[str, float]:
     """Dynamo's own seconds per compile phase (``torch._dynamo.utils.compile_times``)."""
     return compile_times()

@@ -19,7 +19,7 @@ from typing import Any, TypedDict
 SOMETIMES = frozenset({"failure", "reason", "rank", "sharded", "script", "optimizer_steps", "flops_source",
                        "recompile_reasons", "dynamo_compile_s", "compile_artifacts", "artifacts_loaded",
                        "label", "warm_s", "stalled_windows", "candidates", "order", "rounds",
-                       "wall_s", "trial_dir", "resources", "lease"})
+                       "wall_s", "trial_dir", "resources", "lease", "compile_cpu_s"})
 """Fields only some producers or outcomes write: left out of the JSON when None (a failure has no
 ``sharded``, a model trial no ``script``). Every other field of a one-candidate process is written, None
 included, as the worker always wrote it; a side-by-side process and each of its candidates write only what they
@@ -115,7 +115,11 @@ class TrialResult:
     sharded: list[str] | None = None
     """What FSDP2 sharded (the model path)."""
     compile_s: float | None = None
-    """The warm-up's wall seconds beyond what its steps cost at the steady state."""
+    """The warm-up's wall seconds beyond what its steps cost at the steady state (less what the lease paused of it;
+    with other processes in flight, a lone run's estimate: ``lease["compile_wall_s"]`` keeps the wall one)."""
+    compile_cpu_s: float | None = None
+    """CPU seconds of the process tree (inductor's compile workers included) over the warm-up, beyond what its
+    steps cost at the steady state: what another process compiling beside it does not change."""
     first_step_s: float | None = None
     """Wall seconds of the first warm-up step."""
     warmup_step_s: list[float] | None = None
@@ -208,10 +212,12 @@ class TrialResult:
     """The launcher's: the directory the process ran in (its logs, inductor cache, compile artifacts)."""
     resources: dict[str, list[int]] | None = None
     """The launcher's: the CPUs and GPUs it was pinned to (``cpus``, ``gpus``), when it was."""
-    lease: dict[str, float] | None = None
+    lease: dict[str, Any] | None = None
     """The launcher's: seconds paused while another process timed (``paused_s``, ``pauses``; ``compile_paused_s``
     of them in its warm-up, taken out of ``compile_s``), waiting for its turn on the device (``waited_s``), and
-    compiling while another of its tuner's processes ran too (``shared_compile_s``): ``trial.lease``."""
+    compiling while another process in flight on this machine ran too (``shared_compile_s``): ``trial.lease``; with
+    ``compile_wall_s`` and ``compile_basis`` when ``compile_s`` is a lone run's estimate
+    (``study.records.lone_compile``)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this version does not declare (from a newer one, or the launcher's own): kept and written back."""
 

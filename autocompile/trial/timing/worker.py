@@ -60,6 +60,7 @@ from autocompile.trial.timing.readings import (  # noqa: E402
     recompile_reasons,
     reset_peak_memory,
     set_graphs,
+    tree_cpu_s,
 )
 from autocompile.trial.timing.result import TrialResult  # noqa: E402
 from autocompile.trial.timing.rounds import Rounds, set_timing  # noqa: E402
@@ -133,7 +134,9 @@ class Trial(ModelProcess):
 
         align(self.world_size)  # rank 0 counted FLOPs alone: not in the others' first warm-up step
         warmup = warmup_steps(spec)
+        cpu_before = tree_cpu_s()  # a compile's CPU seconds: what a process compiling beside it barely changes
         warm_up(built, warmup, self.sync, self.progress)
+        warm_cpu_s = tree_cpu_s() - cpu_before
         losses, warm_s, program = built.losses, built.warm_s, built.program
         self.timeline["warmup_done"] = time.time()
         self.progress("compiled", **program)
@@ -173,6 +176,8 @@ class Trial(ModelProcess):
             environment=environment(self.device, self.rank, spec.threads))
         # the slowest rank sets the pace of a synchronous job (the windows are every rank's slowest already)
         set_timing(result, timed, reduce_max(warm_s), warmup, window_steps, self.world_size)
+        steady_cpu = statistics.median(timed.cpu_s) if timed.cpu_s else 0.0
+        result.compile_cpu_s = max(0.0, reduce_max([warm_cpu_s])[0] - (warmup + timed.rewarm_steps) * steady_cpu)
         set_graphs(result)
         result.peak_memory_bytes, result.warmup_peak_memory_bytes = self.memory(built, warmup_peak)
         result.memory_source = memory_source
