@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autocompile.study.records.lone_compile import MIN_LONE, PRIOR_RATE, as_alone, lone_rate
+from autocompile.study.records.lone_compile import MIN_LONE, PRIOR_RATE, as_alone, describe, lone_rate
 from autocompile.trial.timing.result import TrialResult
 
 
@@ -29,3 +29,7 @@ def test_a_shared_compile_is_its_cpu_seconds_at_the_rate_of_the_studys_lone_comp
     alone = compiled(20.0, 24.6, 1.0)  # shared for 5 % of it: alone, its wall stands
     as_alone(alone, (rate, basis))
     assert alone.compile_s == 20.0 and "compile_wall_s" not in (alone.lease or {})
+    said = describe([shared, alone])
+    assert said is not None and said.startswith("1 of 2 compiles shared the machine") and basis in said
+    assert f"x{26.1 / shared.compile_s:.2f}" in said
+    assert describe([alone]) is None

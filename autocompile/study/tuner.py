@@ -31,6 +31,7 @@ from autocompile.study.phases.repeats import alone_on_the_machine, measure_repea
 from autocompile.study.phases.run import PhaseSettings, run_phases
 from autocompile.study.phases.together import measure_together, process_dir
 from autocompile.study.records.context import StudyContext
+from autocompile.study.records.lone_compile import describe as describe_lone
 from autocompile.study.records.objective import LatestBest, Objective, PruneRule, near_misses
 from autocompile.study.records.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
 from autocompile.study.records.optuna_store import (
@@ -114,6 +115,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
         run.search(slots, view)
         if not budget.stop.is_set() and budget.stop_reason == f"{settings.study.n_trials} trials finished":
             run.remeasure(slots, view)
+    if said := describe_lone(TrialRecord.of(t).measured for t in measured_trials(study)):
+        log.info(said)
     interrupted = budget.stop.is_set()
     if not interrupted and budget.stop_reason != "failure guard":
         interrupted = run.phases(slots[0], slots.count(slots[0]))

@@ -1,10 +1,11 @@
 """The device lease's A/A: one candidate measured alone, and measured while another candidate compiles beside it.
 
-Each repeat runs ``task=measure`` of candidate A alone, then A and B at once (two tuners: the lease is the
+Each repeat runs ``task=measure`` of candidate A alone (and B alone), then A and B at once (two tuners: the lease is the
 machine's, so B's compile is paused while A times, and A's while B times). The order alternates between repeats so
 drift hits both arms alike. Printed: A's step time beside / alone (paired by repeat, a t interval over repeats),
-A's and B's compile time beside / alone with the spread of the alone compiles, and what the lease recorded
-(seconds paused, seconds compiling while another process ran).
+A's compile time beside / alone with the spread of the alone compiles, what a study would price each shared compile
+at (its CPU seconds at the lone compiles' rate, ``study.records.lone_compile``) against its lone wall, and what the
+lease recorded (seconds paused, seconds compiling while another process ran).
 
     python benchmarks/recipes/lease_aa.py --repeats 5 --out benchmarks/results/cpu-2core/issue51/lease_aa.json
 """
@@ -49,7 +50,10 @@ def finish(proc: subprocess.Popen[bytes]) -> None:
 
 
 def row(r: dict[str, Any]) -> dict[str, Any]:
-    return {"step_s": r["step_s"], "compile_s": r["compile_s"], "wall_s": r["wall_s"], "lease": r.get("lease")}
+    lease = r.get("lease") or {}
+    # task=measure prices nothing as alone: its wall compile time is the one to compare
+    return {"step_s": r["step_s"], "compile_s": lease.get("compile_wall_s", r["compile_s"]),
+            "compile_cpu_s": r.get("compile_cpu_s"), "wall_s": r["wall_s"], "lease": lease}
 
 
 def repeat(i: int, root: Path, lease_dir: Path) -> dict[str, Any]:
@@ -58,10 +62,13 @@ def repeat(i: int, root: Path, lease_dir: Path) -> dict[str, Any]:
     for arm in arms:
         base = root / f"r{i}-{arm}"
         t0 = time.time()
-        if arm == "alone":
+        if arm == "alone":  # A alone, then B alone: each compile's lone wall and rate
             a = start(A, base / "a", lease_dir)
             finish(a)
-            out["alone"] = {"a": row(result(base / "a")), "wall_s": time.time() - t0}
+            wall = time.time() - t0
+            b = start(B, base / "b", lease_dir)
+            finish(b)
+            out["alone"] = {"a": row(result(base / "a")), "b": row(result(base / "b")), "wall_s": wall}
         else:
             a, b = start(A, base / "a", lease_dir), start(B, base / "b", lease_dir)
             finish(a)
@@ -98,17 +105,30 @@ def main() -> int:
     comp = interval([math.log(r["beside"]["a"]["compile_s"] / r["alone"]["a"]["compile_s"]) for r in rows])
     alone_c = [r["alone"]["a"]["compile_s"] for r in rows]
     spread = statistics.stdev(alone_c) / statistics.fmean(alone_c) if len(alone_c) > 1 else math.nan
+    # What the study prices a shared compile at (study.records.lone_compile): its CPU seconds at the rate of the lone
+    # compiles, here A's and B's own alone runs pooled as a study's would be.
+    rate = statistics.median(r["alone"][k]["compile_cpu_s"] / r["alone"][k]["compile_s"] for r in rows
+                             for k in ("a", "b"))
+    priced = interval([math.log(r["beside"]["a"]["compile_cpu_s"] / rate / r["alone"]["a"]["compile_s"])
+                       for r in rows])
+    priced_b = interval([math.log(r["beside"]["b"]["compile_cpu_s"] / rate / r["alone"]["b"]["compile_s"])
+                         for r in rows])
     summary = {
         "a": A, "b": B, "common": COMMON, "repeats": args.repeats,
         "step_beside_over_alone": {"ratio": step[0], "low": step[1], "high": step[2]},
         "compile_beside_over_alone": {"ratio": comp[0], "low": comp[1], "high": comp[2]},
         "alone_compile_cv": spread,
+        "lone_rate": rate,
+        "a_priced_as_alone_over_alone": {"ratio": priced[0], "low": priced[1], "high": priced[2]},
+        "b_priced_as_alone_over_alone": {"ratio": priced_b[0], "low": priced_b[1], "high": priced_b[2]},
         "wall_beside_s": statistics.median(r["beside"]["wall_s"] for r in rows),
         "wall_alone_a_s": statistics.median(r["alone"]["wall_s"] for r in rows),
     }
     print(f"\nA's step time beside B / alone: {step[0]:.3f} [{step[1]:.3f}, {step[2]:.3f}] (95% t, {args.repeats} "
           f"repeats)\nA's compile beside B / alone: {comp[0]:.3f} [{comp[1]:.3f}, {comp[2]:.3f}]; the alone "
-          f"compiles' spread (cv) {spread:.1%}")
+          f"compiles' spread (cv) {spread:.1%}\npriced as alone (CPU s at the lone rate {rate:.2f}) / alone: A "
+          f"{priced[0]:.3f} [{priced[1]:.3f}, {priced[2]:.3f}], B {priced_b[0]:.3f} [{priced_b[1]:.3f}, "
+          f"{priced_b[2]:.3f}]")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))

@@ -206,8 +206,9 @@ def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, togeth
                  drop_failed: bool = False, decided: Callable[[int], set[str]] | None = None, look: int | None = None,
                  in_flight: int = 1) -> str | None:
     """Each round of ``plan`` in one side-by-side process (a resumed study skips the rounds it has), ``in_flight``
-    processes at a time (a wave: they build beside each other and time one after another). Returns why the
-    candidates could not share a process, or None.
+    processes at a time (a wave, up to the next look: they build beside each other and time one after another; a
+    candidate that failed beside the others leaves the rounds after the wave). Returns why the candidates could not
+    share a process, or None.
 
     ``drop_failed`` (verdicts): a candidate that failed beside the others leaves the later rounds and its verdict
     says why, while the winner and the rest stay side by side (a compiled winner's twelve neighbours otherwise
@@ -229,7 +230,8 @@ def run_together(study: optuna.Study, plan: list[Slot], measure: Measure, togeth
             return None  # every neighbour decided: nothing left to time beside the winner
         if len({slot.label for slot in plan if slot.label not in dropped}) < 2:
             return f"{', '.join(sorted(dropped))} failed beside the others"
-        wave = [q for q in rounds[:max(in_flight, 1)] if look is None or not r < look <= q]
+        # A wave runs to the next look (or the end), in_flight processes at a time: no barrier between its rounds
+        wave = [q for q in (rounds if in_flight > 1 else rounds[:1]) if look is None or not r < look <= q]
         rounds = rounds[len(wave):]
         slots = {q: [slot for slot in plan if slot.round == q and not slot_done(study, slot.key())
                      and slot.label not in dropped | done] for q in wave}

@@ -62,3 +62,17 @@ def as_alone(result: TrialResult, rate: tuple[float, str]) -> None:
     result.compile_s = result.compile_cpu_s / rate[0]
     lease["compile_basis"] = rate[1]
     result.lease = lease
+
+
+def describe(results: Iterable[TrialResult]) -> str | None:
+    """How many of a study's compiles shared the machine and were priced as alone, on what, and how far their wall
+    was from it (None when none shared)."""
+    measured = [r for r in results if r.compile_s is not None]
+    priced = [r for r in measured if r.lease and "compile_wall_s" in r.lease]
+    if not priced:
+        return None
+    over = statistics.median(r.lease["compile_wall_s"] / r.compile_s for r in priced if r.lease and r.compile_s)
+    basis = priced[-1].lease.get("compile_basis", "") if priced[-1].lease else ""
+    return (f"{len(priced)} of {len(measured)} compiles shared the machine with processes in flight: each priced as "
+            f"a lone run's, its CPU seconds at {basis} (their wall took x{over:.2f} that, median; kept as "
+            "compile_wall_s in each result)")
