@@ -60,7 +60,8 @@ HINT = "study.n_trials, study.verdicts and measure.max_timed_s trade it down"
 CPU_PER_PROCESS = 1.3
 """Cores a trial process keeps busy outside its timed windows, on average over its start, imports, build and compile
 (inductor compiles kernels in worker processes): what bounds how many processes in flight overlap usefully on a
-machine's cores. Measured on the 2-core VM (benchmarks/results/cpu-2core/issue51/cpu_per_process.txt)."""
+machine's cores. Measured on the 2-core VM: a lone compile's CPU seconds per wall second, 1.17-1.25 over the default
+gpt2-tiny study's compiles (benchmarks/results/cpu-2core/issue51/README.md)."""
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """A compile that shared the machine, as a lone run would have taken it: what the objective and the report read.
 
 With processes in flight (``launch.concurrency``) a compile often runs while another process builds or compiles: on
-a CPU they share the cores, and its wall time grows (1.33x [1.16, 1.52] for gpt2-tiny's module compile beside a
-train-step compile on the 2-core VM, ``benchmarks/results/cpu-2core/issue51/lease_aa.txt``), while the CPU seconds
-it needs barely move. A compile that shared the machine for more than :data:`SHARED_MAX` of it is priced as its CPU
-seconds (``TrialResult.compile_cpu_s``) over the rate at which this study's compiles that ran alone turned CPU
-seconds into wall seconds (:func:`lone_rate`; before there are :data:`MIN_LONE` of them, :data:`PRIOR_RATE`). The wall
+a CPU they share the cores, and its wall time grows (1.33-1.38x for gpt2-tiny's module compile beside a train-step
+compile on the 2-core VM, ``benchmarks/results/cpu-2core/issue51/README.md``), while the CPU seconds it needs grow
+by 3-11 % (so the price below errs high by about that). A compile that shared the machine for more than
+:data:`SHARED_MAX` of it is priced as its CPU seconds (``TrialResult.compile_cpu_s``) over the rate at which this
+study's compiles that ran alone turned CPU seconds into wall seconds (:func:`lone_rate`; before there are :data:`MIN_LONE` of them, :data:`PRIOR_RATE`). The wall
 it took stays in ``lease["compile_wall_s"]``; the rate, what it stood on and its spread in
 ``lease["compile_basis"]``. Pauses (another process timing) are never compile time: the launcher took them out.
 """
@@ -24,8 +24,8 @@ MIN_LONE = 2
 PRIOR_RATE = 1.2
 """CPU seconds per wall second of a lone compile before the study has measured its own: Python's tracing keeps one
 core busy, inductor's C++ compiles a second one part of the time (gpt2-tiny on the 2-core VM: 1.23 for the module
-compile in four runs, 1.19 for the train step's, ``benchmarks/results/cpu-2core/issue51/lease_aa.txt``). A machine of
-many cores compiles wider: there the study's own lone compiles replace it."""
+compile, 1.19 for the train step's, the same in every repeat, ``benchmarks/results/cpu-2core/issue51/README.md``). A
+machine of many cores compiles wider: there the study's own lone compiles replace it."""
 
 
 def shared_share(result: TrialResult) -> float:
