@@ -5,9 +5,10 @@ a CPU they share the cores, and its wall time grows (1.33-1.38x for gpt2-tiny's 
 compile on the 2-core VM, ``benchmarks/results/cpu-2core/issue51/README.md``), while the CPU seconds it needs grow
 by 3-11 % (so the price below errs high by about that). A compile that shared the machine for more than
 :data:`SHARED_MAX` of it is priced as its CPU seconds (``TrialResult.compile_cpu_s``) over the rate at which this
-study's compiles that ran alone turned CPU seconds into wall seconds (:func:`lone_rate`; before there are :data:`MIN_LONE` of them, :data:`PRIOR_RATE`). The wall
-it took stays in ``lease["compile_wall_s"]``; the rate, what it stood on and its spread in
-``lease["compile_basis"]``. Pauses (another process timing) are never compile time: the launcher took them out.
+study's compiles that ran alone turned CPU seconds into wall seconds (:func:`lone_rate`; before there are
+:data:`MIN_LONE` of them, :data:`PRIOR_RATE`). The wall it took stays in ``lease["compile_wall_s"]``; the rate, what it
+stood on and its spread in ``lease["compile_basis"]``. Pauses (another process timing) are never compile time: the
+launcher took them out.
 """
 
 from __future__ import annotations
