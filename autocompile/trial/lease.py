@@ -194,7 +194,10 @@ class Machine:
             elif not pause and m.paused_since is not None:
                 self._resume(m, now)
         for m in self.members:
-            if m.holds and not m.granted and now - (m.taken_at or now) >= self.settle_s:
+            # Written again whenever it is missing: another launch in the same directory (two tuners measuring one
+            # study's reference) removes it, and a process never granted would hold the machine's lock for ever.
+            if m.holds and not m.turn_over and now - (m.taken_at or now) >= self.settle_s and (
+                    not m.granted or not (m.trial_dir / GRANTED).exists()):
                 (m.trial_dir / GRANTED).write_text(json.dumps({"time": now, "names": list(m.names)}))
                 m.granted = True
                 if m.wait_since is not None:
