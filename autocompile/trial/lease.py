@@ -216,6 +216,8 @@ class Machine:
         path = m.trial_dir / "progress.jsonl"
         try:
             with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < m.offset:  # replaced by another launch in the same directory
+                    m.offset = 0
                 f.seek(m.offset)
                 data = f.read()
         except FileNotFoundError:
