@@ -26,7 +26,7 @@ import optuna
 from autocompile.config.choices import Knobs
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.settings import Settings
-from autocompile.study.records.optuna_store import REFERENCE
+from autocompile.study.records.optuna_store import REFERENCE, file_lock
 from autocompile.trial.launcher import launch
 from autocompile.trial.timing.result import TrialResult
 
@@ -118,6 +118,13 @@ def ensure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -> 
     the next of :func:`attempts`."""
     if (found := reference(study)) is not None:
         return found
+    with file_lock(run_dir / "reference.lock"):  # tuners of one study: one measures it, in one directory
+        if (found := reference(study)) is not None:
+            return found
+        return _measure_reference(study, settings, run_dir)
+
+
+def _measure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -> Reference | None:
     failed: list[OutOfMemory] = []
     result = TrialResult(status="failed", reason="no reference to measure")
     for name, what, knobs in attempts(settings):
