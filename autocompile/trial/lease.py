@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -48,7 +49,12 @@ Interval = tuple[float, float]
 
 def lease_dir() -> Path:
     """Where the machine's lock files are: ``AUTOCOMPILE_LEASE_DIR``, or the user's cache."""
-    given = os.environ.get("AUTOCOMPILE_LEASE_DIR")
+    return _lease_dir(os.environ.get("AUTOCOMPILE_LEASE_DIR", ""))
+
+
+@functools.cache
+def _lease_dir(given: str) -> Path:
+    # Made once per directory: the tick reads it 50 times a second.
     root = Path(given) if given else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autocompile"
     path = root if given else root / "lease"
     path.mkdir(parents=True, exist_ok=True)
