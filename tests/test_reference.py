@@ -48,7 +48,8 @@ def test_a_reference_that_fits_only_in_bf16_is_measured_so_and_says_it(tmp_path:
     assert ref is not None and ref["knobs"] == {**REFERENCE_KNOBS, "ac.policy": "block", "amp.dtype": "bfloat16"}
     assert len(ref["out_of_memory"]) == 2  # fp32, then fp32 checkpointed
     assert "bfloat16" in numerics(ref) and numerics(ref).startswith("checked against eager")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["reference", "reference_ac", "reference_bfloat16"]
+    made = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())  # beside the lock the tuners share
+    assert made == ["reference", "reference_ac", "reference_bfloat16"]
 
 
 @pytest.mark.integration  # a real launch per fallback (20-30 s each on 2 cores)

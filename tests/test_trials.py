@@ -43,7 +43,8 @@ def test_every_scope_amp_and_placement_order_runs_ok(tmp_path: Path) -> None:
         assert bool(result["compiled"]) == (knobs["compile.scope"] != "none")
         assert result["environment"]["world_size"] == 1
         assert set(wall_split(TrialResult.from_json(result))) == {
-            "overhead_start_s", "overhead_imports_s", "overhead_build_s", "warmup_s", "timed_s", "teardown_s"}
+            "overhead_start_s", "overhead_imports_s", "overhead_build_s", "warmup_s", "waited_s", "timed_s",
+            "teardown_s"}
         trial_dir = Path(result["trial_dir"])
         # One process runs its worker with plain python (measure.launcher=auto); the replay line says so.
         assert "-m autocompile.trial.timing.worker" in (trial_dir / "cmd.txt").read_text().splitlines()[0]

@@ -74,7 +74,7 @@ def measurement_table(result: TrialResult, name: str) -> Table:
     if split:
         paused = (result.lease or {}).get("paused_s", 0.0)
         table.add_row("wall time", f"{result.wall_s:.1f} s = " + ", ".join(
-            f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f}" for k, v in split.items())
+            f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f}" for k, v in split.items() if v or k != "waited_s")
             + (f" (paused {paused:.1f} s of it while other processes timed)" if paused else ""))
     elif result.wall_s is not None:
         table.add_row("wall time", f"{result.wall_s:.1f} s")
