@@ -48,6 +48,12 @@ def test_each_committed_record_loads(path: Path, tmp_path: Path) -> None:
         assert data["wall_s"] > 0 and len(data["candidates"]) >= 2
         assert len({len(c["step_s_windows"]) for c in data["candidates"]}) == 1  # one window each per round
         assert (path.parent / "progress.jsonl").is_file()
+    elif path.name.startswith("lease_aa_paired"):  # benchmarks/recipes/lease_aa_paired.py: window by window
+        summary = data["summary"]
+        assert summary["rounds"] == len(data["rows"]) >= 2
+        for which in ("windows", "first_window"):
+            for arm in ("alone2", "paused", "beside"):
+                assert summary[which][arm]["low"] <= summary[which][arm]["ratio"] <= summary[which][arm]["high"]
     elif path.name.startswith("lease_aa"):  # benchmarks/recipes/lease_aa.py: one candidate alone and beside another
         summary = data["summary"]
         assert summary["repeats"] == len(data["rows"]) >= 2
