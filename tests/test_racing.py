@@ -15,7 +15,7 @@ from scipy.stats import t as student_t
 
 from autocompile.config.settings import ObjectiveSettings, StudySettings
 from autocompile.config.spec import MeasureSettings
-from autocompile.study.phases.confirmation import confirmed
+from autocompile.study.phases.confirmation import INCUMBENT, confirmed
 from autocompile.study.phases.racing import verdicts
 from autocompile.study.records.objective import Objective
 from autocompile.study.statistics.intervals import paired_ratio
@@ -124,6 +124,37 @@ def test_the_confirmed_winner_is_the_simplest_of_those_that_tie_within_the_margi
     outcome = confirmed(clear, throughput)
     assert outcome is not None and outcome.winner is not None
     assert outcome.winner.name == "fancy" and outcome.beats_default_compile
+
+
+def test_a_known_winner_reverified_is_kept_unless_a_candidate_is_measurably_faster() -> None:
+    """study.reuse: the race's incumbent leads unless beaten beyond the noise; a lower mean inside it does not flip
+    the recommendation (the mean rule recommends fancy here), a clearly faster program still does."""
+    throughput = Objective(ObjectiveSettings(kind="throughput"))
+    configs = {"compile": {"compile.scope": "module"},
+               "fancy": {"compile.scope": "regional", "compile.mode": "max-autotune-no-cudagraphs"}}
+
+    def reverified(steps: dict[str, list[float]]) -> optuna.Study:
+        study = optuna.create_study(directions=["minimize"])
+        for label in steps:  # the search trials (numbers 0, 1), whose identities the race reads
+            study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+                "phase": "search", "identity": f"id-{label}", "config": configs[label], "result": {"status": "ok"}}))
+        for number, (label, values) in enumerate(steps.items()):
+            for r, s in enumerate(values):
+                repeat(study, "confirm", r, f"#{number}", s, candidate=number, config=configs[label], name=label,
+                       baseline=label if label != "fancy" else None, compile_s_cold=0.0)
+        study.set_user_attr(INCUMBENT, "id-compile")
+        return study
+
+    within = confirmed(reverified({"compile": [0.0200, 0.0210, 0.0195], "fancy": [0.0195, 0.0212, 0.0190]}),
+                       throughput)
+    assert within is not None and within.winner is not None
+    assert within.winner.name == "compile" and within.leader == within.incumbent == "#0" and not within.decided
+    assert "the known winner compile is kept" in within.conclusion and "fastest on average" not in within.conclusion
+    assert {c.label: c.status for c in within.candidates}["#1"] == "undetermined"
+    faster = confirmed(reverified({"compile": [0.0200, 0.0210, 0.0195], "fancy": [0.0150, 0.0158, 0.0147]}),
+                       throughput)
+    assert faster is not None and faster.winner is not None
+    assert faster.winner.name == "fancy" and faster.incumbent == "#0" and "is kept" not in faster.conclusion
 
 
 def test_an_interval_wider_than_the_margin_is_undetermined_and_the_best_mean_is_recommended() -> None:

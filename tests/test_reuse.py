@@ -18,7 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autocompile.config.settings import Settings
-from autocompile.config.space import SearchSpace
+from autocompile.config.space import SearchSpace, identity
 from autocompile.study.answers import (
     ANSWER_TAG,
     Answer,
@@ -28,7 +28,8 @@ from autocompile.study.answers import (
     keep,
     read_file,
 )
-from autocompile.study.reuse import REUSED, start_from
+from autocompile.study.phases.confirmation import INCUMBENT
+from autocompile.study.reuse import REUSED, config_of, start_from
 from tests.conftest import cli_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,6 +152,8 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
     assert runs.study.n_trials == 3 and runs.study.confirm_top == 3 and runs.compare.decided_processes == 3
     assert runs.study.verdicts == "none" and not runs.study.warm_start and not runs.study.baselines
     assert study.user_attrs[REUSED]["exact"] and study.user_attrs[REUSED]["source"].startswith("file ")
+    # The race keeps the known winner unless a candidate is measurably faster (test_racing.py).
+    assert study.user_attrs[INCUMBENT] == identity(config_of(space, {"compile.scope": "train_step"}), settings.env)
     # Resumed: the same re-verification, nothing queued twice.
     again = start_from(study, space, exact, answer_key(settings))
     assert again.study.n_trials == 3 and len(study.get_trials(states=(TrialState.WAITING,))) == 3

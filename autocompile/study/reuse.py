@@ -3,7 +3,8 @@
 An exact answer (the same job on the same kind of machine and versions, :func:`answers.answer_key`) is re-verified:
 its recommendation and the baselines it must beat (eager, default ``torch.compile(model)``) are measured once each,
 briefly, and raced side by side in the fewest processes a decision needs; no other search, no verdicts, no warm
-start. Rivals its own study could not tell from it are not raced again (the report names that study, and a full
+start. The known winner stays the recommendation unless a candidate beats it beyond the noise today (the race's
+incumbent). Rivals its own study could not tell from it are not raced again (the report names that study, and a full
 study races them). The report says what was reused and from when, and what the race found today. A related answer
 (the same model and device, another batch size, world size or version) only orders the search: its ranking's first
 configurations are measured first, and the study runs in full. ``study.reuse=off`` ignores both.
@@ -23,6 +24,7 @@ from autocompile.config.knobs import KnobError, TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, CONFIRMED_BASELINES, SearchSpace, identity
 from autocompile.study.answers import Answer, AnswerKey, differences, find_in_store, read_file
+from autocompile.study.phases.confirmation import INCUMBENT
 from autocompile.study.records.record import user_attrs
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,8 @@ def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key:
     study.set_user_attr(REUSED, {"source": answer.source, "study": answer.study, "finished": answer.finished,
                                  "winner": answer.winner_name, "exact": exact, "differs": differs,
                                  "queued": queued, "decided": answer.decided})
+    if exact and (winner := config_of(space, answer.winner)) is not None:
+        study.set_user_attr(INCUMBENT, identity(winner, space.env))  # kept unless beaten beyond the noise
     if exact:
         log.info("reusing the answer of study %s (%s, %s): %s; re-verifying it against eager and default compile "
                  "side by side (study.reuse=off runs the full study)", answer.study, answer.finished, answer.source,
@@ -90,6 +94,15 @@ def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key:
     return settings
 
 
+def config_of(space: SearchSpace, flat: dict[str, Any]) -> TrialConfig | None:
+    """A recorded configuration as this study's space builds it; None (logged) where it is not valid here."""
+    try:
+        return TrialConfig.from_flat({**space.start(), **flat, **space.fixed}, space.env, strict=False)
+    except KnobError as exc:
+        log.info("a reused configuration is not valid here (%s): skipped", exc)
+        return None
+
+
 def enqueue(study: optuna.Study, space: SearchSpace, configs: list[dict[str, Any]], baselines: list[str]) -> int:
     """Queue each distinct valid configuration of ``configs``, then the ``baselines`` not among them, as search
     trials; returns how many. A configuration that is a baseline is queued as that baseline (the report's speedups
@@ -97,10 +110,7 @@ def enqueue(study: optuna.Study, space: SearchSpace, configs: list[dict[str, Any
     named = space.baseline_identities()
     seen: set[str | None] = set()
     for flat in configs:
-        try:
-            config = TrialConfig.from_flat({**space.start(), **flat, **space.fixed}, space.env, strict=False)
-        except KnobError as exc:
-            log.info("a reused configuration is not valid here (%s): skipped", exc)
+        if (config := config_of(space, flat)) is None:
             continue
         if (ident := identity(config, space.env)) not in seen:
             seen.add(ident)

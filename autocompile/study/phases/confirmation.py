@@ -36,6 +36,9 @@ from autocompile.study.statistics.intervals import (
     time_to_train,
 )
 
+INCUMBENT = "incumbent_identity"
+"""Study attribute: the identity of a known winner this study re-verifies (``study.reuse``): the race keeps it
+unless a candidate is measurably faster (:func:`autocompile.study.statistics.decisions.race`)."""
 Status = Literal["leader", "tied", "slower", "faster", "undetermined"]
 """A candidate against the leader (:func:`autocompile.study.statistics.decisions.classify`)."""
 
@@ -135,7 +138,9 @@ class Confirmation:
     candidates: list[RaceRow]
     reason: str = ""
     leader: str = ""
-    """The leader's label: the best mean score over rounds."""
+    """The leader's label: the best mean score over rounds, or the incumbent kept."""
+    incumbent: str = ""
+    """The known winner's label when the study re-verified one (:data:`INCUMBENT`) and raced it today."""
     tied_with_leader: list[str] = field(default_factory=list)
     tie_margin: float = 0.0
     decided: bool = False
@@ -164,7 +169,8 @@ class Confirmation:
             return {"winner": None, "reason": self.reason, "candidates": [c.as_dict() for c in self.candidates]}
         return {
             "winner": self.winner.as_dict(), "leader": self.leader, "speed_changes": self.speed_changes,
-            "tied_with_leader": self.tied_with_leader, "tie_margin": self.tie_margin, "decided": self.decided,
+            "incumbent": self.incumbent, "tied_with_leader": self.tied_with_leader, "tie_margin": self.tie_margin,
+            "decided": self.decided,
             "undetermined": [{"label": c.label, "name": c.name, "status": c.status,
                               "vs_leader": c.vs_leader.as_dict() if c.vs_leader else None,
                               "more_processes": c.more_processes, "decide": c.decide} for c in self.undetermined],
@@ -260,7 +266,9 @@ def confirmed(study: Study, objective: Objective) -> Confirmation | None:
         ratios[measured[i].label] = versus(measured[i], measured[j], objective, True, spread)
         return ratios[measured[i].label]
 
-    decision = race([mean_score(c) for c in measured], [simplicity(c.config) for c in measured], against, margin)
+    kept = incumbent_of(study, measured)
+    decision = race([mean_score(c) for c in measured], [simplicity(c.config) for c in measured], against, margin,
+                    kept)
     leader, winner = measured[decision.leader], measured[decision.winner]
     status: dict[str, Status] = {c.label: s for c, s in zip(measured, decision.status, strict=True)}  # type: ignore[misc]
     rows = []
@@ -280,16 +288,26 @@ def confirmed(study: Study, objective: Objective) -> Confirmation | None:
     undetermined = [row for row in rows if row.status in ("undetermined", "faster")]
     return Confirmation(
         winner=next(row for row in rows if row.label == winner.label), candidates=rows, leader=leader.label,
+        incumbent=measured[kept].label if kept is not None else "",
         tied_with_leader=[c.label for c in ties], tie_margin=margin, decided=decision.decided,
         compile_spread=spread, gains=gains, beats_default_compile=beats_compile,
         rounds=max(len(c.steps) for c in measured), method=method(study, "confirm"),
         windows=max(sum(map(len, c.windows.values())) for c in measured), speed_changes=changes,
-        conclusion="; ".join([conclusion(winner, leader, ties, compile_base, beats_compile, margin, undetermined),
-                              *changes]))
+        conclusion="; ".join([conclusion(winner, leader, ties, compile_base, beats_compile, margin, undetermined,
+                                         kept is not None and decision.leader == kept), *changes]))
+
+
+def incumbent_of(study: Study, measured: list[Candidate]) -> int | None:
+    """The index in ``measured`` of the known winner the study re-verifies, if it was raced today."""
+    if not (known := study.user_attrs.get(INCUMBENT)):
+        return None
+    ident = {t.number: TrialRecord.of(t).identity for t in study.get_trials(deepcopy=False)}
+    return next((i for i, c in enumerate(measured) if ident.get(c.number) == known), None)
 
 
 def conclusion(winner: Candidate, leader: Candidate, ties: list[Candidate], compile_base: Candidate | None,
-               beats_compile: bool, margin: float = 0.0, undetermined: list[RaceRow] | None = None) -> str:
+               beats_compile: bool, margin: float = 0.0, undetermined: list[RaceRow] | None = None,
+               kept: bool = False) -> str:
     if compile_base is None:
         lead = f"{winner.name or winner.label} leads (default compile was not raced)"
     elif beats_compile:
@@ -298,7 +316,10 @@ def conclusion(winner: Candidate, leader: Candidate, ties: list[Candidate], comp
         lead = "nothing beats default torch.compile(model) beyond the noise"
     tie = (f"; {len(ties)} candidates tie within +-{margin:.0%}, the simplest is recommended" if len(ties) > 1
            else "")
-    lead += tie + (f" (fastest on average: {leader.name or leader.label})" if leader is not winner else "")
+    if kept:
+        lead += f"; the known winner {leader.name or leader.label} is kept: nothing beat it beyond the noise today"
+    lead += tie + (f" (fastest on average: {leader.name or leader.label})" if leader is not winner and not kept
+                   else "")
     for u in undetermined or []:
         lead += f"; {u.name or u.label} vs the leader is undetermined ({u.decide or 'no interval: measure it again'})"
     return lead

@@ -209,7 +209,7 @@ class Race:
     """The confirmation's decision among candidates (indices into the caller's lists)."""
 
     leader: int
-    """The best mean score."""
+    """The best mean score, or the incumbent :func:`race` kept."""
     winner: int
     """The simplest of the leader and the candidates tied with it."""
     status: list[str]
@@ -225,13 +225,25 @@ class Race:
 
 
 def race(means: Sequence[float], simplicity: Sequence[tuple[int, ...]],
-         versus_leader: Callable[[int, int], Ratio | None], margin: float) -> Race:
+         versus_leader: Callable[[int, int], Ratio | None], margin: float, incumbent: int | None = None) -> Race:
     """The leader (lowest mean log score), each candidate's status against it (``versus_leader(i, leader)``
     is candidate ``i`` / leader), and the winner: the simplest of the leader and those tied with it within
     +-``margin``. An undetermined candidate is not recommended over the leader (it is worse on average
-    and not known to be within the margin): the report says how many processes would decide it."""
+    and not known to be within the margin): the report says how many processes would decide it.
+
+    ``incumbent``: a known winner being re-verified (``study.reuse``). It leads unless a candidate is measurably
+    faster than it (the interval beyond zero: 2.5 % of the time between equal programs), so a lower mean that
+    the noise allows never replaces a recommendation the team acts on."""
+    if incumbent is not None:
+        status = ["leader" if i == incumbent else classify(versus_leader(i, incumbent), margin)
+                  for i in range(len(means))]
+        if "faster" not in status:
+            return _decide(incumbent, status, means, simplicity)
     leader = min(range(len(means)), key=lambda i: means[i])
     status = ["leader" if i == leader else classify(versus_leader(i, leader), margin) for i in range(len(means))]
+    return _decide(leader, status, means, simplicity)
+
+
+def _decide(leader: int, status: list[str], means: Sequence[float], simplicity: Sequence[tuple[int, ...]]) -> Race:
     pool = [i for i, s in enumerate(status) if s in ("leader", "tied")]
-    winner = min(pool, key=lambda i: (simplicity[i], means[i]))
-    return Race(leader, winner, status)
+    return Race(leader, min(pool, key=lambda i: (simplicity[i], means[i])), status)
