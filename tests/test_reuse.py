@@ -17,6 +17,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autocompile.config.gpus import device_name
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace, identity
 from autocompile.study.answers import (
@@ -29,6 +30,8 @@ from autocompile.study.answers import (
     read_file,
 )
 from autocompile.study.phases.confirmation import INCUMBENT
+from autocompile.study.phases.racing import alone_noise
+from autocompile.study.records.compile_prior import MAX_LEARNED_DF, prior_for, record_prior, study_prior
 from autocompile.study.reuse import REUSED, config_of, start_from
 from tests.conftest import cli_in_process
 
@@ -37,11 +40,12 @@ Compose = Callable[..., Settings]
 GPT2 = ("+model=gpt2-tiny", "workload.device=cpu")
 
 
-def answer_for(settings: Settings, winner: dict, decided: bool = True) -> Answer:
+def answer_for(settings: Settings, winner: dict, decided: bool = True, priors: dict | None = None) -> Answer:
     key = answer_key(settings)
     return Answer(key.exact, key.related, key.fields, "earlier", "2026-11-29T00:00:00Z", winner,
                   ", ".join(f"{k}={v}" for k, v in winner.items()), decided,
-                  ranking=[winner, *({"compile.scope": scope} for scope in ("regional", "none", "module"))])
+                  ranking=[winner, *({"compile.scope": scope} for scope in ("regional", "none", "module"))],
+                  priors=priors or {})
 
 
 def test_an_answers_key_is_the_job_and_its_related_key_the_model_on_the_device(settings_for: Compose) -> None:
@@ -174,6 +178,34 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
     off = settings_for(*GPT2, "study.reuse=off", f"study.reuse_from={tmp_path / 'answer.json'}")
     study = optuna.create_study()
     assert start_from(study, space, off, answer_key(off)) is off and not study.trials
+
+
+def test_a_related_answer_lends_its_measured_noise_as_the_studys_priors(settings_for: Compose,
+                                                                        tmp_path: Path) -> None:
+    settings = settings_for(*GPT2, f"output_root={tmp_path}")
+    measured = {"device": device_name("cpu"), "compile_cv": 0.05, "compile_df": 20, "alone_noise": 0.031,
+                "alone_df": 6}
+    keep(answer_for(settings, {"compile.scope": "train_step"}, priors=measured), tmp_path)
+    bigger = settings_for(*GPT2, "workload.batch_size=4", f"study.reuse_from={tmp_path / 'answer.json'}")
+    study = optuna.create_study()
+    record_prior(study, prior_for(bigger))  # as open_for does before start_from
+    assert alone_noise(study) is None  # nothing measured: the rules' own prior
+    start_from(study, SearchSpace(bigger.env, bigger.fixed_knobs), bigger, answer_key(bigger))
+    # Its compile spread (20 df, at most 12 taken) outweighs the class's 8 df: it speaks alone.
+    prior = study_prior(study, bigger.objective)
+    assert prior.cv == pytest.approx(0.05) and prior.df == MAX_LEARNED_DF and "related study earlier" in prior.source
+    assert alone_noise(study) == pytest.approx(0.031)
+    assert study.user_attrs[REUSED]["priors"] == ["compile spread 5.0% on 12 df", "process noise 3.1%"]
+    # Measured on another device: nothing taken. objective.compile_cv given: the user's spread stands.
+    for other, overrides in (({**measured, "device": "elsewhere"}, ()), (measured, ("objective.compile_cv=0.2",))):
+        keep(answer_for(settings, {"compile.scope": "train_step"}, priors=other), tmp_path)
+        related = settings_for(*GPT2, "workload.batch_size=4", f"study.reuse_from={tmp_path / 'answer.json'}",
+                               *overrides)
+        study = optuna.create_study()
+        record_prior(study, prior_for(related))
+        start_from(study, SearchSpace(related.env, related.fixed_knobs), related, answer_key(related))
+        assert "related" not in study_prior(study, related.objective).source
+        assert (alone_noise(study) is None) == (other["device"] == "elsewhere")
 
 
 def test_bad_reuse_settings_fail_in_one_line(tmp_path: Path) -> None:

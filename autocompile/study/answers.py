@@ -27,6 +27,7 @@ from autocompile.config.knobs import KNOBS
 from autocompile.config.settings import Settings, versions
 from autocompile.study.phases.confirmation import confirmed
 from autocompile.study.phases.plans import ranked_trials, recommended
+from autocompile.study.phases.racing import compile_spread, study_noise
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.record import TrialRecord
 
@@ -122,6 +123,10 @@ class Answer:
     """The confirmation's other candidates, best first (at most :data:`RIVALS`)."""
     ranking: list[dict[str, Any]] = field(default_factory=list)
     """The search's feasible configurations, best first (a related study measures them first)."""
+    priors: dict[str, Any] = field(default_factory=dict)
+    """What its study measured of the machine's noise, for a related study to start from: ``compile_cv`` and
+    ``compile_df`` (one cold compile's spread, the study's own part), ``alone_noise`` and ``alone_df`` (step time
+    across fresh alone processes), ``device``; a key is absent where the study measured none."""
     source: str = ""
     """Where it was found: ``mlflow run <id>`` or a file (set on reading)."""
 
@@ -151,7 +156,19 @@ def answer_of(study: optuna.Study, objective: Objective, settings: Settings, key
     rec = TrialRecord.of(winner)
     return Answer(key.exact, key.related, key.fields, study.study_name,
                   time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rec.config, rec.name or "defaults",
-                  bool(race and race.decided and race.winner and race.winner.trial == winner.number), rivals, ranking)
+                  bool(race and race.decided and race.winner and race.winner.trial == winner.number), rivals, ranking,
+                  measured_priors(study, objective, settings))
+
+
+def measured_priors(study: optuna.Study, objective: Objective, settings: Settings) -> dict[str, Any]:
+    """What ``study`` measured of this machine's noise (:attr:`Answer.priors`)."""
+    found: dict[str, Any] = {"device": device_name(settings.device)}
+    spread = compile_spread(study, objective.settings)
+    if spread.measured_cv is not None and spread.measured_df >= 1:
+        found.update(compile_cv=spread.measured_cv, compile_df=spread.measured_df)
+    if (noise := study_noise(study, "alone")) is not None:
+        found.update(alone_noise=noise.rel_sd, alone_df=noise.df)
+    return found
 
 
 def keep(answer: Answer, run_dir: Path) -> Path:

@@ -6,8 +6,9 @@ briefly, and raced side by side in the fewest processes a decision needs; no oth
 start. The known winner stays the recommendation unless a candidate beats it beyond the noise today (the race's
 incumbent). Rivals its own study could not tell from it are not raced again (the report names that study, and a full
 study races them). The report says what was reused and from when, and what the race found today. A related answer
-(the same model and device, another batch size, world size or version) only orders the search: its ranking's first
-configurations are measured first, and the study runs in full. ``study.reuse=off`` ignores both.
+(the same model and device, another batch size, world size or version) orders the search and lends its priors: its
+ranking's first configurations are measured first, its measured compile spread and process noise stand in for the
+class priors until this study measures its own, and the study runs in full. ``study.reuse=off`` ignores both.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from typing import Any
 import optuna
 
 from autocompile.config.compare_settings import MIN_PROCESSES
+from autocompile.config.gpus import device_name
 from autocompile.config.knobs import KnobError, TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, CONFIRMED_BASELINES, SearchSpace, identity
 from autocompile.study.answers import Answer, AnswerKey, differences, find_in_store, read_file
 from autocompile.study.phases.confirmation import INCUMBENT
+from autocompile.study.phases.racing import NOISE_PRIOR
+from autocompile.study.records.compile_prior import MAX_LEARNED_DF, PRIOR_KEY, study_prior, with_learned
 from autocompile.study.records.record import user_attrs
 
 log = logging.getLogger(__name__)
@@ -78,9 +82,10 @@ def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key:
     if not queued:
         return settings
     differs = differences(answer, key)
+    priors = [] if exact else adopt_priors(study, answer, settings)
     study.set_user_attr(REUSED, {"source": answer.source, "study": answer.study, "finished": answer.finished,
                                  "winner": answer.winner_name, "exact": exact, "differs": differs,
-                                 "queued": queued, "decided": answer.decided})
+                                 "queued": queued, "decided": answer.decided, "priors": priors})
     if exact and (winner := config_of(space, answer.winner)) is not None:
         study.set_user_attr(INCUMBENT, identity(winner, space.env))  # kept unless beaten beyond the noise
     if exact:
@@ -89,9 +94,31 @@ def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key:
                  answer.winner_name)
         return reverifying(settings, queued)
     why = ", ".join(differs)
-    log.info("a related answer (study %s, %s; differs in %s): its %d best configurations are measured first",
-             answer.study, answer.source, why, queued)
+    log.info("a related answer (study %s, %s; differs in %s): its %d best configurations are measured first%s",
+             answer.study, answer.source, why, queued, f"; priors from it: {'; '.join(priors)}" if priors else "")
     return settings
+
+
+def adopt_priors(study: optuna.Study, answer: Answer, settings: Settings) -> list[str]:
+    """A related answer's measurements of this machine's noise as the study's priors (the same device only): its
+    compile spread pooled into the study's compile prior (at most ``MAX_LEARNED_DF`` df; not over
+    ``objective.compile_cv``), its alone processes' noise until the study measures its own. Returns what was
+    taken, in words."""
+    p = answer.priors
+    if not p or p.get("device") != device_name(settings.device):
+        return []
+    taken = []
+    if p.get("compile_cv") is not None and float(p.get("compile_df") or 0) >= 1 and \
+            settings.objective.compile_cv is None:
+        found = [(float(p["compile_cv"]), min(float(p["compile_df"]), MAX_LEARNED_DF))]
+        pooled = with_learned(study_prior(study, settings.objective), found, f"related study {answer.study}")
+        study.set_user_attr(PRIOR_KEY, pooled.as_dict())
+        taken.append(f"compile spread {pooled.cv:.1%} on {pooled.df:g} df")
+    if p.get("alone_noise") is not None:
+        study.set_user_attr(NOISE_PRIOR, {"rel_sd": float(p["alone_noise"]), "df": p.get("alone_df"),
+                                          "source": f"related study {answer.study} ({answer.source})"})
+        taken.append(f"process noise {float(p['alone_noise']):.1%}")
+    return taken
 
 
 def config_of(space: SearchSpace, flat: dict[str, Any]) -> TrialConfig | None:

@@ -26,7 +26,7 @@ from autocompile.config.space import SearchSpace
 from autocompile.study.answers import answer_key, answer_of, keep
 from autocompile.study.estimate import Remaining, announce, expect_phase, remember
 from autocompile.study.phases.plans import recommended
-from autocompile.study.phases.racing import REPEAT_PHASES, alone_window_spread, study_noise
+from autocompile.study.phases.racing import REPEAT_PHASES, alone_noise, alone_window_spread
 from autocompile.study.phases.repeats import alone_on_the_machine, measure_repeat
 from autocompile.study.phases.run import PhaseSettings, run_phases
 from autocompile.study.phases.together import measure_together, process_dir
@@ -359,10 +359,10 @@ def run_trial(ctx: StudyContext, trial: optuna.Trial, view: LiveView, resources:
         return
 
     def against_best() -> PruneRule | None:
-        noise = study_noise(study, "alone")  # a search trial is one alone process
+        noise = alone_noise(study)  # a search trial is one alone process
         scored = scored_results(study, objective)
         best = min(scored, key=lambda s: objective.score(s[1]), default=None)
-        return objective.stop_rule(best, noise.rel_sd if noise else None, len(scored), alone_window_spread(study))
+        return objective.stop_rule(best, noise, len(scored), alone_window_spread(study))
 
     prune = LatestBest(against_best, lambda: len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))) \
         if settings.study.prune and record.baseline is None else None

@@ -35,7 +35,7 @@ from autocompile.config.knobs import KNOBS, KnobError, TrialConfig, describe
 from autocompile.config.sections import StudySettings
 from autocompile.config.space import CONFIRMED_BASELINES, SearchSpace
 from autocompile.study.phases.confirmation import confirmed
-from autocompile.study.phases.racing import study_noise, verdicts
+from autocompile.study.phases.racing import alone_noise, verdicts
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import feasible, measured_trials
 from autocompile.study.records.phase_trials import phase_trials, step_time
@@ -107,11 +107,11 @@ def open_scopes(study: optuna.Study, objective: Objective, ranked: list[tuple[Fr
     one alone process each, and one process can run 30-70 % slow on a busy machine (issue 50: a seed whose one
     train-step process ran slow never raced it, and recommended eager). Ruled out only beyond the prune rule's
     margin (:func:`decisions.prune_margin`: both sides' process noise, the best's luck as the least of the
-    search's trials) at the study's alone noise, or the prior where it measured none."""
+    search's trials) at the study's alone noise, or a related answer's or the prior where it measured none."""
     if not ranked:
         return []
-    noise = study_noise(study, "alone")
-    margin = prune_margin(noise.rel_sd if noise else PRIOR_ALONE_NOISE, 0.0, len(ranked))
+    noise = alone_noise(study)
+    margin = prune_margin(noise if noise is not None else PRIOR_ALONE_NOISE, 0.0, len(ranked))
     best = objective.score(ranked[0][1].measured)
     found: dict[object, tuple[FrozenTrial, TrialRecord]] = {}
     for t, rec in ranked:

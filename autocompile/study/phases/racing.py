@@ -46,6 +46,9 @@ from autocompile.study.statistics.intervals import (
 from autocompile.study.statistics.noise import Noise, pooled_noise
 
 REPEAT_PHASES = ("confirm", "verdict")
+NOISE_PRIOR = "alone_noise_prior"
+"""Study attribute: the alone processes' noise a related answer's study measured (``rel_sd``, ``df``, ``source``;
+``study.reuse``), standing in for :data:`decisions.PRIOR_ALONE_NOISE` until this study measures its own."""
 
 
 def simplicity(config: Knobs) -> tuple[int, int]:
@@ -73,6 +76,15 @@ def study_noise(study: Study, kind: str = "alone") -> Noise | None:
     return pooled_noise(list(repeated.values()),
                         f"{len(repeated)} configuration(s) measured {words} in several fresh processes, "
                         f"{sum(map(len, repeated.values()))} measurements; the numerics reference is not pooled")
+
+
+def alone_noise(study: Study) -> float | None:
+    """The run-to-run noise of alone processes the study's rules use: its own once measured, else a related
+    answer's (:data:`NOISE_PRIOR`), else None (the rules' prior)."""
+    if (noise := study_noise(study, "alone")) is not None:
+        return noise.rel_sd
+    kept = study.user_attrs.get(NOISE_PRIOR)
+    return float(kept["rel_sd"]) if kept else None
 
 
 def alone_window_spread(study: Study) -> float | None:

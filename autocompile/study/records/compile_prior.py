@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,18 +70,22 @@ def learned_prior(base: CompileSpread, output_root: Path, device_name: str, run_
             take = min(df, MAX_LEARNED_DF - sum(d for _, d in found))
             if take >= 1:
                 found.append((cv, take))
-    if not found:
-        return base
+    studies = f"{len(found)} earlier stud{'y' if len(found) == 1 else 'ies'} on this device"
+    return with_learned(replace(base, device=device_name), found, studies) if found else base
+
+
+def with_learned(base: CompileSpread, found: list[tuple[float, float]], where: str) -> CompileSpread:
+    """``base`` pooled with measured spreads (cv, df) from ``where``, weighted by df; once those count as many df
+    as ``base``, they alone (a machine's own record outweighs the class's stand-in)."""
     df = sum(d for _, d in found)
     cv = math.sqrt(sum(d * c**2 for c, d in found) / df)
-    studies = f"{len(found)} earlier stud{'y' if len(found) == 1 else 'ies'}"
-    mine = f"{cv:.1%} on {df:g} df that {studies} on this device measured"
-    if df >= base.df:  # the machine's own record now outweighs the class's stand-in: it speaks alone
-        return CompileSpread(cv, df, f"prior {mine} (the class's {base.cv:.1%} set aside)", device=device_name)
+    mine = f"{cv:.1%} on {df:g} df that {where} measured"
+    if df >= base.df:
+        return CompileSpread(cv, df, f"prior {mine} (the class's {base.cv:.1%} set aside)", device=base.device)
     total = base.df + df
     pooled = math.sqrt((base.df * base.cv**2 + df * cv**2) / total)
     return CompileSpread(pooled, total, f"{base.source}, with {mine}: prior {pooled:.1%} on {total:g} df",
-                         device=device_name)
+                         device=base.device)
 
 
 def _measured(path: Path, device_name: str) -> tuple[float, float] | None:
