@@ -154,11 +154,10 @@ class LaunchSettings:
     slots: int = 0
     """Trials at once on this machine, each on its own GPUs (or CPU cores); 0 = visible GPUs //
     world size on CUDA, 1 on CPU (concurrent CPU trials disturb each other's timings)."""
-    concurrency: int = 1
+    concurrency: int = 0
     """Trial processes in flight per slot: the next candidates start, build and compile while one is timed, which
     holds the device alone (the machine's lease: every other trial process on the machine is paused meanwhile).
-    1 = one at a time (the default until its step-time A/A is settled: docs/scaling-out.md); 0 = automatic (from the
-    cores, and the memory the reference run's peak leaves room for)."""
+    0 = automatic (from the cores, and the memory the reference run's peak leaves room for); 1 = one at a time."""
     rdzv_host: str = "127.0.0.1"
     """Rendezvous host of multi-node trials: this machine's address as the other nodes see it."""
     remote_agent: str = ""
