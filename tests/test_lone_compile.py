@@ -33,3 +33,10 @@ def test_a_shared_compile_is_its_cpu_seconds_at_the_rate_of_the_studys_lone_comp
     assert said is not None and said.startswith("1 of 2 compiles shared the machine") and basis in said
     assert f"x{26.1 / shared.compile_s:.2f}" in said
     assert describe([alone]) is None
+    # An eager program's first steps (0.05 s, all of it beside another process) are no compile to price.
+    eager = compiled(0.05, 0.04, 0.05)
+    as_alone(eager, (rate, basis))
+    assert eager.compile_s == 0.05 and describe([eager]) is None
+    priced_to_zero = compiled(2.0, 0.0, 2.0)  # a priced compile of 0 s: described without dividing by it
+    as_alone(priced_to_zero, (rate, basis))
+    assert priced_to_zero.compile_s == 0.0 and describe([priced_to_zero]) is None

@@ -20,6 +20,9 @@ from autocompile.trial.timing.result import TrialResult
 
 SHARED_MAX = 0.1
 """A compile that shared the machine for less than this share of its wall time counts as alone."""
+MIN_S = 1.0
+"""Compiles shorter than this are neither priced as alone nor a lone rate: an eager program's first steps, or a
+compile too short for its CPU seconds to say anything."""
 MIN_LONE = 2
 """Lone compiles of the study before their rate replaces the prior."""
 PRIOR_RATE = 1.2
@@ -38,7 +41,7 @@ def shared_share(result: TrialResult) -> float:
 
 def rate_of(result: TrialResult) -> float | None:
     """CPU seconds per wall second of a compile that ran alone, or None (shared, or nothing to read)."""
-    if result.compile_cpu_s is None or not result.compile_s or result.compile_s < 1.0 or shared_share(result) > \
+    if result.compile_cpu_s is None or not result.compile_s or result.compile_s < MIN_S or shared_share(result) > \
             SHARED_MAX:
         return None
     return result.compile_cpu_s / result.compile_s
@@ -56,8 +59,9 @@ def lone_rate(results: Iterable[TrialResult]) -> tuple[float, str]:
 
 def as_alone(result: TrialResult, rate: tuple[float, str]) -> None:
     """``result.compile_s`` as a lone run's when its compile shared the machine (in place; the wall one kept)."""
-    if result.compile_s is None or result.compile_cpu_s is None or shared_share(result) <= SHARED_MAX:
-        return
+    if result.compile_s is None or result.compile_s < MIN_S or result.compile_cpu_s is None or \
+            shared_share(result) <= SHARED_MAX:
+        return  # an eager program's first steps are no compile to price
     lease = result.lease if result.lease is not None else {}
     lease["compile_wall_s"] = round(result.compile_s, 3)
     result.compile_s = result.compile_cpu_s / rate[0]
@@ -72,7 +76,10 @@ def describe(results: Iterable[TrialResult]) -> str | None:
     priced = [r for r in measured if r.lease and "compile_wall_s" in r.lease]
     if not priced:
         return None
-    over = statistics.median(r.lease["compile_wall_s"] / r.compile_s for r in priced if r.lease and r.compile_s)
+    ratios = [r.lease["compile_wall_s"] / r.compile_s for r in priced if r.lease and r.compile_s]
+    if not ratios:
+        return None
+    over = statistics.median(ratios)
     basis = priced[-1].lease.get("compile_basis", "") if priced[-1].lease else ""
     return (f"{len(priced)} of {len(measured)} compiles shared the machine with processes in flight: each priced as "
             f"a lone run's, its CPU seconds at {basis} (their wall took x{over:.2f} that, median; kept as "
