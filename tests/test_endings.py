@@ -69,7 +69,8 @@ def test_a_study_whose_trials_all_fail_says_why_grouped(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_a_study_interrupted_before_any_result_says_nothing_was_measured_and_how_to_resume(tmp_path: Path) -> None:
     args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", "+model.block_sleep_s=0.05",
-            "compile.scope=none", "measure.windows=50", "study.n_trials=4", "study.prune=false"]
+            "compile.scope=none", "measure.windows=50", "study.n_trials=4", "study.prune=false",
+            "launch.concurrency=1"]  # one trial running when interrupted
     with open(tmp_path / "tuner.log", "wb") as out:
         tuner = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         try:

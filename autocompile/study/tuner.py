@@ -35,6 +35,7 @@ from autocompile.study.records.lone_compile import describe as describe_lone
 from autocompile.study.records.objective import LatestBest, Objective, PruneRule, near_misses
 from autocompile.study.records.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
 from autocompile.study.records.optuna_store import (
+    CLAIM_LOCK,
     IN_FLIGHT,
     counted,
     feasible,
@@ -337,12 +338,16 @@ def run_trial(ctx: StudyContext, trial: optuna.Trial, view: LiveView, resources:
         measure_repeat(ctx, trial, resources)
         return
     set_attrs(trial, phase="search")
-    config, beat = begin(study, trial, space)
-    record = TrialRecord.of(trial)
-    key, name = record.identity or "", record.name
-    # A near-miss prune measured once more is not answered by its first measurement.
-    prior = find_measured(study, key, exclude=trial.number) if record.remeasure_of is None else None
-    if prior is None and record.remeasure_of is None and (twin := running_twin(study, key, trial.number)) is not None:
+    # Slots and tuners claim a configuration one at a time: the first to claim it measures, the rest see its identity
+    # and wait for it (two trials of one configuration begun at once each saw no twin, and both measured).
+    with file_lock(ctx.run_dir / CLAIM_LOCK):
+        config, beat = begin(study, trial, space)
+        record = TrialRecord.of(trial)
+        key, name = record.identity or "", record.name
+        # A near-miss prune measured once more is not answered by its first measurement.
+        prior = find_measured(study, key, exclude=trial.number) if record.remeasure_of is None else None
+        twin = running_twin(study, key, trial.number) if prior is None and record.remeasure_of is None else None
+    if twin is not None:
         # Another slot or tuner is measuring this very configuration: wait for its result (a live
         # twin ends within its own timeout; a dead one is failed by pid or heartbeat meanwhile).
         view.running(trial.number, f"waiting for trial {twin.number} ({name})")

@@ -296,10 +296,16 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Callable[[], None]:
     return beat
 
 
+CLAIM_LOCK = "claim.lock"
+"""In the run directory: held while a search trial records its configuration and looks for a twin."""
+
+
 def running_twin(study: optuna.Study, identity: str, number: int) -> FrozenTrial | None:
-    """An earlier trial of the same configuration still running (another slot or tuner process)."""
+    """Another trial of the same configuration still running (another slot or tuner process) that claimed it
+    first: the caller checks under :data:`CLAIM_LOCK` right after recording its own identity, so a trial it finds
+    recorded its identity earlier, whatever their numbers."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.number < number and TrialRecord.of(trial).identity == identity:
+        if trial.number != number and TrialRecord.of(trial).identity == identity:
             return trial
     return None
 
