@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 from autocompile.config.gpus import device_name
 from autocompile.config.settings import Settings
 from autocompile.config.space import SearchSpace, identity
+from autocompile.report.watch import reuse_line
 from autocompile.study.answers import (
     ANSWER_TAG,
     Answer,
@@ -170,11 +171,17 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
     assert [t.user_attrs.get("baseline") for t in study.get_trials(states=(TrialState.WAITING,))] == [
         None, "regional", "eager"]
     assert study.user_attrs[REUSED]["differs"] == ["workload"] and not study.user_attrs[REUSED]["exact"]
-    # A winner its study left undetermined against a rival: still re-verified against the baselines, and said so.
-    keep(answer_for(settings, {"compile.scope": "train_step"}, decided=False), tmp_path)
+    # A winner its study left undetermined against a rival: that rival is raced again too, and said so.
+    undecided = dataclasses.replace(answer_for(settings, {"compile.scope": "train_step"}, decided=False),
+                                    contenders=[{"compile.scope": "regional"}])
+    keep(undecided, tmp_path)
     study = optuna.create_study()
-    assert start_from(study, space, exact, answer_key(settings)).study.n_trials == 3
+    assert start_from(study, space, exact, answer_key(settings)).study.n_trials == 4
     assert study.user_attrs[REUSED]["exact"] and not study.user_attrs[REUSED]["decided"]
+    assert study.user_attrs[REUSED]["contenders"] == 1
+    assert [t.params.get("compile.scope") for t in study.get_trials(states=(TrialState.WAITING,))][:2] == [
+        "train_step", "regional"]
+    assert "the 1 rival(s) its study could not rule out" in reuse_line(study)
     off = settings_for(*GPT2, "study.reuse=off", f"study.reuse_from={tmp_path / 'answer.json'}")
     study = optuna.create_study()
     assert start_from(study, space, off, answer_key(off)) is off and not study.trials

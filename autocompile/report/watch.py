@@ -75,10 +75,11 @@ def reuse_line(study: optuna.Study) -> str | None:
     if not kept:
         return None
     if kept["exact"]:
-        rivals = "" if kept.get("decided") else (" (that study left it undetermined against a rival: only a full "
-                                                 "study races the rivals again)")
+        n = kept.get("contenders", 0)
+        rivals = f", the {n} rival(s) its study could not rule out" if n else ""
         return (f"[bold]Reused[/] the answer of study {kept['study']} ({kept['finished']}, {kept['source']}): "
-                f"{kept['winner']}{rivals}, re-verified above against eager and default compile, side by side, on "
-                "this machine today; study.reuse=off runs the full study.")
+                f"{kept['winner']}, re-verified above against eager and default compile{rivals}, side by side, on "
+                "this machine today (the known winner kept unless beaten beyond the noise); study.reuse=off runs "
+                "the full study.")
     return (f"[bold]Started from[/] a related answer (study {kept['study']}, {kept['finished']}, {kept['source']}; "
             f"differs in {', '.join(kept['differs'])}): its {kept['queued']} best configurations measured first.")

@@ -123,6 +123,9 @@ class Answer:
     """The confirmation's other candidates, best first (at most :data:`RIVALS`)."""
     ranking: list[dict[str, Any]] = field(default_factory=list)
     """The search's feasible configurations, best first (a related study measures them first)."""
+    contenders: list[dict[str, Any]] = field(default_factory=list)
+    """The rivals its confirmation could not rule out against the winner (tied within the margin, undetermined),
+    baselines left out: a re-verification races them again beside the winner and the baselines."""
     priors: dict[str, Any] = field(default_factory=dict)
     """What its study measured of the machine's noise, for a related study to start from: ``compile_cv`` and
     ``compile_df`` (one cold compile's spread, the study's own part), ``alone_noise`` and ``alone_df`` (step time
@@ -152,12 +155,14 @@ def answer_of(study: optuna.Study, objective: Objective, settings: Settings, key
         return None
     race = confirmed(study, objective)
     rivals = [row.config for row in (race.candidates if race else []) if row.trial != winner.number][:RIVALS]
+    contenders = [row.config for row in (race.candidates if race else []) if row.trial != winner.number
+                  and row.baseline is None and row.status in ("leader", "tied", "undetermined", "faster")][:RIVALS]
     ranking = [rec.config for _, rec in ranked_trials(study, objective)]
     rec = TrialRecord.of(winner)
     return Answer(key.exact, key.related, key.fields, study.study_name,
                   time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rec.config, rec.name or "defaults",
                   bool(race and race.decided and race.winner and race.winner.trial == winner.number), rivals, ranking,
-                  measured_priors(study, objective, settings))
+                  contenders=contenders, priors=measured_priors(study, objective, settings))
 
 
 def measured_priors(study: optuna.Study, objective: Objective, settings: Settings) -> dict[str, Any]:

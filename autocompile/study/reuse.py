@@ -1,14 +1,15 @@
 """A study that starts from an answer already measured (``study.reuse``, issue 52): used, never trusted blindly.
 
 An exact answer (the same job on the same kind of machine and versions, :func:`answers.answer_key`) is re-verified:
-its recommendation and the baselines it must beat (eager, default ``torch.compile(model)``) are measured once each,
-briefly, and raced side by side in the fewest processes a decision needs; no other search, no verdicts, no warm
-start. The known winner stays the recommendation unless a candidate beats it beyond the noise today (the race's
-incumbent). Rivals its own study could not tell from it are not raced again (the report names that study, and a full
-study races them). The report says what was reused and from when, and what the race found today. A related answer
-(the same model and device, another batch size, world size or version) orders the search and lends its priors: its
-ranking's first configurations are measured first, its measured compile spread and process noise stand in for the
-class priors until this study measures its own, and the study runs in full. ``study.reuse=off`` ignores both.
+its recommendation, the rivals its race could not rule out (tied, undetermined) and the baselines it must beat
+(eager, default ``torch.compile(model)``) are measured once each, briefly, and raced side by side in the fewest
+processes a decision needs; no other search, no verdicts, no warm start. The known winner stays the recommendation
+unless a candidate beats it beyond the noise today (the race's incumbent). Rivals its own study ruled out are not
+raced again (a full study races them). The report says what was reused and from when, and what the race found
+today. A related answer (the same model and device, another batch size, world size or version) orders the search
+and lends its priors: its ranking's first configurations are measured first, its measured compile spread and
+process noise stand in for the class priors until this study measures its own, and the study runs in full.
+``study.reuse=off`` ignores both.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key:
     if answer is None:
         return settings
     exact = answer.key == key.exact
-    queued = enqueue(study, space, [answer.winner] if exact else answer.ranking[:RELATED_FIRST],
+    queued = enqueue(study, space, [answer.winner, *answer.contenders] if exact else answer.ranking[:RELATED_FIRST],
                      [name for name in CONFIRMED_BASELINES if name in BASELINES] if exact else [])
     if not queued:
         return settings
@@ -85,6 +86,7 @@ def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key:
     priors = [] if exact else adopt_priors(study, answer, settings)
     study.set_user_attr(REUSED, {"source": answer.source, "study": answer.study, "finished": answer.finished,
                                  "winner": answer.winner_name, "exact": exact, "differs": differs,
+                                 "contenders": len(answer.contenders) if exact else 0,
                                  "queued": queued, "decided": answer.decided, "priors": priors})
     if exact and (winner := config_of(space, answer.winner)) is not None:
         study.set_user_attr(INCUMBENT, identity(winner, space.env))  # kept unless beaten beyond the noise
