@@ -179,8 +179,8 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
     assert start_from(study, space, exact, answer_key(settings)).study.n_trials == 4
     assert study.user_attrs[REUSED]["exact"] and not study.user_attrs[REUSED]["decided"]
     assert study.user_attrs[REUSED]["contenders"] == 1
-    assert [t.params.get("compile.scope") for t in study.get_trials(states=(TrialState.WAITING,))][:2] == [
-        "train_step", "regional"]
+    assert [t.system_attrs["fixed_params"].get("compile.scope") for t in
+            study.get_trials(states=(TrialState.WAITING,))][:2] == ["train_step", "regional"]
     assert "the 1 rival(s) its study could not rule out" in reuse_line(study)
     off = settings_for(*GPT2, "study.reuse=off", f"study.reuse_from={tmp_path / 'answer.json'}")
     study = optuna.create_study()
