@@ -13,8 +13,9 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from autocompile.study.records.record import Measurement
+from autocompile.study.records.record import Measurement, set_attrs
 from autocompile.study.search.tell import Twin, same_program_run
+from autocompile.study.search.twins import search_twins
 from tests.test_tuner import tune_cli
 
 # Everything fixed but what a test searches: the enqueued trials are the study's whole space.
@@ -55,6 +56,33 @@ def test_a_run_of_a_measured_program_is_its_twin_whether_stopped_or_finished_bef
     assert same_program_run(Measurement(status="ok", fingerprint="abc"), None)[1] is None  # no twin looked for
 
 
+def test_trials_in_flight_that_compile_one_program_measure_it_once(tmp_path: Path) -> None:
+    # CI of cf15679: two trials of one program begun together (two in flight) were both timed, neither the twin of
+    # the other. The first to report its compile claims the program; the later one waits for it.
+    study = optuna.create_study(directions=["minimize"])
+    first, second, base = study.ask(), study.ask(), study.ask()
+    beats: list[int] = []
+    find_first = search_twins(study, first, tmp_path, 5.0, lambda: beats.append(0))
+    find_second = search_twins(study, second, tmp_path, 5.0, lambda: beats.append(1))
+    find_base = search_twins(study, base, tmp_path, 5.0, lambda: None, measured_anyway=True)
+    assert find_first("abc") is None and first.user_attrs["program"] == "abc"  # claimed: measured here
+    assert find_first("abc") is None  # and again at its end
+    waiting = find_second("abc")
+    assert waiting is not None and waiting.number == first.number and waiting.stands_for is None
+    assert find_base("abc") is None  # a baseline is measured whatever it compiles
+    assert find_second("xyz") is None and second.user_attrs["program"] == "xyz"  # another program: its own
+    set_attrs(first, result=Measurement(status="ok", fingerprint="abc"))
+    study.tell(first, [1.0])
+    assert waiting.pending is not None
+    ended = waiting.pending()
+    assert ended is not None and ended.number == first.number and ended.state == TrialState.COMPLETE
+    measured = search_twins(study, study.ask(), tmp_path, 5.0, lambda: None)("abc")
+    assert measured is not None and measured.stands_for is not None and measured.stands_for.number == first.number
+    third = study.ask()
+    late = search_twins(study, third, tmp_path, 0.0, lambda: None)
+    assert late("xyz") is not None and late("xyz").pending() is None  # type: ignore[union-attr]  # still running
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(("knob", "values", "fixed"), [
     ("placement.order", ["to_then_compile", "compile_then_to"], ["amp.dtype=none"]),
@@ -67,9 +95,11 @@ def test_one_program_is_measured_once_and_its_knob_gets_the_verdict_identical(
                     *FIXED, *fixed)
     assert done.returncode == 0, done.stderr[-2000:]
     trials = reload(tmp_path).trials
-    first, second = trials
-    assert first.state == second.state == TrialState.COMPLETE
-    assert second.user_attrs["same_program_as"] == first.number  # stopped once compiled: not timed again
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    # Two in flight, either may compile first: the other is stopped once compiled and not timed again.
+    (second,) = [t for t in trials if "same_program_as" in t.user_attrs]
+    (first,) = [t for t in trials if t.number == second.user_attrs["same_program_as"]]
+    assert "same_program_as" not in first.user_attrs
     result = json.loads(Path(second.user_attrs["trial_dir"], "result.json").read_text())
     # Stopped once compiled, or (this model's timed part can be shorter than the launcher's poll) run to its end.
     assert result["status"] in ("same_program", "ok")

@@ -48,8 +48,9 @@ def full_record() -> TrialRecord:
     return TrialRecord(phase="verdict", config={"compile.scope": "module", "compile.fullgraph": False},
                        identity="id", name="n", owner={"host": "h", "pid": 1, "pidns": 2}, baseline="eager",
                        trial_dir="/t", result=measured, constraints={"memory_gb_over_limit": -1.0}, numerics="checked",
-                       reason="why", duplicate_of=1, same_program_as=2, interrupted=True, retry_of=3, round=0,
-                       label="compile.fullgraph=True", candidate=4, compile_s_cold=20.0, cache_from="/c", same_as="fp",
+                       reason="why", duplicate_of=1, same_program_as=2, program="fp2", interrupted=True, retry_of=3,
+                       round=0, label="compile.fullgraph=True", candidate=4, compile_s_cold=20.0, cache_from="/c",
+                       same_as="fp",
                        same_as_trial=5, knob="compile.fullgraph", value=True, reference=False, method="side_by_side",
                        cold_trial=6, cold_run=True, cold_from=8, timed_in="#9", compile_cache="warm", prune_ratio=1.2,
                        prune_margin=1.1, remeasure_of=7)

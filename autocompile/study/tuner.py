@@ -47,7 +47,6 @@ from autocompile.study.records.optuna_store import (
     recover_interrupted,
     requeue,
     running_twin,
-    same_program,
     tell,
     wait_finished,
 )
@@ -56,7 +55,8 @@ from autocompile.study.reuse import reverifies, start_from
 from autocompile.study.search.baselines import queue_as_written, queue_baselines
 from autocompile.study.search.numerics import ensure_reference, probed_env, reference, reference_peak
 from autocompile.study.search.samplers import make_sampler
-from autocompile.study.search.tell import Twin, begin, measure_and_tell
+from autocompile.study.search.tell import begin, measure_and_tell
+from autocompile.study.search.twins import search_twins
 from autocompile.study.search.warmstart import prune_caches, warm_start
 from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted
 from autocompile.trial.slots import flights
@@ -372,13 +372,9 @@ def run_trial(ctx: StudyContext, trial: optuna.Trial, view: LiveView, resources:
     prune = LatestBest(against_best, lambda: len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))) \
         if settings.study.prune and record.baseline is None else None
 
-    def twin_of(fingerprint: str) -> Twin | None:
-        twin = same_program(study, fingerprint, trial.number)
-        return Twin(twin.number, f"the same program as trial {twin.number} ({TrialRecord.of(twin).name})", twin) \
-            if twin is not None else None
-
+    anyway = record.baseline is not None or record.remeasure_of is not None  # measured whatever it compiles
     measure_and_tell(ctx, trial, config, beat, resources,
-                     twin_of=twin_of if record.baseline is None and record.remeasure_of is None else None,
+                     twin_of=search_twins(study, trial, ctx.run_dir, settings.patience_s, beat, measured_anyway=anyway),
                      prune=prune, view=view, brief=reverifies(study))
 
 

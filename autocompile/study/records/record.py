@@ -118,6 +118,9 @@ class TrialRecord:
     """Not measured: the trial whose measurement stands for it (same configuration, or same program)."""
     same_program_as: int | None = None
     """Stopped once compiled: it compiled the program of this trial."""
+    program: str | None = None
+    """A running search trial's claim on the program it compiled (its fingerprint): a trial in flight that compiles
+    the same program after it is stopped and waits for its measurement."""
     interrupted: bool = False
     """Its tuner died or stopped during it: failed, not counted, its configuration queued again."""
     retry_of: int | None = None

@@ -47,6 +47,9 @@ class Twin:
     stands_for: FrozenTrial | None = None
     """The trial whose measurement stands for the stopped one (search: a copy, told as its twin was);
     None: the stopped trial is pruned with what it measured (a verdict neighbour)."""
+    pending: Callable[[], FrozenTrial | None] | None = None
+    """A twin still running (it claimed the program first): waits for its end and returns it finished, which then
+    stands for the stopped one (None: it still runs after the patience)."""
 
 
 FindTwin = Callable[[str], Twin | None]
@@ -102,6 +105,14 @@ def measure_and_tell(ctx: StudyContext, trial: optuna.Trial, config: TrialConfig
     if measured.status == "pruned" and evidence:  # kept before the tell: a near miss is measured again
         set_attrs(trial, prune_ratio=evidence["ratio"], prune_margin=evidence["margin"])
     measured, twin = same_program_run(measured, twin_of)
+    if twin is not None and twin.pending is not None:
+        ended = twin.pending()
+        if ended is None:
+            measured = replace(measured, status="failed", reason=f"{measured.reason}; trial {twin.number}, which "
+                                                                 "measures this program, had not ended")
+            twin = None
+        else:
+            twin = replace(twin, stands_for=ended)
     if twin is not None and twin.stands_for is not None:
         # The configuration is measured by its twin's steps; its own compile ran, and is noted.
         stands = TrialRecord.of(twin.stands_for)
