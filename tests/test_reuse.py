@@ -5,6 +5,7 @@ a corrupt record or an unreachable store is a warning and a full study."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import socket
 import subprocess
@@ -33,7 +34,8 @@ from autocompile.study.answers import (
 from autocompile.study.phases.confirmation import INCUMBENT
 from autocompile.study.phases.racing import alone_noise
 from autocompile.study.records.compile_prior import MAX_LEARNED_DF, prior_for, record_prior, study_prior
-from autocompile.study.reuse import REUSED, config_of, start_from
+from autocompile.study.reuse import REUSED, config_of, known_answer, reference_from, start_from
+from autocompile.study.search.numerics import reference, reference_peak
 from tests.conftest import cli_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,6 +144,39 @@ def test_a_corrupt_record_or_an_unreachable_store_is_a_warning_and_no_answer(
     assert "cannot be searched" in caplog.text and "the study runs in full" in caplog.text
 
 
+def start(study: optuna.Study, space: SearchSpace, settings: Settings) -> Settings:
+    """What the tuner does: look the answer up once, then start from it."""
+    key = answer_key(settings)
+    return start_from(study, space, settings, key, known_answer(study, settings, key))
+
+
+def test_an_exact_answer_lends_its_numerics_reference_and_a_related_one_does_not(settings_for: Compose,
+                                                                                  tmp_path: Path) -> None:
+    settings = settings_for(*GPT2, f"output_root={tmp_path}")
+    measured = {"status": "ok", "basis": "eager fp32", "losses": [4.2, 4.1, 4.0], "step_s": 0.02, "peak_bytes": 2e8}
+    keep(dataclasses.replace(answer_for(settings, {"compile.scope": "train_step"}), reference=measured), tmp_path)
+    exact = settings_for(*GPT2, f"study.reuse_from={tmp_path / 'answer.json'}")
+    study = optuna.create_study()
+    key = answer_key(exact)
+    assert reference_from(study, known_answer(study, exact, key), key)
+    ref = reference(study)
+    assert ref is not None and ref["losses"] == measured["losses"] and ref["reused_from"].startswith("study ")
+    assert reference_peak(ref) == 2e8  # the processes in flight are sized from it, with no result.json here
+    bigger = settings_for(*GPT2, "workload.batch_size=4", f"study.reuse_from={tmp_path / 'answer.json'}")
+    study = optuna.create_study()
+    key = answer_key(bigger)
+    assert not reference_from(study, known_answer(study, bigger, key), key) and reference(study) is None
+    keep(dataclasses.replace(answer_for(settings, {"compile.scope": "train_step"}),
+                             reference={"status": "failed", "reason": "oom"}), tmp_path)
+    study = optuna.create_study()
+    key = answer_key(exact)
+    assert not reference_from(study, known_answer(study, exact, key), key)  # none to take: measured here
+    # An answer written with a long run's losses drops them to fit an MLflow tag, never the answer.
+    long = dataclasses.replace(answer_for(settings, {"compile.scope": "train_step"}),
+                               reference={**measured, "losses": [1.0] * 2000})
+    assert json.loads(long.to_json(limit=5000))["reference"] == {} and len(long.to_json()) > 5000
+
+
 def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(settings_for: Compose,
                                                                          tmp_path: Path) -> None:
     settings = settings_for(*GPT2, f"output_root={tmp_path}")
@@ -150,7 +185,7 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
     exact = dataclasses.replace(settings, study=dataclasses.replace(settings.study,
                                                                     reuse_from=str(tmp_path / "answer.json")))
     study = optuna.create_study()
-    runs = start_from(study, space, exact, answer_key(settings))
+    runs = start(study, space, exact)
     waiting = study.get_trials(states=(TrialState.WAITING,))
     # The winner, then the baselines it must beat; only those, raced side by side in 3 processes, nothing after.
     assert [t.user_attrs.get("baseline") for t in waiting] == [None, "eager", "compile"]
@@ -160,12 +195,12 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
     # The race keeps the known winner unless a candidate is measurably faster (test_racing.py).
     assert study.user_attrs[INCUMBENT] == identity(config_of(space, {"compile.scope": "train_step"}), settings.env)
     # Resumed: the same re-verification, nothing queued twice.
-    again = start_from(study, space, exact, answer_key(settings))
+    again = start(study, space, exact)
     assert again.study.n_trials == 3 and len(study.get_trials(states=(TrialState.WAITING,))) == 3
     # Another batch size: related; its ranking's best three are measured first, then the study runs in full.
     bigger = settings_for(*GPT2, "workload.batch_size=4", f"study.reuse_from={tmp_path / 'answer.json'}")
     study = optuna.create_study()
-    runs = start_from(study, SearchSpace(bigger.env, bigger.fixed_knobs), bigger, answer_key(bigger))
+    runs = start(study, SearchSpace(bigger.env, bigger.fixed_knobs), bigger)
     assert runs is bigger and len(study.get_trials(states=(TrialState.WAITING,))) == 3
     # One that is a baseline is queued as it (the study's queue_baselines then finds it there).
     assert [t.user_attrs.get("baseline") for t in study.get_trials(states=(TrialState.WAITING,))] == [
@@ -176,7 +211,7 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
                                     contenders=[{"compile.scope": "regional"}])
     keep(undecided, tmp_path)
     study = optuna.create_study()
-    assert start_from(study, space, exact, answer_key(settings)).study.n_trials == 4
+    assert start(study, space, exact).study.n_trials == 4
     assert study.user_attrs[REUSED]["exact"] and not study.user_attrs[REUSED]["decided"]
     assert study.user_attrs[REUSED]["contenders"] == 1
     assert [t.system_attrs["fixed_params"].get("compile.scope") for t in
@@ -184,7 +219,7 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
     assert "the 1 rival(s) its study could not rule out" in reuse_line(study)
     off = settings_for(*GPT2, "study.reuse=off", f"study.reuse_from={tmp_path / 'answer.json'}")
     study = optuna.create_study()
-    assert start_from(study, space, off, answer_key(off)) is off and not study.trials
+    assert start(study, space, off) is off and not study.trials
 
 
 def test_a_related_answer_lends_its_measured_noise_as_the_studys_priors(settings_for: Compose,
@@ -197,7 +232,7 @@ def test_a_related_answer_lends_its_measured_noise_as_the_studys_priors(settings
     study = optuna.create_study()
     record_prior(study, prior_for(bigger))  # as open_for does before start_from
     assert alone_noise(study) is None  # nothing measured: the rules' own prior
-    start_from(study, SearchSpace(bigger.env, bigger.fixed_knobs), bigger, answer_key(bigger))
+    start(study, SearchSpace(bigger.env, bigger.fixed_knobs), bigger)
     # Its compile spread (20 df, at most 12 taken) outweighs the class's 8 df: it speaks alone.
     prior = study_prior(study, bigger.objective)
     assert prior.cv == pytest.approx(0.05) and prior.df == MAX_LEARNED_DF and "related study earlier" in prior.source
@@ -210,7 +245,7 @@ def test_a_related_answer_lends_its_measured_noise_as_the_studys_priors(settings
                                *overrides)
         study = optuna.create_study()
         record_prior(study, prior_for(related))
-        start_from(study, SearchSpace(related.env, related.fixed_knobs), related, answer_key(related))
+        start(study, SearchSpace(related.env, related.fixed_knobs), related)
         assert "related" not in study_prior(study, related.objective).source
         assert (alone_noise(study) is None) == (other["device"] == "elsewhere")
 

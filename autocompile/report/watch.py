@@ -17,6 +17,7 @@ from autocompile.report.tracking.runs import NoTracker, tracker_for
 from autocompile.report.view import StudyView, console
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.observers import Outcome
+from autocompile.study.records.optuna_store import REFERENCE
 from autocompile.study.reuse import REUSED
 
 log = logging.getLogger(__name__)
@@ -77,9 +78,11 @@ def reuse_line(study: optuna.Study) -> str | None:
     if kept["exact"]:
         n = kept.get("contenders", 0)
         rivals = f", the {n} rival(s) its study could not rule out" if n else ""
+        ref = "; losses checked against its eager reference (the same identity)" \
+            if (study.user_attrs.get(REFERENCE) or {}).get("reused_from") else ""
         return (f"[bold]Reused[/] the answer of study {kept['study']} ({kept['finished']}, {kept['source']}): "
                 f"{kept['winner']}, re-verified above against eager and default compile{rivals}, side by side, on "
-                "this machine today (the known winner kept unless beaten beyond the noise); study.reuse=off runs "
-                "the full study.")
+                f"this machine today (the known winner kept unless beaten beyond the noise){ref}; study.reuse=off "
+                "runs the full study.")
     return (f"[bold]Started from[/] a related answer (study {kept['study']}, {kept['finished']}, {kept['source']}; "
             f"differs in {', '.join(kept['differs'])}): its {kept['queued']} best configurations measured first.")

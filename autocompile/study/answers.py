@@ -30,6 +30,7 @@ from autocompile.study.phases.plans import ranked_trials, recommended
 from autocompile.study.phases.racing import compile_spread, study_noise
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.record import TrialRecord
+from autocompile.study.search.numerics import reference
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,9 @@ class Answer:
     """What its study measured of the machine's noise, for a related study to start from: ``compile_cv`` and
     ``compile_df`` (one cold compile's spread, the study's own part), ``alone_noise`` and ``alone_df`` (step time
     across fresh alone processes), ``device``; a key is absent where the study measured none."""
+    reference: dict[str, Any] = field(default_factory=dict)
+    """Its study's numerics reference (eager fp32 losses per step, step time, peak memory): a re-verification of the
+    same identity (model, workload, device, versions) checks its trials' losses against it, not eager run again."""
     source: str = ""
     """Where it was found: ``mlflow run <id>`` or a file (set on reading)."""
 
@@ -140,6 +144,8 @@ class Answer:
         while limit and len(text) > limit and data["ranking"]:
             data["ranking"] = data["ranking"][:-1]
             text = json.dumps(data, sort_keys=True)
+        if limit and len(text) > limit:  # a long run's losses: a re-verification measures its own reference
+            text = json.dumps({**data, "reference": {}}, sort_keys=True)
         return text
 
     @classmethod
@@ -162,7 +168,8 @@ def answer_of(study: optuna.Study, objective: Objective, settings: Settings, key
     return Answer(key.exact, key.related, key.fields, study.study_name,
                   time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rec.config, rec.name or "defaults",
                   bool(race and race.decided and race.winner and race.winner.trial == winner.number), rivals, ranking,
-                  contenders=contenders, priors=measured_priors(study, objective, settings))
+                  contenders=contenders, priors=measured_priors(study, objective, settings),
+                  reference=dict(reference(study) or {}))
 
 
 def measured_priors(study: optuna.Study, objective: Objective, settings: Settings) -> dict[str, Any]:

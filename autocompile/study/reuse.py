@@ -30,6 +30,7 @@ from autocompile.study.answers import Answer, AnswerKey, differences, find_in_st
 from autocompile.study.phases.confirmation import INCUMBENT
 from autocompile.study.phases.racing import NOISE_PRIOR
 from autocompile.study.records.compile_prior import MAX_LEARNED_DF, PRIOR_KEY, study_prior, with_learned
+from autocompile.study.records.optuna_store import REFERENCE
 from autocompile.study.records.record import user_attrs
 
 log = logging.getLogger(__name__)
@@ -66,15 +67,35 @@ def reverifying(settings: Settings, queued: int) -> Settings:
     return dataclasses.replace(settings, study=study, compare=compare)
 
 
-def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key: AnswerKey) -> Settings:
-    """Queue what a known answer says to measure first, and return the settings the study runs with (the given ones
-    unless it re-verifies an exact answer). A study that already has trials keeps the way it started."""
+def known_answer(study: optuna.Study, settings: Settings, key: AnswerKey) -> Answer | None:
+    """The answer a new study starts from (:func:`look_up`); None for a study that already started (resumed)."""
+    if study.user_attrs.get(REUSED) is not None or study.trials:
+        return None
+    return look_up(settings, key)
+
+
+def reference_from(study: optuna.Study, answer: Answer | None, key: AnswerKey) -> bool:
+    """Take an exact answer's numerics reference as the study's (the same identity: eager computes the same losses;
+    the re-verified eager baseline is checked against it all the same). False where there is none to take."""
+    if answer is None or answer.key != key.exact or study.user_attrs.get(REUSED) is not None:
+        return False
+    ref = answer.reference
+    if ref.get("status") != "ok" or not ref.get("losses"):
+        return False
+    where = f"study {answer.study} ({answer.finished}, {answer.source})"
+    study.set_user_attr(REFERENCE, {**ref, "reused_from": where})
+    log.info("numerics reference: eager's losses as %s measured them (the same identity), not run again", where)
+    return True
+
+
+def start_from(study: optuna.Study, space: SearchSpace, settings: Settings, key: AnswerKey,
+               answer: Answer | None) -> Settings:
+    """Queue what a known answer (:func:`known_answer`) says to measure first, and return the settings the study runs
+    with (the given ones unless it re-verifies an exact answer). A study that already has trials keeps the way it
+    started."""
     kept: dict[str, Any] | None = study.user_attrs.get(REUSED)
     if kept is not None:
         return reverifying(settings, kept["queued"]) if kept["exact"] else settings
-    if study.trials:
-        return settings  # a resumed study that started without one
-    answer = look_up(settings, key)
     if answer is None:
         return settings
     exact = answer.key == key.exact

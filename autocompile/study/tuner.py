@@ -51,7 +51,7 @@ from autocompile.study.records.optuna_store import (
     wait_finished,
 )
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
-from autocompile.study.reuse import reverifies, start_from
+from autocompile.study.reuse import known_answer, reference_from, reverifies, start_from
 from autocompile.study.search.baselines import queue_as_written, queue_baselines
 from autocompile.study.search.numerics import ensure_reference, probed_env, reference, reference_peak
 from autocompile.study.search.samplers import make_sampler
@@ -78,7 +78,9 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
     remaining = Remaining(study, space, objective, settings)
     (run_dir / "config.yaml").write_text(config_yaml)
     observer.opened(study, objective, remaining)
-    if reference(study) is None:
+    key = answer_key(settings)
+    known = known_answer(study, settings, key)  # an exact one lends its numerics reference too
+    if reference(study) is None and not reference_from(study, known, key):
         # Measured once the tuner's own start (imports, Optuna, MLflow) is over, like every trial: only the
         # live view's refresh runs beside it.
         with observer.live(estimate=False) as view:
@@ -95,8 +97,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
             raise ConfigError(f"{exc} (seen in the script's reference run: {run_dir / 'reference'})") from exc
         study.sampler = make_sampler(settings.study.sampler, space, settings.study.seed)
         remaining.space = space
-    key = answer_key(settings)
-    settings = start_from(study, space, settings, key)  # a known answer: re-verified, or its ranking first
+    settings = start_from(study, space, settings, key, known)  # a known answer: re-verified, or its ranking first
     remaining.settings = settings
     if settings.study.baselines:
         queue_baselines(study, space)

@@ -94,7 +94,7 @@ def alone_window_spread(study: Study) -> float | None:
     searched = [rec.measured for t in measured_trials(study) if (rec := TrialRecord.of(t)).is_search]
     runs = [(m.step_s_cv, m.windows) for m in searched if m.step_s_cv is not None and m.windows]
     ref = study.user_attrs.get(REFERENCE) or {}
-    if ref.get("step_s_cv") is not None and ref.get("windows"):
+    if ref.get("step_s_cv") is not None and ref.get("windows") and not ref.get("reused_from"):  # another day's
         runs.append((ref["step_s_cv"], ref["windows"]))
     return window_spread(runs)
 

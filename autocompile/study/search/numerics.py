@@ -60,6 +60,10 @@ class Reference(TypedDict, total=False):
     """A script's model as its run found it (``units.Structure``): what its space may offer (:func:`probed_env`)."""
     backwards_per_step: int
     """A script's most ``backward()`` calls before one optimizer step: over 1, it accumulates gradients."""
+    peak_bytes: float | None
+    """Its peak memory (warm-up or timed, bytes): what a process in flight holds."""
+    reused_from: str
+    """Present when it was not run here: the study of the same identity (an exact answer) that measured it."""
 
 
 class OutOfMemory(TypedDict):
@@ -79,7 +83,10 @@ def reference(study: optuna.Study) -> Reference | None:
 
 
 def reference_peak(ref: Reference | None) -> float | None:
-    """The reference run's peak memory in bytes (its ``result.json``), or None: what a process in flight holds."""
+    """The reference run's peak memory in bytes (as kept, else its ``result.json``), or None: what a process in
+    flight holds."""
+    if ref and ref.get("peak_bytes"):
+        return ref["peak_bytes"]
     path = Path(ref["trial_dir"]) / "result.json" if ref and ref.get("trial_dir") else None
     if path is None or not path.is_file():
         return None
@@ -143,6 +150,8 @@ def _measure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -
     for key in ("compile_calls", "structure", "backwards_per_step"):
         if result.script and result.script.get(key):
             kept[key] = result.script[key]  # type: ignore[literal-required]
+    if peak := max(result.peak_memory_bytes or 0, result.warmup_peak_memory_bytes or 0):
+        kept["peak_bytes"] = float(peak)
     study.set_user_attr(REFERENCE, kept)
     if not result.ok:
         log.warning("the numerics reference failed (%s): trials are marked 'unchecked' and none can win",
