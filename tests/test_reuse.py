@@ -206,6 +206,15 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
     assert [t.user_attrs.get("baseline") for t in study.get_trials(states=(TrialState.WAITING,))] == [
         None, "regional", "eager"]
     assert study.user_attrs[REUSED]["differs"] == ["workload"] and not study.user_attrs[REUSED]["exact"]
+    # The same job recorded on another torch: related too, never exact (nor its numerics reference taken).
+    older = answer_for(settings, {"compile.scope": "train_step"})
+    keep(dataclasses.replace(older, key="made-on-2.11", fields={**older.fields, "torch": "2.11.0"},
+                             reference={"status": "ok", "losses": [4.0]}), tmp_path)
+    study = optuna.create_study()
+    runs = start(study, space, exact)
+    assert runs is exact and len(study.get_trials(states=(TrialState.WAITING,))) == 3
+    assert study.user_attrs[REUSED]["differs"] == ["torch"] and not study.user_attrs[REUSED]["exact"]
+    assert not reference_from(optuna.create_study(), read_file(tmp_path / "answer.json"), answer_key(settings))
     # A winner its study left undetermined against a rival: that rival is raced again too, and said so.
     undecided = dataclasses.replace(answer_for(settings, {"compile.scope": "train_step"}, decided=False),
                                     contenders=[{"compile.scope": "regional"}])
