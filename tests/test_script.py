@@ -7,6 +7,7 @@ PYTHONPATH (aot_eager/eager backends and a tiny model keep each run to seconds).
 from __future__ import annotations
 
 import json
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,26 @@ def test_a_bad_script_is_a_failed_trial_with_a_one_line_reason(tmp_path: Path, n
     assert (result["status"], result["failure"]) == ("failed", failure), result.get("reason")
     assert reason in result["reason"] and "\n" not in result["reason"]
     assert json.loads((tmp_path / "trial" / "result.json").read_text())["failure"] == failure
+
+
+def test_what_a_trial_leaves_in_its_temporary_directory_goes_with_it(tmp_path: Path) -> None:
+    # Killed trials left multiprocessing's pymp-* directories in /tmp (the spawning script above, 2 per test run).
+    seen = tmp_path / "tmpdir.txt"
+    script = script_file(tmp_path, "litters", f"""
+        import pathlib, tempfile
+        left = tempfile.mkdtemp(prefix="pymp-")  # as a killed multiprocessing parent leaves it
+        pathlib.Path({str(seen)!r}).write_text(left)
+        model = torch.compile(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(20):
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+        """)
+    result = run(tmp_path, script, "", {"compile.scope": "none"})
+    assert result["status"] == "ok", result.get("reason")
+    left = Path(seen.read_text())
+    assert left.parent.parent == Path(tempfile.gettempdir()) and left.parent.name.startswith("autocompile-")
+    assert not left.parent.exists()
 
 
 FUNCTIONS = {

@@ -16,10 +16,12 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -194,7 +196,11 @@ def launch(
     for stale in ("result.json", "progress.jsonl", GRANTED, *(p.name for p in trial_dir.glob("error.rank*.json"))):
         (trial_dir / stale).unlink(missing_ok=True)
     started = time.time()
-    env = {**os.environ, **extra, "AUTOCOMPILE_LAUNCH_TIME": repr(started), LEASE_ENV: "1"}
+    # The trial's own temporary directory, removed with it: what its processes (torchrun's agent, a script's
+    # multiprocessing, inductor's workers) leave in it when killed is not left on the machine. Short, under the
+    # system's: a Unix socket's path (multiprocessing's listeners) must stay under 108 bytes.
+    scratch = tempfile.mkdtemp(prefix="autocompile-")
+    env = {**os.environ, **extra, "TMPDIR": scratch, "AUTOCOMPILE_LAUNCH_TIME": repr(started), LEASE_ENV: "1"}
     procs: list[subprocess.Popen[bytes]] = []
     member: Member | None = None
     stopped: tuple[str, str] | None = None
@@ -229,6 +235,7 @@ def launch(
             for p in procs:
                 kill_tree(p)
         (trial_dir / GRANTED).unlink(missing_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
         if stopped == INTERRUPTED:
             _record(trial_dir, procs, stopped, started, resources, member)
     if stopped == INTERRUPTED:
