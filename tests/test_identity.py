@@ -14,8 +14,9 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from autocompile.study.records.record import Measurement, set_attrs
-from autocompile.study.search.tell import Twin, same_program_run
+from autocompile.study.search.tell import Twin, same_program_run, settled
 from autocompile.study.search.twins import search_twins
+from autocompile.trial.launcher import INTERRUPT, Interrupted
 from tests.test_tuner import tune_cli
 
 # Everything fixed but what a test searches: the enqueued trials are the study's whole space.
@@ -54,6 +55,38 @@ def test_a_run_of_a_measured_program_is_its_twin_whether_stopped_or_finished_bef
     failed, no_twin = same_program_run(Measurement(status="failed", fingerprint="abc"), lambda fp: twin)
     assert no_twin is None and failed.status == "failed"  # a failure is data of its own, never its twin's
     assert same_program_run(Measurement(status="ok", fingerprint="abc"), None)[1] is None  # no twin looked for
+    # Stopped for a twin that has ended otherwise since: the stop was for that one, whatever a new look finds.
+    stopped = Measurement(status="same_program", fingerprint="abc", reason="r")
+    assert same_program_run(stopped, lambda fp: None, twin)[1] is twin
+    # Finished with a measurement of its own while its twin still runs: it keeps it (the twin will find it).
+    running = Twin(5, "the same program as trial 5", pending=lambda: None)
+    kept, none = same_program_run(Measurement(status="ok", fingerprint="abc"), lambda fp: running)
+    assert none is None and kept.status == "ok"
+
+
+def test_a_trial_waiting_for_its_programs_twin_takes_its_end_or_is_queued_again() -> None:
+    study = optuna.create_study(directions=["minimize"])
+    first, waiter = study.ask({"x": optuna.distributions.CategoricalDistribution(["a", "b"])}), study.ask()
+    set_attrs(first, result=Measurement(status="ok", fingerprint="abc"))
+    study.tell(first, [1.0])
+    ended = study.trials[first.number]
+    stopped = Measurement(status="same_program", fingerprint="abc", reason="r")
+    found = settled(study, waiter, Twin(first.number, "w", pending=lambda: ended), stopped)
+    assert found is not None and found.stands_for is ended  # complete, pruned or failed: its end stands
+    # It had not ended after the patience: nothing measured the program for the waiter, which is queued again.
+    lost = study.ask({"x": optuna.distributions.CategoricalDistribution(["a", "b"])})
+    assert settled(study, lost, Twin(first.number, "w", pending=lambda: None), stopped) is None
+    frozen = study.trials[lost.number]
+    assert frozen.state == TrialState.FAIL and frozen.user_attrs["interrupted"]
+    (retry,) = study.get_trials(states=(TrialState.WAITING,))
+    assert retry.system_attrs["fixed_params"] == frozen.params and retry.user_attrs["retry_of"] == lost.number
+    # The tuner stopping meanwhile: the waiter is released as an interrupted trial is.
+    INTERRUPT.set()
+    try:
+        with pytest.raises(Interrupted):
+            settled(study, study.ask(), Twin(first.number, "w", pending=lambda: None), stopped)
+    finally:
+        INTERRUPT.clear()
 
 
 def test_trials_in_flight_that_compile_one_program_measure_it_once(tmp_path: Path) -> None:
@@ -91,8 +124,9 @@ def test_trials_in_flight_that_compile_one_program_measure_it_once(tmp_path: Pat
 def test_one_program_is_measured_once_and_its_knob_gets_the_verdict_identical(
         tmp_path: Path, knob: str, values: list[str], fixed: list[str]) -> None:
     study_with(tmp_path, *({knob: v} for v in values))
+    # Two in flight (on any number of cores): both compile the one program at nearly the same moment.
     done = tune_cli(tmp_path, "study.name=t", "study.n_trials=2", "study.baselines=false", "compile.scope=module",
-                    *FIXED, *fixed)
+                    "launch.concurrency=2", *FIXED, *fixed)
     assert done.returncode == 0, done.stderr[-2000:]
     trials = reload(tmp_path).trials
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2

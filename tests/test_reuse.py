@@ -29,6 +29,7 @@ from autocompile.study.answers import (
     differences,
     find_in_store,
     keep,
+    numerics_key,
     read_file,
 )
 from autocompile.study.phases.confirmation import INCUMBENT
@@ -48,7 +49,7 @@ def answer_for(settings: Settings, winner: dict, decided: bool = True, priors: d
     return Answer(key.exact, key.related, key.fields, "earlier", "2026-11-29T00:00:00Z", winner,
                   ", ".join(f"{k}={v}" for k, v in winner.items()), decided,
                   ranking=[winner, *({"compile.scope": scope} for scope in ("regional", "none", "module"))],
-                  priors=priors or {})
+                  priors=priors or {}, numerics_key=numerics_key(settings))
 
 
 def test_an_answers_key_is_the_job_and_its_related_key_the_model_on_the_device(settings_for: Compose) -> None:
@@ -158,23 +159,30 @@ def test_an_exact_answer_lends_its_numerics_reference_and_a_related_one_does_not
     exact = settings_for(*GPT2, f"study.reuse_from={tmp_path / 'answer.json'}")
     study = optuna.create_study()
     key = answer_key(exact)
-    assert reference_from(study, known_answer(study, exact, key), key)
+    assert reference_from(study, known_answer(study, exact, key), key, exact)
     ref = reference(study)
     assert ref is not None and ref["losses"] == measured["losses"] and ref["reused_from"].startswith("study ")
     assert reference_peak(ref) == 2e8  # the processes in flight are sized from it, with no result.json here
     bigger = settings_for(*GPT2, "workload.batch_size=4", f"study.reuse_from={tmp_path / 'answer.json'}")
     study = optuna.create_study()
     key = answer_key(bigger)
-    assert not reference_from(study, known_answer(study, bigger, key), key) and reference(study) is None
+    assert not reference_from(study, known_answer(study, bigger, key), key, bigger) and reference(study) is None
+    # Another seed: the same answer (the ranking stands), other losses (no reference lent).
+    seeded = settings_for(*GPT2, "workload.seed=1", f"study.reuse_from={tmp_path / 'answer.json'}")
+    study = optuna.create_study()
+    key = answer_key(seeded)
+    answer = known_answer(study, seeded, key)
+    assert answer is not None and answer.key == key.exact and not reference_from(study, answer, key, seeded)
     keep(dataclasses.replace(answer_for(settings, {"compile.scope": "train_step"}),
                              reference={"status": "failed", "reason": "oom"}), tmp_path)
     study = optuna.create_study()
     key = answer_key(exact)
-    assert not reference_from(study, known_answer(study, exact, key), key)  # none to take: measured here
+    assert not reference_from(study, known_answer(study, exact, key), key, exact)  # none to take: measured here
     # An answer written with a long run's losses drops them to fit an MLflow tag, never the answer.
     long = dataclasses.replace(answer_for(settings, {"compile.scope": "train_step"}),
                                reference={**measured, "losses": [1.0] * 2000})
-    assert json.loads(long.to_json(limit=5000))["reference"] == {} and len(long.to_json()) > 5000
+    fitted = json.loads(long.to_json(limit=5000))
+    assert fitted["reference"] == {} and len(long.to_json()) > 5000 and fitted["ranking"] == long.ranking
 
 
 def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(settings_for: Compose,
@@ -214,7 +222,8 @@ def test_an_exact_answer_is_reverified_and_a_related_one_orders_the_search(setti
     runs = start(study, space, exact)
     assert runs is exact and len(study.get_trials(states=(TrialState.WAITING,))) == 3
     assert study.user_attrs[REUSED]["differs"] == ["torch"] and not study.user_attrs[REUSED]["exact"]
-    assert not reference_from(optuna.create_study(), read_file(tmp_path / "answer.json"), answer_key(settings))
+    assert not reference_from(optuna.create_study(), read_file(tmp_path / "answer.json"), answer_key(settings),
+                              settings)
     # A winner its study left undetermined against a rival: that rival is raced again too, and said so.
     undecided = dataclasses.replace(answer_for(settings, {"compile.scope": "train_step"}, decided=False),
                                     contenders=[{"compile.scope": "regional"}])
@@ -323,6 +332,9 @@ def test_a_second_run_root_on_one_mlflow_server_reverifies_the_first_ones_answer
         second, said, _ = tune(tmp_path / "second", uri)
         assert second.user_attrs[REUSED]["exact"] and second.user_attrs[REUSED]["source"].startswith("mlflow run ")
         assert "Reused the answer of study" in said and "re-verified" in said
+        # Its numerics reference is the first study's (the same job, seed and all): no eager reference process ran.
+        assert second.user_attrs["reference"]["reused_from"].startswith("study ")
+        assert not list((tmp_path / "second").glob("*/reference"))
         search = [t for t in second.trials if t.user_attrs.get("phase") == "search"]
         assert len(search) <= 3 < len([t for t in first.trials if t.user_attrs.get("phase") == "search"])
         assert any(t.user_attrs.get("phase") == "confirm" and t.user_attrs.get("method") == "side_by_side"

@@ -132,8 +132,13 @@ class Answer:
     ``compile_df`` (one cold compile's spread, the study's own part), ``alone_noise`` and ``alone_df`` (step time
     across fresh alone processes), ``device``; a key is absent where the study measured none."""
     reference: dict[str, Any] = field(default_factory=dict)
-    """Its study's numerics reference (eager fp32 losses per step, step time, peak memory): a re-verification of the
-    same identity (model, workload, device, versions) checks its trials' losses against it, not eager run again."""
+    """Its study's numerics reference (eager fp32 losses over the compared steps, step time, peak memory): a
+    re-verification with the same :attr:`numerics_key` checks its trials' losses against it, not eager run again."""
+    numerics_key: str = ""
+    """What eager's losses depend on, hashed: everything a study's measurements share
+    (:meth:`Settings.measured_on`: the model, its arguments and code, the workload with its seed, the measurement,
+    the device and versions). The answer's key leaves some of it out (a seed, a model argument that changes no
+    shape); its reference is lent only where this matches too."""
     source: str = ""
     """Where it was found: ``mlflow run <id>`` or a file (set on reading)."""
 
@@ -141,11 +146,12 @@ class Answer:
         """As JSON; with ``limit`` (an MLflow tag's length), the ranking's tail left out until it fits."""
         data = {k: v for k, v in asdict(self).items() if k != "source"}
         text = json.dumps(data, sort_keys=True)
+        if limit and len(text) > limit:  # the reference goes first: a re-verification can measure its own
+            data["reference"] = {}
+            text = json.dumps(data, sort_keys=True)
         while limit and len(text) > limit and data["ranking"]:
             data["ranking"] = data["ranking"][:-1]
             text = json.dumps(data, sort_keys=True)
-        if limit and len(text) > limit:  # a long run's losses: a re-verification measures its own reference
-            text = json.dumps({**data, "reference": {}}, sort_keys=True)
         return text
 
     @classmethod
@@ -169,7 +175,22 @@ def answer_of(study: optuna.Study, objective: Objective, settings: Settings, key
                   time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rec.config, rec.name or "defaults",
                   bool(race and race.decided and race.winner and race.winner.trial == winner.number), rivals, ranking,
                   contenders=contenders, priors=measured_priors(study, objective, settings),
-                  reference=dict(reference(study) or {}))
+                  reference=lent_reference(study, settings), numerics_key=numerics_key(settings))
+
+
+def numerics_key(settings: Settings) -> str:
+    """:attr:`Answer.numerics_key` of a study run with ``settings``."""
+    return digest(settings.measured_on())
+
+
+def lent_reference(study: optuna.Study, settings: Settings) -> dict[str, Any]:
+    """The study's numerics reference as an answer keeps it: its losses over the steps a trial's are compared on
+    (``objective.loss_steps``); one it was lent keeps where it was measured (``reused_from``)."""
+    ref = dict(reference(study) or {})
+    if not ref:
+        return {}
+    ref["losses"] = list(ref.get("losses") or [])[:settings.objective.loss_steps]
+    return ref
 
 
 def measured_priors(study: optuna.Study, objective: Objective, settings: Settings) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from autocompile.study.records.optuna_store import (
     counted,
     measured_trials,
 )
+from autocompile.study.reuse import reverifies
 from autocompile.study.search.samplers import eager_runs_left
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ def run_costs(study: optuna.Study, settings: Settings, prior: tuple[float, str])
     ref = study.user_attrs.get(REFERENCE) or {}
     eager = [t.user_attrs["result"] for t in measured if not trial_compiles(t)]
     cap = settings.measure.max_timed_s
+    # What a run's timed part will take: up to the cap, or one window for a re-verification's brief runs.
+    timed_next = settings.measure.window_steps * ref["step_s"] if reverifies(study) and ref.get("step_s") else cap
     starts = [r["wall_s"] - r["timed_s"] for r in eager if r.get("timed_s") is not None]
     start_s = statistics.median(starts) if starts else None
     eager_s = statistics.median(r["wall_s"] for r in eager) if eager else None
@@ -171,7 +174,7 @@ def run_costs(study: optuna.Study, settings: Settings, prior: tuple[float, str])
         timed = ref["windows"] * settings.measure.window_steps * ref["step_s"] if ref.get("windows") and \
             ref.get("step_s") else None
         start_s = ref["wall_s"] - min(timed, cap) if timed is not None else None
-        eager_s = start_s + cap if start_s is not None else ref["wall_s"]
+        eager_s = start_s + timed_next if start_s is not None else ref["wall_s"]
     cold = [t.user_attrs["result"] for t in measured if trial_compiles(t)]
     if cold:
         # Pruned and failed trials included: the next trials will be stopped about as often.

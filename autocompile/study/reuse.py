@@ -26,7 +26,7 @@ from autocompile.config.gpus import device_name
 from autocompile.config.knobs import KnobError, TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, CONFIRMED_BASELINES, SearchSpace, identity
-from autocompile.study.answers import Answer, AnswerKey, differences, find_in_store, read_file
+from autocompile.study.answers import Answer, AnswerKey, differences, find_in_store, numerics_key, read_file
 from autocompile.study.phases.confirmation import INCUMBENT
 from autocompile.study.phases.racing import NOISE_PRIOR
 from autocompile.study.records.compile_prior import MAX_LEARNED_DF, PRIOR_KEY, study_prior, with_learned
@@ -74,15 +74,17 @@ def known_answer(study: optuna.Study, settings: Settings, key: AnswerKey) -> Ans
     return look_up(settings, key)
 
 
-def reference_from(study: optuna.Study, answer: Answer | None, key: AnswerKey) -> bool:
-    """Take an exact answer's numerics reference as the study's (the same identity: eager computes the same losses;
-    the re-verified eager baseline is checked against it all the same). False where there is none to take."""
-    if answer is None or answer.key != key.exact or study.user_attrs.get(REUSED) is not None:
+def reference_from(study: optuna.Study, answer: Answer | None, key: AnswerKey, settings: Settings) -> bool:
+    """Take an exact answer's numerics reference as the study's where what eager's losses depend on matches too
+    (:attr:`Answer.numerics_key`; the re-verified eager baseline is checked against it all the same). False where
+    there is none to take."""
+    if answer is None or answer.key != key.exact or study.user_attrs.get(REUSED) is not None \
+            or answer.numerics_key != numerics_key(settings):
         return False
     ref = answer.reference
     if ref.get("status") != "ok" or not ref.get("losses"):
         return False
-    where = f"study {answer.study} ({answer.finished}, {answer.source})"
+    where = ref.get("reused_from") or f"study {answer.study} ({answer.finished}, {answer.source})"  # where it ran
     study.set_user_attr(REFERENCE, {**ref, "reused_from": where})
     log.info("numerics reference: eager's losses as %s measured them (the same identity), not run again", where)
     return True

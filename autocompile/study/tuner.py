@@ -80,7 +80,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
     observer.opened(study, objective, remaining)
     key = answer_key(settings)
     known = known_answer(study, settings, key)  # an exact one lends its numerics reference too
-    if reference(study) is None and not reference_from(study, known, key):
+    if reference(study) is None and not reference_from(study, known, key, settings):
         # Measured once the tuner's own start (imports, Optuna, MLflow) is over, like every trial: only the
         # live view's refresh runs beside it.
         with observer.live(estimate=False) as view:

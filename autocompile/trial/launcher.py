@@ -200,7 +200,7 @@ def launch(
     # multiprocessing, inductor's workers) leave in it when killed is not left on the machine. Short, under the
     # system's: a Unix socket's path (multiprocessing's listeners) must stay under 108 bytes.
     scratch = tempfile.mkdtemp(prefix="autocompile-")
-    env = {**os.environ, **extra, "TMPDIR": scratch, "AUTOCOMPILE_LAUNCH_TIME": repr(started), LEASE_ENV: "1"}
+    env = {**os.environ, **extra, "AUTOCOMPILE_LAUNCH_TIME": repr(started), LEASE_ENV: "1"}
     procs: list[subprocess.Popen[bytes]] = []
     member: Member | None = None
     stopped: tuple[str, str] | None = None
@@ -211,9 +211,12 @@ def launch(
                 out = files.enter_context(open(trial_dir / f"stdout{suffix}.log", "wb"))
                 err = files.enter_context(open(trial_dir / f"stderr{suffix}.log", "wb"))
                 args: list[str] | str = cmd
-                if node > 0 and agents.remote:
+                remote = node > 0 and bool(agents.remote)
+                if remote:
                     args = agents.remote.format(cmd=shlex.join(cmd), node=node)
-                procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                # A remote node's launcher (srun, ssh) may pass the environment on, and this directory is not there.
+                own_env = env if remote else {**env, "TMPDIR": scratch}
+                procs.append(subprocess.Popen(args, env=own_env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                               shell=isinstance(args, str), start_new_session=True,
                                               preexec_fn=functools.partial(_child_setup, resources.cpus)))
             member = MACHINE.join(trial_dir, lease_names(spec.device, resources.gpus), [p.pid for p in procs])

@@ -24,7 +24,8 @@ from autocompile.config.space import SearchSpace
 from autocompile.study.estimate import StudyEstimate, compile_prior_s, estimate
 from autocompile.study.records.compile_prior import PRIOR_KEY
 from autocompile.study.records.objective import Objective
-from autocompile.study.records.optuna_store import REFERENCE, storage_for
+from autocompile.study.records.optuna_store import IN_FLIGHT, REFERENCE, storage_for
+from autocompile.study.reuse import REUSED, reverifies, reverifying
 from autocompile.study.search.baselines import queue_baselines
 
 MOMENTS = {"before the search": (), "as the confirmation starts": ("search",),
@@ -36,11 +37,16 @@ def rebuilt(finished: optuna.Study, space: SearchSpace, settings: Settings, phas
     """``finished`` as it stood once ``phases`` had run: its reference, compile prior and those trials (before the
     search: its queued baselines)."""
     then = optuna.create_study(directions=finished.directions)
-    for key in (REFERENCE, PRIOR_KEY, *(f"method.{p}" for p in phases if p != "search")):
+    for key in (REFERENCE, PRIOR_KEY, REUSED, IN_FLIGHT, *(f"method.{p}" for p in phases if p != "search")):
         if key in finished.user_attrs:
             then.set_user_attr(key, finished.user_attrs[key])
     if phases:
         then.add_trials([t for t in finished.trials if t.user_attrs.get("phase") in phases])
+    elif reverifies(finished):  # what it re-verified, queued as start_from queued it
+        for t in finished.trials:
+            if t.user_attrs.get("phase") == "search":
+                then.enqueue_trial(t.params, user_attrs={k: t.user_attrs[k] for k in ("baseline",)
+                                                         if t.user_attrs.get(k)})
     elif settings.study.baselines:
         queue_baselines(then, space)
     return then
@@ -50,6 +56,8 @@ def rows(run_dir: Path, settings: Settings) -> list[tuple[str, str, float, float
     """(when, phase, estimate s, wall s) for every phase the estimate prices at each moment of :data:`MOMENTS`."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     finished = optuna.load_study(study_name=settings.study.name, storage=storage_for("", run_dir))
+    if reverifies(finished):  # an exact answer re-verified: its settings as start_from set them
+        settings = reverifying(settings, finished.user_attrs[REUSED]["queued"])
     space = SearchSpace(settings.env, settings.fixed_knobs, settings.study.extended, settings.lead_knobs)
     objective = Objective(settings.objective)
     walls = json.loads((run_dir / "summary.json").read_text()).get("phases_wall_s") or {}

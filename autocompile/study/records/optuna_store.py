@@ -236,7 +236,7 @@ def measured_here(trial: FrozenTrial) -> bool:
         who.get("pidns", pid_namespace()) == pid_namespace() and not is_orphaned(trial)
 
 
-def requeue(study: optuna.Study, trial: FrozenTrial, why: str) -> bool:
+def requeue(study: optuna.Study, trial: FrozenTrial | optuna.Trial, why: str) -> bool:
     """A trial whose tuner died: not counted, its configuration measured again (once). False when
     another tuner (or the trial's own) finished it first."""
     storage = storage_of(study)

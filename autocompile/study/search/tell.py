@@ -25,11 +25,11 @@ from autocompile.config.space import SearchSpace, identity
 from autocompile.study.records.context import StudyContext
 from autocompile.study.records.lone_compile import as_alone, lone_rate
 from autocompile.study.records.objective import LatestBest, Objective, PruneRule
-from autocompile.study.records.optuna_store import heartbeat, measured_trials, tell
+from autocompile.study.records.optuna_store import heartbeat, interrupted, measured_trials, requeue, tell
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
 from autocompile.study.search.numerics import numerics, reference
 from autocompile.study.search.warmstart import drop_cache
-from autocompile.trial.launcher import launch
+from autocompile.trial.launcher import INTERRUPT, Interrupted, launch
 from autocompile.trial.slots import slot_threads
 from autocompile.trial.timing.result import ProgressEvent
 
@@ -84,11 +84,14 @@ def measure_and_tell(ctx: StudyContext, trial: optuna.Trial, config: TrialConfig
     if view is not None:
         view.running(trial.number, TrialRecord.of(trial).name, trial_dir)
 
+    stopped_for: list[Twin] = []
+
     def rule(events: list[ProgressEvent], elapsed: float) -> str | tuple[str, str] | None:
         beat()
         compiled = next((e for e in events if e["event"] == "compiled"), None) if twin_of else None
         if compiled and (twin := twin_of(compiled["fingerprint"])) is not None:  # type: ignore[misc]
-            # Compiled, and it is a program already measured: its steps would time the same code.
+            # Compiled, and it is a program already measured (or being measured): its steps would time the same code.
+            stopped_for[:] = [twin]
             return ("same_program", f"compiled {twin.what}, fingerprint {compiled['fingerprint']}")
         return prune(events, elapsed) if prune else None
 
@@ -104,15 +107,9 @@ def measure_and_tell(ctx: StudyContext, trial: optuna.Trial, config: TrialConfig
     evidence = prune.evidence if prune is not None else None
     if measured.status == "pruned" and evidence:  # kept before the tell: a near miss is measured again
         set_attrs(trial, prune_ratio=evidence["ratio"], prune_margin=evidence["margin"])
-    measured, twin = same_program_run(measured, twin_of)
-    if twin is not None and twin.pending is not None:
-        ended = twin.pending()
-        if ended is None:
-            measured = replace(measured, status="failed", reason=f"{measured.reason}; trial {twin.number}, which "
-                                                                 "measures this program, had not ended")
-            twin = None
-        else:
-            twin = replace(twin, stands_for=ended)
+    measured, twin = same_program_run(measured, twin_of, stopped_for[0] if stopped_for else None)
+    if twin is not None and twin.pending is not None and (twin := settled(study, trial, twin, measured)) is None:
+        return
     if twin is not None and twin.stands_for is not None:
         # The configuration is measured by its twin's steps; its own compile ran, and is noted.
         stands = TrialRecord.of(twin.stands_for)
@@ -127,12 +124,33 @@ def measure_and_tell(ctx: StudyContext, trial: optuna.Trial, config: TrialConfig
         tell_measured(study, trial, objective, measured, cold_compile_s)
 
 
-def same_program_run(measured: Measurement, twin_of: FindTwin | None) -> tuple[Measurement, Twin | None]:
-    """``measured`` and the twin whose program it compiled, if any: a run stopped once compiled, or one that
-    finished before a poll read its compile (a timed part shorter than the poll) -- the same program all the
-    same, read as stopped, so whether a program is measured twice never depends on the poll's timing."""
+def settled(study: optuna.Study, trial: optuna.Trial, twin: Twin, measured: Measurement) -> Twin | None:
+    """A running ``twin`` waited for: it with the trial it ended as (which then stands for ``trial``), or None once
+    ``trial`` is queued again, as an interrupted one is (the twin had not ended after the patience, or was itself
+    interrupted: nothing measured the program for it). The tuner stopping meanwhile raises :class:`Interrupted`."""
+    ended = twin.pending() if twin.pending is not None else twin.stands_for
+    if ended is not None and not interrupted(ended):
+        return replace(twin, stands_for=ended)
+    if INTERRUPT.is_set():
+        raise Interrupted("the tuner is stopping: a trial waiting for its program's measurement")
+    set_attrs(trial, result=measured)
+    requeue(study, trial, f"stopped once compiled for trial {twin.number}, which "
+                          f"{'had not ended' if ended is None else 'was interrupted'}")
+    return None
+
+
+def same_program_run(measured: Measurement, twin_of: FindTwin | None,
+                     stopped_for: Twin | None = None) -> tuple[Measurement, Twin | None]:
+    """``measured`` and the twin whose program it compiled, if any: the one it was stopped for once compiled, or,
+    for a run that finished before a poll read its compile (a timed part shorter than the poll), a measured twin
+    -- the same program all the same, read as stopped, so whether a program is measured twice never depends on the
+    poll's timing. A run that finished while its twin still runs keeps its own measurement (the twin finds it)."""
+    if measured.status == "same_program" and stopped_for is not None:
+        return measured, stopped_for  # found again now, it may have ended otherwise: the stop was for this one
     twin = twin_of(measured.fingerprint) if twin_of and measured.fingerprint \
         and measured.status in ("same_program", "ok") else None
+    if twin is not None and measured.status == "ok" and twin.pending is not None:
+        return measured, None
     if twin is not None and measured.status == "ok":
         measured = replace(measured, status="same_program", reason=f"compiled {twin.what}, fingerprint "
                                                                    f"{measured.fingerprint} (it ran to its end)")
