@@ -35,6 +35,7 @@ from autocompile.study.estimate import (
 )
 from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import IN_FLIGHT
+from autocompile.study.reuse import REUSED
 from autocompile.study.search.samplers import eager_runs_left
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +101,23 @@ def test_before_any_trial_the_reference_and_the_model_size_set_the_estimate(sett
     none = settings_for(*TINY, "study.verdicts=none", "study.confirm_top=0")
     bare = estimate(study, *parts(none)[1:], none, compile_prior_s(none))
     assert bare is not None and bare.confirm_s == bare.verdict_s == 0.0
+
+
+def test_a_reverification_prices_its_brief_search_runs_at_one_timed_window(settings_for: Compose) -> None:
+    # Priced as full runs (up to measure.max_timed_s each), the re-verification's search read x2.2 its wall.
+    settings = settings_for(*TINY)
+    study, space, objective = parts(settings)
+    window = settings.measure.window_steps * 0.02
+    study.set_user_attr("reference", {"status": "ok", "wall_s": 10.0, "windows": 20, "step_s": 0.02})
+    full = estimate(study, space, objective, settings, compile_prior_s(settings))
+    study.set_user_attr(REUSED, {"exact": True, "queued": 3})
+    brief = estimate(study, space, objective, settings, compile_prior_s(settings))
+    assert full is not None and brief is not None
+    timed = 20 * settings.measure.window_steps * 0.02  # the reference's own timed part, not a run's next one
+    assert full.costs.eager_s == pytest.approx(10.0 - timed + settings.measure.max_timed_s + 1.0)
+    assert brief.costs.eager_s == pytest.approx(10.0 - timed + window + 1.0)
+    assert brief.costs.cold_s - brief.costs.eager_s == pytest.approx(full.costs.cold_s - full.costs.eager_s)
+    assert brief.costs.start_s == full.costs.start_s  # the phases' processes start as before
 
 
 def test_processes_in_flight_overlap_all_but_their_timed_parts(settings_for: Compose) -> None:
