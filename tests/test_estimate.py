@@ -422,6 +422,38 @@ def test_the_estimate_of_each_phase_against_the_default_studys_wall(settings_for
     assert 0.75 <= found[("as the verdicts start", "verdict")] <= 1.25, found
 
 
+REVERIFIED = ROOT / "benchmarks" / "results" / "cpu-2core" / "issue52"
+"""The second studies of ``benchmarks/recipes/reuse_study.sh`` (session 32, 2 in flight on the 2-core VM), each
+re-verifying its first study's answer: their journals and summaries under ``<run>/second_run``."""
+
+
+@pytest.mark.parametrize(("record", "model"), [("s32", "gpt2-tiny"), ("s32_llama", "llama-tiny")])
+def test_the_estimate_of_a_reverification_against_its_wall(settings_for: Compose, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch, record: str,
+                                                           model: str) -> None:
+    # Before: its brief search runs priced as full ones, a reused eager configuration as a compile: x1.8-2.2.
+    import gzip
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("estimate_vs_wall", ROOT / "benchmarks" / "recipes" /
+                                                  "estimate_vs_wall.py")
+    assert spec is not None and spec.loader is not None
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # the cores the record was made on
+    settings = settings_for(f"+model={model}", f"output_root={tmp_path}")
+    run_dir = tmp_path / settings.study.name
+    run_dir.mkdir()
+    saved = REVERIFIED / record / "second_run"
+    (run_dir / "optuna.journal").write_bytes(gzip.decompress((saved / "optuna.journal.gz").read_bytes()))
+    shutil.copy(saved / "summary.json", run_dir)
+    found = {(when, phase): est / wall for when, phase, est, wall in recipe.rows(run_dir, settings) if wall}
+    print({k: round(v, 2) for k, v in found.items()})
+    assert set(found) >= {("before the search", "search"), ("before the search", "confirm")}
+    assert all(0.75 <= ratio <= 1.25 for ratio in found.values()), found
+
+
 def test_each_phase_is_estimated_again_as_it_starts_and_kept_beside_its_wall_time(settings_for: Compose) -> None:
     from autocompile.report.summary import expected_line, expected_per_phase
     from autocompile.study.estimate import StudyEstimate, remember

@@ -24,8 +24,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
+from autocompile.config.choices import compiles
 from autocompile.config.knobs import KNOBS, TrialConfig
 from autocompile.config.settings import Settings
 from autocompile.config.space import BASELINES, SearchSpace
@@ -200,10 +201,13 @@ def search_left_s(study: optuna.Study, space: SearchSpace, settings: Settings,
     its eager runs at the eager cost, the rest compiled)."""
     trials = study.get_trials(deepcopy=False)
     left = max(settings.study.n_trials - sum(counted(t) for t in trials), 0)
-    queued = [t.user_attrs.get("baseline") for t in trials if t.state == TrialState.WAITING][:left]
+    waiting = [t for t in trials if t.state == TrialState.WAITING][:left]
+    queued = [t.user_attrs.get("baseline") for t in waiting]
     queued_s = sum(costs.cold_s if trial_compiles(baseline(space, name)) else costs.eager_s
                    for name in queued if name in BASELINES)
-    queued_s += sum(costs.cold_s for name in queued if name not in BASELINES)
+    # Another queued configuration (a reused answer's): eager unless its scope compiles.
+    queued_s += sum(costs.cold_s if compiles(queued_scope(t, space)) else costs.eager_s
+                    for t in waiting if t.user_attrs.get("baseline") not in BASELINES)
     sampled = left - len(queued)
     if settings.study.sampler == "staged":  # its eager runs first, then compiles
         eager = min(eager_runs_left(space, trials), sampled)  # a queued eager baseline counts as tried
@@ -212,6 +216,12 @@ def search_left_s(study: optuna.Study, space: SearchSpace, settings: Settings,
     eager_share = scopes.count("none") / len(scopes)
     sampled_s = sampled * (eager_share * costs.eager_s + (1 - eager_share) * costs.cold_s)
     return queued_s + sampled_s, left
+
+
+def queued_scope(trial: FrozenTrial, space: SearchSpace) -> str:
+    """A queued trial's ``compile.scope``: its fixed parameter, the study's fixed knob, or the knob's default."""
+    scope = trial.system_attrs.get("fixed_params", {}).get("compile.scope", space.fixed.get("compile.scope"))
+    return str(scope if scope is not None else KNOBS["compile.scope"][1])
 
 
 def in_flight_wall(serial_s: float, timed_s: float, k: int, cores: int) -> float:
