@@ -7,6 +7,10 @@ PYTHONPATH (aot_eager/eager backends and a tiny model keep each run to seconds).
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -17,6 +21,7 @@ import pytest
 from autocompile.config.knobs import KnobError, TrialConfig
 from autocompile.config.script_settings import ScriptSettings, ScriptSpec, calls_prepare, script_env
 from autocompile.config.spec import MeasureSettings, Workload
+from autocompile.trial.launcher import SCRATCH_PREFIX, scratch_dir
 from tests.conftest import ROOT, assert_rates, launched, survivors
 
 GPT = "examples/scripts/train_gpt.py"
@@ -190,6 +195,22 @@ def test_what_a_trial_leaves_in_its_temporary_directory_goes_with_it(tmp_path: P
     left = Path(seen.read_text())
     assert left.parent.parent == Path(tempfile.gettempdir()) and left.parent.name.startswith("autocompile-")
     assert not left.parent.exists()
+
+
+def test_a_killed_tuners_temporary_directories_go_with_the_next_launch() -> None:
+    # A tuner killed with SIGKILL never reaches its launches' cleanup: the next tuner's first launch removes them.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid is free now (reused, the directory is left: never another process's)
+    dead = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{gone.pid}-"))
+    (dead / "pymp-left").mkdir()
+    alive = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getppid()}-"))  # a tuner still running
+    try:
+        fresh = Path(scratch_dir())
+        assert fresh.is_dir() and fresh.name.startswith(f"{SCRATCH_PREFIX}{os.getpid()}-")
+        assert not dead.exists() and alive.is_dir()
+    finally:
+        for path in (dead, alive, fresh):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 FUNCTIONS = {

@@ -199,7 +199,7 @@ def launch(
     # The trial's own temporary directory, removed with it: what its processes (torchrun's agent, a script's
     # multiprocessing, inductor's workers) leave in it when killed is not left on the machine. Short, under the
     # system's: a Unix socket's path (multiprocessing's listeners) must stay under 108 bytes.
-    scratch = tempfile.mkdtemp(prefix="autocompile-")
+    scratch = scratch_dir()
     env = {**os.environ, **extra, "AUTOCOMPILE_LAUNCH_TIME": repr(started), LEASE_ENV: "1"}
     procs: list[subprocess.Popen[bytes]] = []
     member: Member | None = None
@@ -244,6 +244,21 @@ def launch(
     if stopped == INTERRUPTED:
         raise Interrupted(INTERRUPTED[1])
     return _record(trial_dir, procs, stopped, started, resources, member)
+
+
+SCRATCH_PREFIX = "autocompile-"
+"""A trial's temporary directory: ``<system temp>/autocompile-<tuner pid>-<random>``."""
+
+
+def scratch_dir() -> str:
+    """A new temporary directory for a trial's processes, named for this tuner; those of tuners that are gone (killed
+    before their launches' ``finally``) are removed first."""
+    root = Path(tempfile.gettempdir())
+    for old in root.glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = old.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
 
 
 def _why_stop(trial_dir: Path, spec: Spec, elapsed: float, should_stop: StopRule | None,
