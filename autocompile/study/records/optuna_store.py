@@ -300,12 +300,12 @@ CLAIM_LOCK = "claim.lock"
 """In the run directory: held while a search trial records its configuration and looks for a twin."""
 
 
-def running_twin(study: optuna.Study, identity: str, number: int) -> FrozenTrial | None:
+def running_twin(study: optuna.Study, identity: str, number: int, field: str = "identity") -> FrozenTrial | None:
     """Another trial of the same configuration still running (another slot or tuner process) that claimed it
     first: the caller checks under :data:`CLAIM_LOCK` right after recording its own identity, so a trial it finds
-    recorded its identity earlier, whatever their numbers."""
+    recorded its identity earlier, whatever their numbers. ``field="program"``: the same compiled program."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.number != number and TrialRecord.of(trial).identity == identity:
+        if trial.number != number and getattr(TrialRecord.of(trial), field) == identity:
             return trial
     return None
 

@@ -90,8 +90,12 @@ def reference_peak(ref: Reference | None) -> float | None:
     path = Path(ref["trial_dir"]) / "result.json" if ref and ref.get("trial_dir") else None
     if path is None or not path.is_file():
         return None
-    found = TrialResult.from_json(json.loads(path.read_text()))
-    return float(max(found.peak_memory_bytes or 0, found.warmup_peak_memory_bytes or 0)) or None
+    return peak_of(TrialResult.from_json(json.loads(path.read_text())))
+
+
+def peak_of(result: TrialResult) -> float | None:
+    """A run's peak memory in bytes, warm-up or timed; None where it reported none."""
+    return float(max(result.peak_memory_bytes or 0, result.warmup_peak_memory_bytes or 0)) or None
 
 
 def numerics(ref: Reference | None) -> str:
@@ -150,8 +154,8 @@ def _measure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -
     for key in ("compile_calls", "structure", "backwards_per_step"):
         if result.script and result.script.get(key):
             kept[key] = result.script[key]  # type: ignore[literal-required]
-    if peak := max(result.peak_memory_bytes or 0, result.warmup_peak_memory_bytes or 0):
-        kept["peak_bytes"] = float(peak)
+    if peak := peak_of(result):
+        kept["peak_bytes"] = peak
     study.set_user_attr(REFERENCE, kept)
     if not result.ok:
         log.warning("the numerics reference failed (%s): trials are marked 'unchecked' and none can win",

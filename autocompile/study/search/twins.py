@@ -12,20 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
-from autocompile.study.records.optuna_store import CLAIM_LOCK, file_lock, same_program, wait_finished
+from autocompile.study.records.optuna_store import CLAIM_LOCK, file_lock, running_twin, same_program, wait_finished
 from autocompile.study.records.record import TrialRecord, set_attrs
 from autocompile.study.search.tell import FindTwin, Twin
 from autocompile.trial.launcher import INTERRUPT
-
-
-def claimant(study: optuna.Study, fingerprint: str, number: int) -> FrozenTrial | None:
-    """Another running trial that claimed ``fingerprint``'s program."""
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.number != number and TrialRecord.of(trial).program == fingerprint:
-            return trial
-    return None
 
 
 def search_twins(study: optuna.Study, trial: optuna.Trial, run_dir: Path, patience_s: float,
@@ -47,7 +39,7 @@ def search_twins(study: optuna.Study, trial: optuna.Trial, run_dir: Path, patien
         if fingerprint in claimed:
             return None  # this trial measures it
         with file_lock(run_dir / CLAIM_LOCK):
-            first = claimant(study, fingerprint, trial.number)
+            first = running_twin(study, fingerprint, trial.number, field="program")
             if first is None or measured_anyway:
                 set_attrs(trial, program=fingerprint)
                 claimed.add(fingerprint)
