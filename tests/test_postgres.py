@@ -53,26 +53,38 @@ def test_killed_tuner_trial_is_failed_by_heartbeat_and_measured_again(tmp_path: 
     args = [sys.executable, "-m", "autocompile", *TINY, f"output_root={tmp_path}", f"study.storage={postgres}",
             "study.heartbeat_s=1", "+model.block_sleep_s=0.02", "compile.scope=none", "amp.dtype=none",
             "study.prune=false", "measure.windows=40", "study.n_trials=4"]
+    # The survivor starts once a victim's trial has claimed its program: started together, the survivor's trials
+    # could claim every program first (a configuration of no compile is one program), leaving the victim only
+    # trials that wait for them, as CI once saw beside another test.
     victim = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    survivor = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    survivor = None
     storage = optuna.storages.RDBStorage(postgres)
     killed = None
     deadline = time.time() + 480  # beside another integration test, 240 s once passed before the victim timed a window
-    while killed is None and time.time() < deadline:
+    while killed is None and time.time() < deadline and victim.poll() is None:
         time.sleep(0.3)
         studies = optuna.get_all_study_summaries(storage)
         if not studies:
             continue
         study = optuna.load_study(study_name=studies[0].study_name, storage=storage)
         for t in study.get_trials(states=(TrialState.RUNNING,)):
+            if t.user_attrs.get("owner", {}).get("pid") != victim.pid:
+                continue
+            if survivor is None and "program" in t.user_attrs:
+                survivor = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                            text=True)
             progress = Path(t.user_attrs.get("trial_dir", "/nonexistent")) / "progress.jsonl"
-            if t.user_attrs.get("owner", {}).get("pid") == victim.pid and progress.exists() and (
-                    '"window"' in progress.read_text()):
+            if progress.exists() and '"window"' in progress.read_text():
                 os.kill(victim.pid, signal.SIGKILL)
                 killed = t.number
                 break
-    assert killed is not None, "the victim tuner never ran a trial"
+    if killed is None:
+        victim.kill()
+        if survivor is not None:
+            survivor.kill()
+    assert killed is not None, f"the victim tuner never timed a window (exit code {victim.returncode})"
     victim.wait()
+    assert survivor is not None
     _, err = survivor.communicate(timeout=600)
     assert survivor.returncode == 0, err[-3000:]
 
