@@ -3,6 +3,7 @@ the code that applies the winner, and where to look next (MLflow UI, optuna-dash
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shlex
@@ -23,7 +24,7 @@ from autocompile.report.export.frameworks import write_framework_configs
 from autocompile.report.export.script_snippet import run_commands, run_entries
 from autocompile.report.export.snippet import snippet
 from autocompile.report.findings.entry import Entry, EntryDoc, FailureGroup, FailureGroupDoc, failure_groups
-from autocompile.report.findings.search_effects import Z95, CompiledProgram, knob_effects
+from autocompile.report.findings.search_effects import CompiledProgram, SearchNoise, Speedup, knob_effects, speedup
 from autocompile.report.race_table import print_confirmed
 from autocompile.report.view import console as make_console
 from autocompile.study.phases.confirmation import Confirmation, confirmed
@@ -48,15 +49,6 @@ from autocompile.trial.timing.compile_artifacts import WarmStart, warm_line
 from autocompile.workload.data import rate_label
 
 
-class Speedup(TypedDict):
-    """The best trial over one baseline in the search (:func:`speedup`)."""
-
-    step_speedup: float
-    noise: float
-    """The 95% half-width of ``step_speedup``."""
-    time_to_train_speedup: float
-
-
 class SummaryDoc(TypedDict):
     """``summary.json``: :attr:`Report.summary`, the report's fields as JSON."""
 
@@ -74,6 +66,7 @@ class SummaryDoc(TypedDict):
     effects: list[dict[str, Any]]
     """``Effect.as_dict()``, and so ``verdicts``."""
     noise: dict[str, float | int | str] | None
+    search_noise: dict[str, float | str | None] | None
     confirmed: dict[str, Any] | None
     """``Confirmation.as_dict()``."""
     verdicts: list[dict[str, Any]]
@@ -107,7 +100,9 @@ class Report:
     commands: dict[str, str] = field(default_factory=dict)
     snippet: str = ""
     noise: Noise | None = None
-    """Run-to-run noise of step time (relative sd across fresh processes), what every ± uses."""
+    """Run-to-run noise of step time (relative sd across fresh processes) as the study measured it."""
+    search_noise: SearchNoise | None = None
+    """What the search's ± assume of one process: ``noise``, else a related answer's or the rules' prior."""
     confirmed: Confirmation | None = None
     """The confirmation phase: winner, candidates, paired intervals vs the baselines (None: not run)."""
     verdicts: list[Effect] = field(default_factory=list)
@@ -135,6 +130,7 @@ class Report:
             "baselines": {name: e.as_dict() for name, e in self.baselines.items()}, "speedups": self.speedups,
             "pareto": [e.as_dict() for e in self.pareto], "effects": [e.as_dict() for e in self.effects],
             "noise": self.noise.as_dict() if self.noise else None,
+            "search_noise": dataclasses.asdict(self.search_noise) if self.search_noise else None,
             "confirmed": self.confirmed.as_dict() if self.confirmed else None,
             "verdicts": [e.as_dict() for e in self.verdicts],
             "recommended": self.recommended.as_dict() if self.recommended else None,
@@ -168,9 +164,8 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     }
     best = min(complete, key=lambda e: objective.score(e.result), default=None)
     baselines = {e.baseline: e for e in complete if e.baseline}
-    noise = study_noise(study)
-    rel_sd = noise.rel_sd if noise else 0.0
-    speedups = {name: speedup(best, base, rel_sd) for name, base in baselines.items()} if best else {}
+    noise, assumed = study_noise(study), SearchNoise.of(study)
+    speedups = {name: speedup(best, base, assumed) for name, base in baselines.items()} if best else {}
     verdict_effects = verdicts(study, objective)
     outcome = confirmed(study, objective)
     recommended = best
@@ -182,9 +177,9 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
         study_name=study.study_name, model=settings.model.name, objective=objective.kind,
         horizon_steps=settings.objective.horizon_steps, stop_reason=stop_reason, wall_s=wall_s, counts=counts,
         best=best, baselines=baselines, speedups=speedups, pareto=pareto_front(complete),
-        effects=verdict_effects or knob_effects(complete, compiled_programs(trials), rel_sd), run_dir=str(run_dir),
+        effects=verdict_effects or knob_effects(complete, compiled_programs(trials), assumed), run_dir=str(run_dir),
         commands=look_commands(settings, run_dir) | run_commands(settings, run_dir), confirmed=outcome,
-        noise=noise, verdicts=verdict_effects, recommended=recommended,
+        noise=noise, search_noise=assumed, verdicts=verdict_effects, recommended=recommended,
         recommendation_changed=changed, phases_wall_s=phases_wall(trials),
         phases_expected_s=expected_per_phase(study.user_attrs.get(EXPECTED) or {}),
         failures=failure_groups(measured, complete),
@@ -246,18 +241,6 @@ def look_commands(settings: Settings, run_dir: Path) -> dict[str, str]:
     return commands
 
 
-def speedup(best: Entry, base: Entry, noise: float = 0.0) -> Speedup:
-    """Best over a baseline in the search (one fresh process each): steady-state speedup with the 95%
-    half-width of its noise (``noise``), and time-to-train speedup. ``noise`` (argument) is the study's
-    run-to-run relative sd of alone processes; each side has it, so the ratio's is sqrt(2) x it (the
-    windows' spread inside each process when not measured)."""
-    b, r = best.result, base.result
-    ratio = r.step_s / b.step_s
-    within = math.hypot(b.step_s_cv or 0, r.step_s_cv or 0)
-    return {"step_speedup": ratio, "noise": Z95 * ratio * max(within, math.sqrt(2) * noise),
-            "time_to_train_speedup": base.time_to_train_s / best.time_to_train_s}
-
-
 def pareto_front(entries: list[Entry]) -> list[Entry]:
     """Trials no other beats on both throughput (up) and compile time (down), fastest compile first."""
     def point(e: Entry) -> tuple[float, float]:
@@ -294,14 +277,18 @@ def print_report(report: Report, console: Console | None = None) -> None:
             console.print(line)
         return
     r = best.result
-    console.print(f"\n[bold green]Best[/] (trial {best.number}): {best.name}")
-    console.print(f"  {r.tokens_per_s:,.0f} {r.unit}/s, {r.step_s * 1e3:.2f} ms/step (CV {r.step_s_cv:.1%}), "
+    brief = (r.windows or 0) < 2  # a re-verification's brief runs: the confirmation below decides
+    console.print(f"\n[bold green]Best[/] (trial {best.number}{', one window: the race below decides' * brief}): "
+                  f"{best.name}")
+    spread = "one window" if brief else f"CV {r.step_s_cv:.1%}"
+    console.print(f"  {r.tokens_per_s:,.0f} {r.unit}/s, {r.step_s * 1e3:.2f} ms/step ({spread}), "
                   f"compile {r.compile_s:.1f} s, time to train {report.horizon_steps} steps "
                   f"{best.time_to_train_s:.1f} s")
     for name, s in report.speedups.items():
-        console.print(f"  vs {name:<10}: steps {s['step_speedup']:.2f}x ± {s['noise']:.2f}, "  # as_written: 10
+        half = f"± {s['noise']:.2f}" if s["noise"] is not None else "(no interval: a process of one window)"
+        console.print(f"  vs {name:<10}: steps {s['step_speedup']:.2f}x {half}, "  # as_written: 10
                       f"time to train {s['time_to_train_speedup']:.2f}x (search: one fresh process each)")
-    console.print(noise_line(report.noise))
+    console.print(noise_line(report.noise, report.search_noise))
     print_confirmed(console, report.confirmed)
     if report.recommendation_changed and report.recommended is not None:
         console.print(f"[bold yellow]Recommendation[/] (trial {report.recommended.number}, "
@@ -310,7 +297,8 @@ def print_report(report: Report, console: Console | None = None) -> None:
     if report.effects:
         console.print(effects_table(report.effects))
     else:
-        console.print("Verdict per knob: no knob took two values among the complete trials.")
+        console.print("Verdict per knob: none from the search (no two complete trials that differ in one knob "
+                      "only, each timed in more than one window).")
     if report.phases_wall_s:
         console.print("Wall time per phase: " + ", ".join(f"{k} {v:.0f} s" for k, v in report.phases_wall_s.items()))
     if line := expected_line(report.phases_expected_s, report.phases_wall_s, report.wall_s):
@@ -366,10 +354,11 @@ def no_result_lines(report: Report) -> list[str]:
     return lines
 
 
-def noise_line(noise: Noise | None) -> str:
+def noise_line(noise: Noise | None, assumed: SearchNoise | None = None) -> str:
     if not noise:
-        return ("Run-to-run noise: not measured (no configuration ran alone in two fresh processes); each ± below "
-                "(a 95% half-width) uses the windows' spread inside one process and understates it.")
+        used = f"assumes {assumed.source}" if assumed else "assumes the rules' prior"
+        return ("Run-to-run noise: not measured (no configuration ran alone in two fresh processes); each ± of the "
+                f"search below (a 95% half-width) {used}, as the study's rules do.")
     return (f"Run-to-run noise of step time, alone: {noise.rel_sd:.1%} (relative sd across fresh processes, "
             f"{noise.df} degrees of freedom: {noise.source}); the search's ± (95% half-widths) use it.")
 

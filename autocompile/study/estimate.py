@@ -37,6 +37,7 @@ from autocompile.study.records.optuna_store import (
     FINISHED,
     IN_FLIGHT,
     REFERENCE,
+    WARM_START,
     counted,
     measured_trials,
 )
@@ -262,8 +263,9 @@ def estimate(study: optuna.Study, space: SearchSpace, objective: Objective, sett
         search_s = in_flight_wall(search_s, left * (costs.eager_s - start), k, cores)
         timed = settings.compare.decided_processes * settings.compare.max_timed_s
         confirm_s, verdict_s = (in_flight_wall(s, timed, k, cores) for s in (confirm_s, verdict_s))
-    warm_start_s = costs.warm_s if settings.study.warm_start and trial_compiles(
-        winner) else 0.0
+    done = (study.user_attrs.get(WARM_START) or {}).get("trial")  # a resumed study measured it for this winner
+    warm_start_s = costs.warm_s if settings.study.warm_start and trial_compiles(winner) and (
+        done is None or done != getattr(winner, "number", None)) else 0.0
     return StudyEstimate(search_s=search_s, confirm_s=confirm_s, verdict_s=verdict_s, warm_start_s=warm_start_s,
                          trials_left=left, costs=costs, in_flight=k)
 
@@ -272,6 +274,9 @@ def announce(found: StudyEstimate | None, settings: Settings) -> StudyEstimate |
     """The estimate before the search starts (returned), and a warning when it will not fit ``study.timeout_s``."""
     if found is None:
         return None
+    if found.total_s < 1 and not found.trials_left:
+        log.info("estimate: nothing left to measure (a finished study, resumed: its result follows)")
+        return found
     log.info("estimate: %s", found.line())
     timeout = settings.study.timeout_s
     if timeout and found.total_s > timeout:
@@ -302,6 +307,8 @@ def expect_phase(remaining: Remaining, phase: str) -> None:
         return
     remember(remaining.study, "after_search" if phase == "confirm" else "after_confirm", found)
     seconds = found.confirm_s if phase == "confirm" else found.verdict_s
+    if seconds < 1 and found.total_s < 1:
+        return  # a resumed study whose phases are measured: nothing to expect
     log.info("%s phase: expected ~%s (%s); the rest of the study ~%s", "confirmation" if phase == "confirm" else
              "verdict", duration(seconds), found.costs.basis, duration(found.total_s))
 

@@ -33,7 +33,7 @@ from autocompile.study.phases.together import measure_together, process_dir
 from autocompile.study.records.context import StudyContext
 from autocompile.study.records.lone_compile import describe as describe_lone
 from autocompile.study.records.objective import LatestBest, Objective, PruneRule, near_misses
-from autocompile.study.records.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver
+from autocompile.study.records.observers import NO_VIEW, LiveView, Outcome, Quiet, StudyObserver, study_wall
 from autocompile.study.records.optuna_store import (
     CLAIM_LOCK,
     IN_FLIGHT,
@@ -129,7 +129,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
         prune_caches(study, winner, run_dir)  # a resumed study's repeats start warm from the caches it still has
         if (answer := answer_of(study, objective, settings, key)) is not None:
             keep(answer, run_dir)
-    return Outcome(study, space, objective, budget.stop_reason, time.time() - budget.started, interrupted,
+    return Outcome(study, space, objective, budget.stop_reason, study_wall(study, budget.started), interrupted,
                    len(budget.released))
 
 

@@ -8,7 +8,10 @@ configurations differ in that knob only, so the difference is the knob's and not
 effect is the median relative change in step time over the pairs; its uncertainty combines the
 study's run-to-run noise (each trial is one fresh process; see ``racing.study_noise``) with the
 spread between pairs, as a 95% half-width (1.96 standard uncertainties; every "±" of the report is a
-95% half-width). An effect within it is "no measurable effect". When every
+95% half-width). An effect within it is "no measurable effect". Until the study measures its run-to-run noise,
+the noise its rules assume stands in (:class:`SearchNoise`); a process timed in one window (a re-verification's
+brief run, ``measure.windows=1``) has no spread of its own: it adds how far one window strays on this machine,
+and where the study does not know that, its pair gives no verdict and its speedup no interval. When every
 matched pair compiled one and the same program (equal fingerprints), the verdict is "identical
 program": measured, and certain. Without a matched pair there is no verdict: a comparison of group
 medians mixes in every other knob that varied.
@@ -18,15 +21,72 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import TypedDict
+
+from optuna import Study
 
 from autocompile.config.choices import Knobs, KnobValue
 from autocompile.config.knobs import KNOBS
 from autocompile.report.findings.entry import Entry
+from autocompile.study.phases.racing import NOISE_PRIOR, alone_window_spread, study_noise
+from autocompile.study.records.record import Measurement
+from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE
 from autocompile.study.statistics.effect import Effect
 
 Z95 = 1.96
 """Standard uncertainties in a 95% half-width (normal: the pooled noise has many degrees of freedom)."""
+
+
+@dataclass(frozen=True)
+class SearchNoise:
+    """What the search's ± assume of one fresh process alone."""
+
+    rel_sd: float
+    """Relative sd of a process's step time across fresh processes: the study's, a related answer's, or the
+    prior its rules use (:data:`decisions.PRIOR_ALONE_NOISE`)."""
+    source: str
+    """Which of the three, in words (empty: the study's own, which the report's noise line states)."""
+    window_spread: float | None
+    """How far one window strays from its process's level (``racing.alone_window_spread``); None: unknown."""
+
+    @classmethod
+    def of(cls, study: Study) -> SearchNoise:
+        spread = alone_window_spread(study)
+        if (own := study_noise(study, "alone")) is not None:
+            return cls(own.rel_sd, "", spread)
+        if kept := study.user_attrs.get(NOISE_PRIOR):
+            return cls(float(kept["rel_sd"]), f"a related answer's, {float(kept['rel_sd']):.1%}", spread)
+        return cls(PRIOR_ALONE_NOISE, f"the prior {PRIOR_ALONE_NOISE:.1%} (the largest the 2-core VM's studies "
+                   "recorded)", spread)
+
+    def pair_sd(self, a: Measurement, b: Measurement) -> float | None:
+        """Relative sd of ``a``'s step time over ``b``'s, one fresh process each: each process's run-to-run
+        noise, never less than their windows' spread; a process of one window adds one window's stray from its
+        level. None where that is unknown: one window has no spread of its own, and no interval can be said."""
+        one = sum((m.windows or 0) < 2 for m in (a, b))
+        if one and self.window_spread is None:
+            return None
+        strays = one * (self.window_spread or 0.0) ** 2
+        return max(math.hypot(a.step_s_cv or 0, b.step_s_cv or 0), math.sqrt(2 * self.rel_sd**2 + strays))
+
+
+class Speedup(TypedDict):
+    """The best trial over one baseline in the search (:func:`speedup`)."""
+
+    step_speedup: float
+    noise: float | None
+    """The 95% half-width of ``step_speedup``; None: no interval (a process timed in one window)."""
+    time_to_train_speedup: float
+
+
+def speedup(best: Entry, base: Entry, noise: SearchNoise) -> Speedup:
+    """Best over a baseline in the search (one fresh process each): steady-state speedup with the 95%
+    half-width of its noise, and time-to-train speedup."""
+    ratio = base.result.step_s / best.result.step_s
+    sd = noise.pair_sd(best.result, base.result)
+    return {"step_speedup": ratio, "noise": Z95 * ratio * sd if sd is not None else None,
+            "time_to_train_speedup": base.time_to_train_s / best.time_to_train_s}
 
 
 class CompiledProgram(TypedDict):
@@ -37,11 +97,12 @@ class CompiledProgram(TypedDict):
 
 
 def knob_effects(measured: list[Entry], programs: list[CompiledProgram] | None = None,
-                 noise: float = 0.0) -> list[Effect]:
+                 noise: SearchNoise | None = None) -> list[Effect]:
     """``measured``: one entry per complete trial (its active knobs and measurement);
     ``programs``: ``config`` and ``fingerprint`` of every configuration that compiled (those stopped as
-    the same program as another included); ``noise``: the study's run-to-run relative sd of step time
-    (0 = unknown: the windows' noise inside each process stands in, and understates it)."""
+    the same program as another included); ``noise``: what one fresh process's step time is worth (None: the
+    rules' prior, the window spread unknown)."""
+    noise = noise or SearchNoise(PRIOR_ALONE_NOISE, "the rules' prior", None)
     effects = []
     programs = programs or []
     for key, (spec, default) in KNOBS.items():
@@ -71,7 +132,7 @@ def _rest(config: Knobs, key: str) -> tuple:
 
 
 def matched_effect(measured: list[Entry], key: str, reference: KnobValue, value: KnobValue,
-                   noise: float = 0.0) -> tuple | None:
+                   noise: SearchNoise) -> tuple | None:
     refs = {_rest(m.config, key): m.result for m in measured if m.config.get(key) == reference}
     ratios, noises, compile_deltas = [], [], []
     for m in measured:
@@ -80,9 +141,10 @@ def matched_effect(measured: list[Entry], key: str, reference: KnobValue, value:
         ref = refs.get(_rest(m.config, key))
         if ref is None:
             continue
+        if (sd := noise.pair_sd(m.result, ref)) is None:
+            continue  # a process of one window, and no window spread known: no interval
         ratios.append(m.result.step_s / ref.step_s - 1)
-        within = math.hypot(m.result.step_s_cv or 0, ref.step_s_cv or 0)
-        noises.append(max(within, math.sqrt(2) * noise))  # two fresh processes, each with run-to-run noise
+        noises.append(sd)
         compile_deltas.append(m.result.compile_s - ref.compile_s)
     if not ratios:
         return None

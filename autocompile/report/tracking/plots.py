@@ -174,8 +174,10 @@ def study_note(report: Any) -> str:
         lines.append(f"**Best: trial {best.number}** `{best.name}`: {r.tokens_per_s:,.0f} {r.unit}/s, "
                      f"compile {r.compile_s:.1f} s, time to train {report.horizon_steps} steps "
                      f"{best.time_to_train_s:.1f} s.")
-        lines.append("\n".join(f"- vs {name}: steps {s['step_speedup']:.2f}x ± {s['noise']:.2f}, time to train "
-                               f"{s['time_to_train_speedup']:.2f}x" for name, s in report.speedups.items()))
+        lines.append("\n".join(
+            f"- vs {name}: steps {s['step_speedup']:.2f}x "
+            + (f"± {s['noise']:.2f}" if s["noise"] is not None else "(no interval: a process of one window)")
+            + f", time to train {s['time_to_train_speedup']:.2f}x" for name, s in report.speedups.items()))
     outcome = report.confirmed
     if outcome is not None and (w := outcome.winner) is not None:
         lines.append(f"**Confirmed** ({outcome.rounds} interleaved rounds): {outcome.conclusion}. Recommended: "

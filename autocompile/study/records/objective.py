@@ -191,7 +191,8 @@ NEAR_MISS = 2.0
 
 
 def near_misses(trials: Sequence[FrozenTrial], limit: int) -> list[FrozenTrial]:
-    """The pruned search trials to measure once more, closest to the bound first, at most ``limit``.
+    """The pruned search trials to measure once more, closest to the bound first, at most ``limit`` in all: those
+    measured once more already count (a resumed study picks no more than its first run could).
 
     A prune is a few first windows against the best so far, wrong for a configuration no worse than the best
     with a chance of up to ``decisions.PRUNE_ALPHA``; over a study's many prunes some are wrong, and a pruned
@@ -210,4 +211,4 @@ def near_misses(trials: Sequence[FrozenTrial], limit: int) -> list[FrozenTrial]:
         excess = math.log(record.prune_ratio) / math.log(record.prune_margin)
         if excess <= NEAR_MISS:
             found.append((excess, t.number, t))
-    return [t for _, _, t in sorted(found)[:max(limit, 0)]]
+    return [t for _, _, t in sorted(found)[:max(limit - len(again), 0)]]

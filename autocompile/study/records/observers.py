@@ -8,6 +8,7 @@ one direction: config -> workload -> trial -> study -> report.
 
 from __future__ import annotations
 
+import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,11 +90,36 @@ class Outcome:
     stop_reason: str
     """Why the search stopped (``20 trials finished``, ``interrupted``, ``failure guard``, a timeout)."""
     wall_s: float
-    """Seconds since this run of the study started."""
+    """Seconds the study has run, over every run of it (:func:`study_wall`)."""
     interrupted: bool
     """Ctrl-C or SIGTERM stopped it: running trials were queued again."""
     released: int
     """Trials stopped and queued again because of the interruption."""
+
+
+RUNS = "runs"
+"""Study attribute: each run of the study (a tuner's, a resumed one's), ``[start, end]`` in epoch seconds."""
+
+
+def study_wall(study: optuna.Study, started: float) -> float:
+    """Seconds the study has run: this run (from ``started``, recorded now if it started a trial) and its earlier
+    ones, tuners that ran side by side counted once: a resumed study that only reprints its result adds nothing."""
+    trials = [(t.datetime_start.timestamp(), t.datetime_complete.timestamp() if t.datetime_complete else started)
+              for t in study.get_trials(deepcopy=False) if t.datetime_start is not None]
+    before = [span for span in trials if span[0] < started]
+    runs = study.user_attrs.get(RUNS) or (  # a study recorded before its runs were: its trials' span
+        [[min(a for a, _ in before), max(b for _, b in before)]] if before else [])
+    if len(before) < len(trials):  # this run started a trial
+        runs = sorted([*runs, [started, time.time()]])
+        study.set_user_attr(RUNS, runs)
+    spans = sorted(runs)
+    if not spans:  # nothing measured yet (stopped at the reference)
+        return time.time() - started
+    total, reach = 0.0, -float("inf")
+    for start, end in spans:
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total
 
 
 class StudyFailing(RuntimeError):

@@ -1,0 +1,84 @@
+"""What the search's single processes are worth in the report: the ± of its speedups and matched-pair verdicts
+assume the run-to-run noise the study's rules assume (its own, a related answer's, or the prior), and a process
+timed in one window (a re-verification's brief run) gives no interval unless the study knows how far one window
+strays. And how long a study ran, over every run of it."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import optuna
+import pytest
+
+from autocompile.report.findings.entry import Entry
+from autocompile.report.findings.search_effects import SearchNoise, knob_effects, speedup
+from autocompile.study.phases.racing import NOISE_PRIOR
+from autocompile.study.records.observers import RUNS, study_wall
+from autocompile.study.records.record import Measurement
+from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE
+
+
+def entry(number: int, config: dict, step_s: float, windows: int, cv: float = 0.0, baseline: str | None = None
+          ) -> Entry:
+    result = Measurement(status="ok", step_s=step_s, step_s_cv=cv, windows=windows, tokens_per_s=1 / step_s,
+                         compile_s=1.0)
+    return Entry(number, str(config), config, baseline, result, 1.0 + 1000 * step_s, None)
+
+
+EAGER = {"compile.scope": "none", "optim.impl": "default"}
+FUSED = {"compile.scope": "none", "optim.impl": "fused"}
+
+
+def test_one_window_gives_no_interval_unless_the_window_spread_is_known() -> None:
+    # The re-verification of session 32: one window each, 15.47 against 23.2 ms; its side-by-side race then
+    # found 5 %. It printed "1.50x ± 0.00" and "33.3 % faster (± 0.0 %)".
+    brief = [entry(0, EAGER, 0.0232, 1, baseline="eager"), entry(1, FUSED, 0.01547, 1)]
+    unknown = SearchNoise(PRIOR_ALONE_NOISE, "the prior", None)
+    assert speedup(brief[1], brief[0], unknown)["noise"] is None
+    assert [e.knob for e in knob_effects(brief, [], unknown)] == []  # no verdict from it
+    known = SearchNoise(PRIOR_ALONE_NOISE, "the prior", 0.10)
+    (effect,) = knob_effects(brief, [], known)
+    assert effect.uncertainty == pytest.approx(1.96 * math.sqrt(2 * PRIOR_ALONE_NOISE**2 + 2 * 0.10**2))
+    assert not effect.measurable  # -33 % within +-36.6 %
+    # Processes of many windows: the rules' prior noise, never less than the windows' own spread.
+    full = [entry(0, EAGER, 0.0232, 20, 0.02, "eager"), entry(1, FUSED, 0.0207, 20, 0.02)]
+    (effect,) = knob_effects(full, [], unknown)
+    assert effect.uncertainty == pytest.approx(1.96 * math.sqrt(2) * PRIOR_ALONE_NOISE)
+    noisy = [entry(0, EAGER, 0.0232, 20, 0.30, "eager"), entry(1, FUSED, 0.0207, 20, 0.30)]
+    assert knob_effects(noisy, [], unknown)[0].uncertainty == pytest.approx(1.96 * math.hypot(0.3, 0.3))
+
+
+def test_a_one_window_interval_covers_as_often_as_it_says() -> None:
+    """Fresh processes whose level strays by the run-to-run noise, timed in one window that strays by the window
+    spread: the pair's 95 % interval covers the true ratio 95 % of the time (seeded, 4000 pairs)."""
+    rng = random.Random(3)
+    noise = SearchNoise(0.05, "", 0.08)
+    true_ratio, covered, reps = 0.9, 0, 4000
+    for _ in range(reps):
+        a = 0.02 * true_ratio * math.exp(rng.gauss(0, 0.05) + rng.gauss(0, 0.08))
+        b = 0.02 * math.exp(rng.gauss(0, 0.05) + rng.gauss(0, 0.08))
+        (effect,) = knob_effects([entry(0, EAGER, b, 1, baseline="eager"), entry(1, FUSED, a, 1)], [], noise)
+        covered += abs(math.log1p(effect.step_change) - math.log(true_ratio)) <= effect.uncertainty
+    print(f"\none-window pairs: the 95% interval covered {covered / reps:.1%}")
+    assert 0.93 <= covered / reps <= 0.97
+
+
+def test_the_search_assumes_the_noise_its_rules_do() -> None:
+    study = optuna.create_study()
+    assert SearchNoise.of(study).rel_sd == PRIOR_ALONE_NOISE and "prior" in SearchNoise.of(study).source
+    study.set_user_attr(NOISE_PRIOR, {"rel_sd": 0.031, "df": 6, "source": "another study"})
+    assert SearchNoise.of(study).rel_sd == 0.031 and "related" in SearchNoise.of(study).source
+
+
+def test_a_studys_wall_counts_each_run_once_and_a_reprint_adds_nothing() -> None:
+    study = optuna.create_study()
+    first = time.time() - 100
+    study.enqueue_trial({})
+    study.tell(study.ask(), 1.0)  # a trial started in this run
+    assert study_wall(study, first) == pytest.approx(100, abs=1)
+    assert study_wall(study, time.time()) == pytest.approx(100, abs=1)  # a reprint: nothing started, nothing added
+    # Two tuners side by side and a resume later: their union.
+    study.set_user_attr(RUNS, [[0.0, 100.0], [50.0, 120.0], [1000.0, 1010.0]])
+    assert study_wall(study, time.time()) == pytest.approx(130.0)
