@@ -1,7 +1,7 @@
 """What the search's single processes are worth in the report: the ± of its speedups and matched-pair verdicts
 assume the run-to-run noise the study's rules assume (its own, a related answer's, or the prior), and a process
 timed in one window (a re-verification's brief run) gives no interval unless the study knows how far one window
-strays. And how long a study ran, over every run of it."""
+strays. And how long a study ran, over every run of it; and the study's MLflow note, whole within a tag."""
 
 from __future__ import annotations
 
@@ -82,3 +82,24 @@ def test_a_studys_wall_counts_each_run_once_and_a_reprint_adds_nothing() -> None
     # Two tuners side by side and a resume later: their union.
     study.set_user_attr(RUNS, [[0.0, 100.0], [50.0, 120.0], [1000.0, 1010.0]])
     assert study_wall(study, time.time()) == pytest.approx(130.0)
+
+
+def test_the_studys_mlflow_note_fits_a_tag_and_keeps_every_verdict() -> None:
+    """A default gpt2-tiny study's note ran to 10,543 characters, which MLflow cut at 8,000 in mid-table."""
+    from types import SimpleNamespace
+
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    from autocompile.report.tracking.plots import NOTE_MAX, study_note
+    from autocompile.study.statistics.effect import Effect
+
+    assert NOTE_MAX == MAX_TAG_VAL_LENGTH
+    changes = ["the winner changed speed within process 1 at window 5 (from 16.35 to 13.66 ms, -16%)"] * 8
+    effects = [Effect(f"knob{i}", "?", "a", "b", 0.1, 0.01, 1.0, 7, True, basis="verdict", low=0.08, high=0.12,
+                      speed_changes=changes) for i in range(12)]
+    report = SimpleNamespace(counts={"trials": 12, "complete": 9, "pruned": 3, "failed": 0}, study_name="s",
+                             model="gpt2-tiny", objective="time_to_train", stop_reason="done", best=None,
+                             failures=[], confirmed=None, effects=effects, speedups={}, horizon_steps=10)
+    assert len(effects[0].verdict) * 12 > NOTE_MAX  # whole, they would not fit
+    note = study_note(report)
+    assert len(note) <= NOTE_MAX and all(f"| knob{i} |" in note for i in range(12)) and "`tables/`" in note

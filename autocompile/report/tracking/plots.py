@@ -157,6 +157,10 @@ def write_tables(rows: Sequence[TrialRow], effects: Sequence[Effect], out_dir: P
     return [out_dir / n for n in ("trials.csv", "trials.md", "knob_verdicts.csv", "knob_verdicts.md")]
 
 
+NOTE_MAX = 8000
+"""The longest tag value MLflow keeps (``mlflow.utils.validation.MAX_TAG_VAL_LENGTH``): a longer note is cut."""
+
+
 def study_note(report: Any) -> str:
     """The study's description on its MLflow parent run (Markdown): counts, best, speedups, verdicts."""
     c = report.counts
@@ -183,13 +187,16 @@ def study_note(report: Any) -> str:
         lines.append(f"**Confirmed** ({outcome.rounds} interleaved rounds): {outcome.conclusion}. Recommended: "
                      f"trial {w.trial} `{w.name or 'defaults'}`."
                      + "".join(f"\n- step time vs {n}: {g.text}" for n, g in outcome.gains.items()))
-    if report.effects:
-        lines.append("| knob | verdict |\n|---|---|\n" + "\n".join(
-            f"| {e.knob} | {e.verdict.replace('|', '/')} |" for e in report.effects))
-    lines.append("Artifacts: `plots/` (Pareto front, knob effects, history; `plots.html` is interactive), "
-                 "`tables/`, `best_config.py`, `config.yaml`. Compare the trials: select the child runs, "
-                 "then Compare.")
-    return "\n\n".join(lines)[:20000]
+    tail = ("Artifacts: `plots/` (Pareto front, knob effects, history; `plots.html` is interactive), "
+            "`tables/`, `best_config.py`, `config.yaml`. Compare the trials: select the child runs, then Compare.")
+    for cut in (False, True):  # whole verdicts, else each one's first clause: a tag holds NOTE_MAX characters
+        table = ["| knob | verdict |\n|---|---|\n" + "\n".join(
+            f"| {e.knob} | {(e.verdict.split(';')[0] if cut else e.verdict).replace('|', '/')} |"
+            for e in report.effects)] if report.effects else []
+        note = "\n\n".join([*lines, *table, tail + (" Each verdict in full: `tables/`." if cut else "")])
+        if len(note) <= NOTE_MAX:
+            return note
+    return note[:NOTE_MAX - 40] + "\n\n(cut to fit; in full: `tables/`)"
 
 
 def _best_so_far(rows: Sequence[TrialRow], maximize: bool) -> list[tuple[int, float]]:
