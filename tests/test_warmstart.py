@@ -108,3 +108,38 @@ def test_an_eager_or_aot_eager_winner_has_nothing_to_take_home(tmp_path: Path, s
     assert take_home(settings, Winner(3, {}, 1.0, None), tmp_path, launch) is None
     assert not (tmp_path / ARTIFACTS).exists()
     assert "no compile artifacts" in warm_line(None)
+
+
+def test_with_processes_in_flight_the_warm_start_fills_the_verdicts_first_free_flight(
+        tmp_path: Path, settings_for: Compose, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session 31's study ran its warm start alone for 24 s after the verdicts: now it starts, beside them, once a
+    flight is free (the scheduling only: the measurement is the integration test's above)."""
+    import time
+
+    from autocompile.config.sections import Resources
+    from autocompile.study.search import warmstart
+
+    settings = settings_for("+model=custom", "model._target_=tests.models.tiny_lm", *FAST_MEASURE)
+    measured: list[int] = []
+    monkeypatch.setattr(warmstart, "warm_start", lambda study, s, winner, run_dir: measured.append(winner.number))
+    monkeypatch.setattr(warmstart.EarlyWarmStart, "POLL_S", 0.02)
+    running = ["verdict process", "verdict process"]
+    monkeypatch.setattr(warmstart.MACHINE, "members", running)
+    study = optuna.create_study()
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=1.0))
+    assert warmstart.EarlyWarmStart.of(study, settings, tmp_path, [Resources()], None) is None  # one at a time
+    early = warmstart.EarlyWarmStart.of(study, settings, tmp_path, [Resources()] * 2, None)
+    assert early is not None
+    early.start(study.trials[0])
+    time.sleep(0.3)
+    assert measured == []  # both flights busy
+    running.pop()
+    time.sleep(0.3)
+    assert measured == [0]  # a flight free for two polls: measured beside the last verdict process
+    early.finish()
+    late = warmstart.EarlyWarmStart.of(study, settings, tmp_path, [Resources()] * 2, None)
+    assert late is not None
+    running.append("verdict process")
+    late.start(study.trials[0])
+    late.finish()
+    assert measured == [0]  # the verdicts ended with every flight busy: the study's end measures it, as before

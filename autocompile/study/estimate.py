@@ -266,6 +266,8 @@ def estimate(study: optuna.Study, space: SearchSpace, objective: Objective, sett
     done = (study.user_attrs.get(WARM_START) or {}).get("trial")  # a resumed study measured it for this winner
     warm_start_s = costs.warm_s if settings.study.warm_start and trial_compiles(winner) and (
         done is None or done != getattr(winner, "number", None)) else 0.0
+    if k > 1 and verdict_s:  # one more process beside the verdicts' (search.warmstart.EarlyWarmStart)
+        warm_start_s = in_flight_wall(warm_start_s, 0.0, k, cores)
     return StudyEstimate(search_s=search_s, confirm_s=confirm_s, verdict_s=verdict_s, warm_start_s=warm_start_s,
                          trials_left=left, costs=costs, in_flight=k)
 

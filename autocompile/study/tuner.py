@@ -9,15 +9,13 @@ tell. Failures are told as failures with their reason; a study that only fails i
 from __future__ import annotations
 
 import logging
-import threading
-import time
-import warnings
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.knobs import KnobError
 from autocompile.config.sections import Resources
@@ -25,7 +23,7 @@ from autocompile.config.settings import ConfigError, Settings
 from autocompile.config.space import SearchSpace
 from autocompile.study.answers import answer_key, answer_of, keep
 from autocompile.study.estimate import Remaining, announce, expect_phase, remember
-from autocompile.study.phases.plans import recommended
+from autocompile.study.phases.plans import recommended, winner_trial
 from autocompile.study.phases.racing import REPEAT_PHASES, alone_noise, alone_window_spread
 from autocompile.study.phases.repeats import alone_on_the_machine, measure_repeat
 from autocompile.study.phases.run import PhaseSettings, run_phases
@@ -43,9 +41,6 @@ from autocompile.study.records.optuna_store import (
     find_measured,
     measured_trials,
     open_for,
-    owner,
-    recover_interrupted,
-    requeue,
     running_twin,
     tell,
     wait_finished,
@@ -53,18 +48,18 @@ from autocompile.study.records.optuna_store import (
 from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
 from autocompile.study.reuse import known_answer, reference_from, reverifies, start_from
 from autocompile.study.search.baselines import queue_as_written, queue_baselines
+from autocompile.study.search.budget import Budget
 from autocompile.study.search.numerics import ensure_reference, probed_env, reference, reference_peak
 from autocompile.study.search.samplers import make_sampler
 from autocompile.study.search.tell import begin, measure_and_tell
 from autocompile.study.search.twins import search_twins
-from autocompile.study.search.warmstart import prune_caches, warm_start
+from autocompile.study.search.warmstart import EarlyWarmStart, prune_caches, warm_start
 from autocompile.trial.launcher import INTERRUPT, Agents, Interrupted
 from autocompile.trial.slots import flights
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-FAILURE_GUARD_MIN_TRIALS = 5
 
 
 def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObserver | None = None) -> Outcome:
@@ -103,7 +98,8 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
         queue_baselines(study, space)
         if found is not None and found.get("compile_calls"):
             queue_as_written(study, space, found["compile_calls"])
-    slots = flights(settings, reference_peak(found))  # the processes in flight, each on its slot's resources
+    peak = reference_peak(found)
+    slots = flights(settings, peak)  # the processes in flight, each on its slot's resources
     study.set_user_attr(IN_FLIGHT, slots.count(slots[0]))
     agents = Agents(settings.launch.rdzv_host, settings.launch.remote_agent)
     log.info("study %s: %d distinct configurations in the space, %d trials asked, %d in flight; storage %s",
@@ -120,8 +116,11 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
     if said := describe_lone(TrialRecord.of(t).measured for t in measured_trials(study)):
         log.info(said)
     interrupted = budget.stop.is_set()
+    early = EarlyWarmStart.of(study, settings, run_dir, slots, peak)  # beside the verdicts, not alone after them
     if not interrupted and budget.stop_reason != "failure guard":
-        interrupted = run.phases(slots[0], slots.count(slots[0]))
+        interrupted = run.phases(slots[0], slots.count(slots[0]), early.start if early else None)
+    if early is not None:
+        early.finish()
     if not interrupted:
         winner = recommended(study, objective)[0]
         if settings.study.warm_start:
@@ -208,9 +207,17 @@ class Runner:
         self.budget.extra = max(done - self.settings.study.n_trials, 0) + len(picked)
         self.search(slots, view)
 
-    def phases(self, resources: Resources, in_flight: int = 1) -> bool:
-        """After the search: the best programs and the baselines again; then the verdicts. True: interrupted."""
+    def phases(self, resources: Resources, in_flight: int = 1,
+               on_verdicts: Callable[[FrozenTrial | None], None] | None = None) -> bool:
+        """After the search: the best programs and the baselines again; then the verdicts (``on_verdicts`` told
+        their winner as they start). True: interrupted."""
         s = self.settings.study
+
+        def expect(phase: str) -> None:
+            expect_phase(self.remaining, phase)
+            if phase == "verdict" and on_verdicts is not None:
+                on_verdicts(winner_trial(self.study, self.ctx.objective))
+
         if not (s.confirm_top or s.verdict_knobs() != []):
             return False
         try:
@@ -220,7 +227,7 @@ class Runner:
                 run_phases(self.study, self.ctx.space, self.ctx.objective, PhaseSettings.of(self.settings, in_flight),
                            lambda trial: self.repeat(trial, view, resources),
                            lambda trials: self.together(trials, view, resources),
-                           lambda phase: expect_phase(self.remaining, phase))
+                           expect)
         except (KeyboardInterrupt, Interrupted):
             self.budget.interrupt()
             return True
@@ -256,80 +263,6 @@ class Runner:
         for trial in trials:
             self.observer.recorded(self.study.trials[trial.number])
         return why
-
-
-class Budget:
-    """Hands out trials while the study needs more, across slots and across tuner processes.
-
-    Trials running elsewhere count towards ``n_trials``, but a tuner that finds the rest of the
-    budget running elsewhere waits instead of leaving: such a trial may yet die with its tuner and
-    need measuring again (found by pid on this host, by heartbeat on a database storage).
-    """
-
-    def __init__(self, study: optuna.Study, settings: Settings, stop: threading.Event | None = None) -> None:
-        self.study = study
-        self.settings = settings.study
-        self.patience_s = settings.patience_s
-        self.started = time.time()
-        self.stop_reason = f"{self.settings.n_trials} trials finished"
-        self.lock = threading.Lock()
-        # Set: no more trials. The tuner passes the launcher's INTERRUPT: running launches stop too.
-        self.stop = stop if stop is not None else threading.Event()
-        self.released: list[int] = []
-        self.extra = 0
-        """Trials allowed beyond n_trials: the near-miss prunes measured once more (``Runner.remeasure``)."""
-
-    def interrupt(self) -> None:
-        """No more trials from now on; with the launcher's event, running launches kill their trials."""
-        self.stop_reason = "interrupted"
-        self.stop.set()
-
-    def release(self, why: str, number: int | None = None) -> None:
-        """Trial ``number``, or every trial this process holds, if still RUNNING: failed and marked
-        interrupted (not counted), its configuration queued again for the study's next run."""
-        me = owner()
-        with self.lock:
-            for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                mine = t.number == number or (number is None and TrialRecord.of(t).owner == me)
-                if mine and requeue(self.study, t, why):  # False: another tuner recovered it meanwhile
-                    self.released.append(t.number)
-
-    def next_trial(self, view: LiveView) -> optuna.Trial | None:
-        waiting_since = None
-        while True:
-            if self.stop.is_set():
-                return None
-            with self.lock:
-                recover_interrupted(self.study)
-                trials = self.study.get_trials(deepcopy=False)
-                view.refresh(trials)
-                done = sum(counted(t) for t in trials)
-                running = sum(t.state == TrialState.RUNNING for t in trials)
-                if done >= self.settings.n_trials + self.extra:
-                    return None
-                if self.settings.timeout_s and time.time() - self.started > self.settings.timeout_s:
-                    self.stop_reason = f"study.timeout_s={self.settings.timeout_s:g} reached"
-                    return None
-                if failing(trials, self.settings.max_failure_rate):
-                    self.stop_reason = "failure guard"
-                    return None
-                if done + running < self.settings.n_trials + self.extra:
-                    with warnings.catch_warnings():  # we beat ourselves: ask/tell is our optimize loop
-                        warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
-                        trial = self.study.ask()
-                    set_attrs(trial, owner=owner())
-                    return trial
-            waiting_since = waiting_since or time.time()
-            if time.time() - waiting_since > self.patience_s:
-                self.stop_reason = f"the last {running} trial(s) still run elsewhere after {self.patience_s:g} s"
-                return None
-            self.stop.wait(1.0)
-
-
-def failing(trials: list[optuna.trial.FrozenTrial], max_rate: float) -> bool:
-    finished = [t for t in trials if counted(t)]
-    failed = sum(t.state == TrialState.FAIL for t in finished)
-    return len(finished) >= FAILURE_GUARD_MIN_TRIALS and failed / len(finished) > max_rate
 
 
 def run_trial(ctx: StudyContext, trial: optuna.Trial, view: LiveView, resources: Resources) -> None:

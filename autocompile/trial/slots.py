@@ -66,18 +66,21 @@ def in_flight(settings: Settings, resources: Resources, peak_bytes: float | None
     reference run's peak, per process) with a margin, in the slot's GPU or the machine's free memory."""
     if settings.launch.concurrency:
         return settings.launch.concurrency
-    nproc = settings.workload.nproc_per_node
     cores = len(resources.cpus) or len(os.sched_getaffinity(0))
-    by_cores = max(1, cores // nproc)
-    need = max(peak_bytes or 0.0, 0.0) * MEMORY_MARGIN
-    if not memory:  # a quick answer (the estimate): the cores' bound alone
-        by_memory = AUTO_MAX
-    elif settings.device == "cuda":
-        free = free_memory(resources.gpus[0] if resources.gpus else None)
-        by_memory = int(free // need) if free and need else AUTO_MAX
-    else:
-        by_memory = int(psutil.virtual_memory().available // (nproc * max(need, MIN_PROCESS_BYTES)))
+    by_cores = max(1, cores // settings.workload.nproc_per_node)
+    # A quick answer (the estimate): the cores' bound alone.
+    by_memory = memory_room(settings, resources, peak_bytes) if memory else AUTO_MAX
     return max(1, min(by_cores, by_memory, AUTO_MAX))
+
+
+def memory_room(settings: Settings, resources: Resources, peak_bytes: float | None) -> int:
+    """How many trial processes the slot's memory holds at once: ``peak_bytes`` each with a margin, in the slot's
+    GPU or the machine's free memory (:data:`AUTO_MAX` when the peak or the free memory is not known)."""
+    need = max(peak_bytes or 0.0, 0.0) * MEMORY_MARGIN
+    if settings.device == "cuda":
+        free = free_memory(resources.gpus[0] if resources.gpus else None)
+        return int(free // need) if free and need else AUTO_MAX
+    return int(psutil.virtual_memory().available // (settings.workload.nproc_per_node * max(need, MIN_PROCESS_BYTES)))
 
 
 def flights(settings: Settings, peak_bytes: float | None) -> list[Resources]:

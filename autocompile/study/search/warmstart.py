@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +27,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.choices import Knobs
 from autocompile.config.knobs import TrialConfig
+from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
 from autocompile.study.records.optuna_store import WARM_START
 from autocompile.study.records.record import TrialRecord
-from autocompile.trial.launcher import Spec, launch
+from autocompile.trial.launcher import Interrupted, Spec, launch
+from autocompile.trial.lease import MACHINE
+from autocompile.trial.slots import memory_room
 from autocompile.trial.timing.compile_artifacts import ARTIFACTS, TRIAL_FILE, WarmStart
 from autocompile.trial.timing.result import TrialResult
 
@@ -91,6 +95,53 @@ def warm_start(study: optuna.Study, settings: Settings, winner: FrozenTrial | No
     if found is not None:
         study.set_user_attr(WARM_START, found)
     return found
+
+
+class EarlyWarmStart:
+    """The winner's warm start measured while the verdicts run, not alone after them: with processes in flight it is
+    one more (its compile beside theirs, its one window in its own turn on the device), started once the verdicts
+    leave a flight free, so that it fills the phase's tail. The study's end measures it again only if the
+    recommendation changed (:func:`warm_start` keeps one per winner)."""
+
+    POLL_S = 0.5
+
+    def __init__(self, study: optuna.Study, settings: Settings, run_dir: Path, in_flight: int) -> None:
+        self.study, self.settings, self.run_dir, self.in_flight = study, settings, run_dir, in_flight
+        self.thread: threading.Thread | None = None
+        self.done = threading.Event()
+
+    @classmethod
+    def of(cls, study: optuna.Study, settings: Settings, run_dir: Path, slots: list[Resources],
+           peak_bytes: float | None) -> EarlyWarmStart | None:
+        """One where processes fly (``slots``: one entry per process in flight) and memory holds one more."""
+        k = slots.count(slots[0])
+        if not settings.study.warm_start or k < 2 or memory_room(settings, slots[0], peak_bytes) <= k:
+            return None
+        return cls(study, settings, run_dir, k)
+
+    def start(self, winner: FrozenTrial | None) -> None:
+        """At the verdict phase's start, the confirmed winner known."""
+        if winner is None or self.thread is not None:
+            return
+        self.thread = threading.Thread(target=self._run, args=(winner,), name="warm-start", daemon=True)
+        self.thread.start()
+
+    def _run(self, winner: FrozenTrial) -> None:
+        free = 0
+        while not self.done.wait(self.POLL_S):
+            free = free + 1 if len(MACHINE.members) < self.in_flight else 0
+            if free >= 2:  # a flight free for a poll, not the moment between one process and the next
+                try:
+                    warm_start(self.study, self.settings, winner, self.run_dir)
+                except (Interrupted, OSError) as exc:  # the tuner stops; the study's end measures it if it goes on
+                    log.info("warm start beside the verdicts not measured (%s)", exc)
+                return
+
+    def finish(self) -> None:
+        """The verdicts are over: a warm start not started yet is the study end's, one running is waited for."""
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
 
 
 CACHE = "inductor_cache"
