@@ -29,7 +29,8 @@ from autocompile.config.choices import Knobs
 from autocompile.config.knobs import TrialConfig
 from autocompile.config.sections import Resources
 from autocompile.config.settings import Settings
-from autocompile.study.records.optuna_store import WARM_START
+from autocompile.study.records.lone_compile import as_alone, lone_rate
+from autocompile.study.records.optuna_store import WARM_START, measured_trials
 from autocompile.study.records.record import TrialRecord
 from autocompile.trial.launcher import Interrupted, Spec, launch
 from autocompile.trial.lease import MACHINE
@@ -76,7 +77,7 @@ def take_home(settings: Settings, best: Winner, run_dir: Path, launch: Callable[
     warm = result.compile_s
     return WarmStart(artifacts=str(target), trial=best.number, status="ok", cold_compile_s=cold,
                      warm_compile_s=warm, saved_s=cold - warm, loaded=result.artifacts_loaded,
-                     trial_dir=result.trial_dir)
+                     trial_dir=result.trial_dir, shared_wall_s=(result.lease or {}).get("compile_wall_s"))
 
 
 def warm_start(study: optuna.Study, settings: Settings, winner: FrozenTrial | None,
@@ -91,7 +92,14 @@ def warm_start(study: optuna.Study, settings: Settings, winner: FrozenTrial | No
     saved = Path(record.trial_dir or "/nonexistent") / TRIAL_FILE
     best = Winner(winner.number, record.config, record.measured.compile_s or 0.0,
                   str(saved) if saved.is_file() else None)
-    found = take_home(settings, best, run_dir, launch)
+
+    def priced(trial_dir: Path, spec: Spec) -> TrialResult:
+        # Beside the verdicts' processes its compile shared the machine: priced as a lone run's, as the cold one was.
+        result = launch(trial_dir, spec)
+        as_alone(result, lone_rate(TrialRecord.of(t).measured for t in measured_trials(study)))
+        return result
+
+    found = take_home(settings, best, run_dir, priced)
     if found is not None:
         study.set_user_attr(WARM_START, found)
     return found

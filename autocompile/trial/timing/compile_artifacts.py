@@ -70,6 +70,9 @@ class WarmStart(TypedDict):
     warm_compile_s: NotRequired[float]
     """The compile time of a fresh process with the artifacts loaded."""
     saved_s: NotRequired[float]
+    shared_wall_s: NotRequired[float | None]
+    """Its compile's wall where it shared the machine (beside the verdicts): ``warm_compile_s`` is then a lone
+    run's, priced from its CPU seconds as the cold one's was (``study/records/lone_compile.py``)."""
     loaded: NotRequired[Artifacts | None]
     """What loading the artifacts did."""
     trial_dir: NotRequired[str | None]
@@ -81,6 +84,8 @@ def warm_line(warm: WarmStart | None) -> str:
         return "Warm start: no compile artifacts (an eager winner, or a backend that keeps none)."
     if warm["status"] != "ok":
         return f"Warm start: {warm['artifacts']} kept; measuring it failed ({warm.get('reason')})."
+    shared = warm.get("shared_wall_s")
+    how = f", beside other processes: priced as alone, its wall {shared:.1f} s" if shared else ""
     return (f"Warm start: compile {warm['warm_compile_s']:.1f} s instead of {warm['cold_compile_s']:.1f} s "
-            f"(saves {warm['saved_s']:.1f} s, measured in a fresh process with {warm['artifacts']} loaded; "
+            f"(saves {warm['saved_s']:.1f} s, measured in a fresh process with {warm['artifacts']} loaded{how}; "
             "best_config.py loads it)")
