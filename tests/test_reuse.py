@@ -332,6 +332,8 @@ def test_a_second_run_root_on_one_mlflow_server_reverifies_the_first_ones_answer
         second, said, _ = tune(tmp_path / "second", uri)
         assert second.user_attrs[REUSED]["exact"] and second.user_attrs[REUSED]["source"].startswith("mlflow run ")
         assert "Reused the answer of study" in said and "re-verified" in said
+        # Its brief runs (one window each) claim no interval; the warm start is the first study's, not "none".
+        assert "± 0.00" not in said and "Warm start: not measured (a re-verification" in said
         # Its numerics reference is the first study's (the same job, seed and all): no eager reference process ran.
         assert second.user_attrs["reference"]["reused_from"].startswith("study ")
         assert not list((tmp_path / "second").glob("*/reference"))

@@ -43,6 +43,7 @@ from autocompile.study.records.optuna_store import (
 )
 from autocompile.study.records.phase_trials import phase, phase_trials
 from autocompile.study.records.record import TrialRecord
+from autocompile.study.reuse import reverifies
 from autocompile.study.statistics.effect import Effect
 from autocompile.study.statistics.noise import Noise
 from autocompile.trial.timing.compile_artifacts import WarmStart, warm_line
@@ -117,6 +118,8 @@ class Report:
     """What the study's estimate said each phase would take as it started (the search's and the whole study's:
     before the search), beside ``phases_wall_s`` (:func:`expected_per_phase`)."""
     warm_start: WarmStart | None = None
+    warm_unmeasured: str = ""
+    """Why this study measured no warm start (empty: it did, or its winner keeps no artifacts)."""
     """The winner's compile artifacts and the compile time a warm start with them saved (``warmstart``)."""
     failures: list[FailureGroup] = field(default_factory=list)
     """Measured trials that did not complete feasibly, grouped by what ended them (most frequent first)."""
@@ -187,6 +190,9 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     if recommended is not None:
         warm = study.user_attrs.get(WARM_START)  # measured by the study (study.warmstart) for this winner
         report.warm_start = warm if warm and warm.get("trial") == recommended.number else None
+        report.warm_unmeasured = ("a re-verification measures the known answer's programs briefly; the study it "
+                                  "re-verifies measured it" if reverifies(study) else "study.warm_start=false"
+                                  if not settings.study.warm_start else "")
         threads = (recommended.result.environment or {}).get("threads")
         report.measure_command = measure_command(settings, recommended.config, threads)
         report.snippet = snippet(settings, recommended, space, report.measure_command, run_dir)
@@ -303,7 +309,9 @@ def print_report(report: Report, console: Console | None = None) -> None:
         console.print("Wall time per phase: " + ", ".join(f"{k} {v:.0f} s" for k, v in report.phases_wall_s.items()))
     if line := expected_line(report.phases_expected_s, report.phases_wall_s, report.wall_s):
         console.print(line)
-    if report.warm_start is not None or report.recommended is not None:
+    if report.warm_start is None and report.warm_unmeasured:
+        console.print(f"Warm start: not measured ({report.warm_unmeasured}).")
+    elif report.warm_start is not None or report.recommended is not None:
         console.print(warm_line(report.warm_start))
     console.print(f"\nApply it: {report.run_dir}/best_config.py (code) and best_config.yaml")
     console.print(f"Measure it again: {report.measure_command}")
