@@ -67,9 +67,9 @@ def test_a_one_window_interval_covers_as_often_as_it_says() -> None:
 
 def test_the_search_assumes_the_noise_its_rules_do() -> None:
     study = optuna.create_study()
-    assert SearchNoise.of(study).rel_sd == PRIOR_ALONE_NOISE and "prior" in SearchNoise.of(study).source
+    assert SearchNoise.of(study, None).rel_sd == PRIOR_ALONE_NOISE and "prior" in SearchNoise.of(study, None).source
     study.set_user_attr(NOISE_PRIOR, {"rel_sd": 0.031, "df": 6, "source": "another study"})
-    assert SearchNoise.of(study).rel_sd == 0.031 and "related" in SearchNoise.of(study).source
+    assert SearchNoise.of(study, None).rel_sd == 0.031 and "related" in SearchNoise.of(study, None).source
 
 
 def test_a_studys_wall_counts_each_run_once_and_a_reprint_adds_nothing() -> None:

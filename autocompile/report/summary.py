@@ -167,7 +167,8 @@ def build_report(study: optuna.Study, settings: Settings, objective: Objective, 
     }
     best = min(complete, key=lambda e: objective.score(e.result), default=None)
     baselines = {e.baseline: e for e in complete if e.baseline}
-    noise, assumed = study_noise(study), SearchNoise.of(study)
+    noise = study_noise(study)
+    assumed = SearchNoise.of(study, noise)
     speedups = {name: speedup(best, base, assumed) for name, base in baselines.items()} if best else {}
     verdict_effects = verdicts(study, objective)
     outcome = confirmed(study, objective)

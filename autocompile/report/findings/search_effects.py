@@ -29,10 +29,11 @@ from optuna import Study
 from autocompile.config.choices import Knobs, KnobValue
 from autocompile.config.knobs import KNOBS
 from autocompile.report.findings.entry import Entry
-from autocompile.study.phases.racing import NOISE_PRIOR, alone_window_spread, study_noise
+from autocompile.study.phases.racing import NOISE_PRIOR, alone_window_spread
 from autocompile.study.records.record import Measurement
 from autocompile.study.statistics.decisions import PRIOR_ALONE_NOISE
 from autocompile.study.statistics.effect import Effect
+from autocompile.study.statistics.noise import Noise
 
 Z95 = 1.96
 """Standard uncertainties in a 95% half-width (normal: the pooled noise has many degrees of freedom)."""
@@ -51,9 +52,10 @@ class SearchNoise:
     """How far one window strays from its process's level (``racing.alone_window_spread``); None: unknown."""
 
     @classmethod
-    def of(cls, study: Study) -> SearchNoise:
+    def of(cls, study: Study, own: Noise | None) -> SearchNoise:
+        """``own``: the study's alone noise (``racing.study_noise``), which the report has read already."""
         spread = alone_window_spread(study)
-        if (own := study_noise(study, "alone")) is not None:
+        if own is not None:
             return cls(own.rel_sd, "", spread)
         if kept := study.user_attrs.get(NOISE_PRIOR):
             return cls(float(kept["rel_sd"]), f"a related answer's, {float(kept['rel_sd']):.1%}", spread)
