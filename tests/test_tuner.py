@@ -70,9 +70,12 @@ def trial_dirs(tmp_path: Path) -> list[Path]:
 def test_duplicates_are_not_measured_again_and_slow_trials_are_pruned_after_their_first_windows(
         tmp_path: Path) -> None:
     # Eager only, one searched knob: amp.dtype; the test model is 20x slower under autocast. Four windows: the
-    # rule reads the first three (decisions.PRUNE_WINDOWS), so a pruned trial stops before its end.
+    # rule reads the first three (decisions.PRUNE_WINDOWS), so a pruned trial stops before its end. One trial at a
+    # time: in flight, the slow trial can reach its windows before any trial has completed, with no best to prune
+    # against (a clean-clone run beside other work once saw it complete).
     run = tune_cli(tmp_path, "+model.block_sleep_s=0.005", "compile.scope=none", "ac.policy=none",
-                   "study.n_trials=6", "objective.kind=throughput", "study.seed=3", "measure.windows=4")
+                   "study.n_trials=6", "objective.kind=throughput", "study.seed=3", "measure.windows=4",
+                   "launch.concurrency=1")
     assert run.returncode == 0, run.stderr[-3000:]
     study = load(tmp_path)
     trials = study.get_trials()
