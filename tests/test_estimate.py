@@ -37,6 +37,7 @@ from autocompile.study.records.objective import Objective
 from autocompile.study.records.optuna_store import IN_FLIGHT
 from autocompile.study.reuse import REUSED
 from autocompile.study.search.samplers import eager_runs_left
+from tests.loading import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ("+model=custom", "model._target_=tests.models.tiny_lm", "model.vocab_size=64", "workload.device=cpu",
@@ -400,14 +401,9 @@ journal and summary: the estimate priced again from it by ``benchmarks/recipes/e
 
 def test_the_estimate_of_each_phase_against_the_default_studys_wall(settings_for: Compose, tmp_path: Path) -> None:
     import gzip
-    import importlib.util
     import shutil
 
-    spec = importlib.util.spec_from_file_location("estimate_vs_wall", ROOT / "benchmarks" / "recipes" /
-                                                  "estimate_vs_wall.py")
-    assert spec is not None and spec.loader is not None
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = load_file(ROOT / "benchmarks" / "recipes" / "estimate_vs_wall.py")
     settings = settings_for("+model=gpt2-tiny", f"output_root={tmp_path}")
     run_dir = tmp_path / settings.study.name
     run_dir.mkdir()
@@ -433,14 +429,9 @@ def test_the_estimate_of_a_reverification_against_its_wall(settings_for: Compose
                                                            model: str) -> None:
     # Before: its brief search runs priced as full ones, a reused eager configuration as a compile: x1.8-2.2.
     import gzip
-    import importlib.util
     import shutil
 
-    spec = importlib.util.spec_from_file_location("estimate_vs_wall", ROOT / "benchmarks" / "recipes" /
-                                                  "estimate_vs_wall.py")
-    assert spec is not None and spec.loader is not None
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = load_file(ROOT / "benchmarks" / "recipes" / "estimate_vs_wall.py")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # the cores the record was made on
     settings = settings_for(f"+model={model}", f"output_root={tmp_path}")
     run_dir = tmp_path / settings.study.name

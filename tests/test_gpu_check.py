@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import re
 import subprocess
@@ -21,17 +20,14 @@ import pytest
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import Workload
 from autocompile.trial.timing.readings import peak_flops
+from tests.loading import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "scripts" / "gpu_check.py")
 
 
 def test_every_configuration_is_valid_on_cuda_and_the_rest_on_cpu(gpu_check: ModuleType) -> None:

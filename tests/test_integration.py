@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import assert_ok, make_spec, run_trials
+from tests.loading import load_file
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +25,6 @@ def test_inductor_module_regional_and_train_step(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(1800)  # its own subprocess limit: cold inductor compiles plus the numerics reference
 def test_real_inductor_study_of_8_trials_recommends_and_writes_a_working_snippet(tmp_path: Path) -> None:
-    import importlib.util
     import json
     import subprocess
     import sys
@@ -46,9 +46,7 @@ def test_real_inductor_study_of_8_trials_recommends_and_writes_a_working_snippet
     summary = json.loads((run_dir / "summary.json").read_text())
     counts = summary["counts"]  # near-miss prunes measured once more come on top of study.n_trials
     assert counts["trials"] - counts["remeasured"] == 8 and counts["remeasured"] <= 2 and summary["best"] is not None
-    spec = importlib.util.spec_from_file_location("best_config", run_dir / "best_config.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file(run_dir / "best_config.py")
     model = gpt2(n_layer=2, n_embd=64, n_head=2, vocab_size=512, n_positions=512)
     step = module.build_step(model, torch.optim.AdamW(model.parameters()))
     assert step.compiled == summary["best"]["result"]["compiled"]

@@ -14,8 +14,9 @@ import threading
 import time
 from pathlib import Path
 
+import optuna
 import pytest
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autocompile.config.spec import ModelSpec
 from autocompile.study.records.optuna_store import counted, measured_trials
@@ -54,6 +55,19 @@ def test_sigint_stops_the_tuner_even_when_it_started_ignored() -> None:
         signal.signal(signal.SIGTERM, before[1])
 
 
+
+def interrupted_trials(study: optuna.Study, slots: int) -> list[FrozenTrial]:
+    """The trials the interrupt cut short: one a slot, failed saying so, none left running; each trial says
+    why it measured nothing (its ``result.json``)."""
+    assert [t for t in study.trials if t.state == TrialState.RUNNING] == []
+    interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
+    assert len(interrupted) == slots
+    assert all(t.state == TrialState.FAIL and t.user_attrs["reason"] == "the tuner was interrupted"
+               for t in interrupted)
+    for t in interrupted:
+        assert json.loads((Path(t.user_attrs["trial_dir"]) / "result.json").read_text())["status"] == "interrupted"
+    return interrupted
+
 @pytest.mark.integration
 @pytest.mark.parametrize("slots", [2, 1])
 def test_ctrl_c_stops_the_study_kills_its_trials_and_leaves_none_running(tmp_path: Path, slots: int) -> None:
@@ -80,14 +94,8 @@ def test_ctrl_c_stops_the_study_kills_its_trials_and_leaves_none_running(tmp_pat
     assert survivors(str(tmp_path)) == []  # no torchrun, no worker: nothing measures after the tuner is gone
 
     study = load(tmp_path)
-    assert [t for t in study.trials if t.state == TrialState.RUNNING] == []
-    interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
-    assert len(interrupted) == slots
-    assert all(t.state == TrialState.FAIL and t.user_attrs["reason"] == "the tuner was interrupted"
-               for t in interrupted)
+    interrupted = interrupted_trials(study, slots)
     assert sum(counted(t) for t in study.trials) < 6
-    for t in interrupted:  # the trial says why it measured nothing; its configuration is queued again
-        assert json.loads((Path(t.user_attrs["trial_dir"]) / "result.json").read_text())["status"] == "interrupted"
     assert sorted(t.user_attrs["retry_of"] for t in study.get_trials(states=(TrialState.WAITING,))) == sorted(
         t.number for t in interrupted)
     (summary,) = tmp_path.glob("*/summary.json")  # the report of what was done is written
@@ -119,13 +127,7 @@ def test_sigterm_stops_the_study_as_ctrl_c_does_and_a_rerun_resumes_it(tmp_path:
     assert survivors(str(tmp_path)) == []  # no torchrun, no worker left behind
 
     study = load(tmp_path)
-    assert [t for t in study.trials if t.state == TrialState.RUNNING] == []
-    interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
-    assert len(interrupted) == slots
-    assert all(t.state == TrialState.FAIL and t.user_attrs["reason"] == "the tuner was interrupted"
-               for t in interrupted)
-    for t in interrupted:
-        assert json.loads((Path(t.user_attrs["trial_dir"]) / "result.json").read_text())["status"] == "interrupted"
+    interrupted = interrupted_trials(study, slots)
 
     rerun = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]

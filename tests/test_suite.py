@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,17 +11,15 @@ from types import ModuleType
 
 import pytest
 
+from tests.loading import load_file
+
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY = ROOT / "tests" / "data" / "study_before_record.summary.json"
 
 
 @pytest.fixture(scope="module")
 def suite() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("suite", ROOT / "scripts" / "suite.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["suite"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "scripts" / "suite.py")
 
 
 def test_the_dry_run_lists_the_default_study_of_every_tiny_family() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -40,6 +39,7 @@ from autocompile.study.records.optuna_store import (
 )
 from autocompile.study.records.record import Measurement
 from tests.conftest import survivors
+from tests.loading import load_file
 from tests.models import tiny_lm
 from tests.test_frameworks import assert_study_exports_load
 
@@ -167,9 +167,7 @@ def test_snippet_applies_the_winner(tmp_path: Path) -> None:
     best = json.loads((run_dir / "summary.json").read_text())["best"]
     winner = best["result"]["compiled"]
     assert winner  # regional compile at any granularity compiles something
-    spec = importlib.util.spec_from_file_location("best_config", run_dir / "best_config.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file(run_dir / "best_config.py")
     model = tiny_lm()
     step = module.build_step(model, torch.optim.AdamW(model.parameters()))
     assert step.compiled == winner

@@ -134,30 +134,26 @@ def _optimizer_impls(config: Flat, env: Env) -> tuple[str, ...]:
     return ("default", *(impl for impl in env.optimizer_impls if not (step_compiled and impl == "fused")))
 
 
+def _inductor_option(name: str, doc: str) -> Any:
+    """A tri-state inductor option, searched only in the extended space (``None``: the mode's own)."""
+    return knob(None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
+                api=f"torch.compile(options={{'{name}': ...}})", doc=doc)
+
+
 @dataclass(frozen=True)
 class InductorOptions:
     """Inductor options merged over the mode's own (``None``: leave the mode's setting)."""
 
-    coordinate_descent_tuning: bool | None = knob(
-        None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
-        api="torch.compile(options={'coordinate_descent_tuning': ...})",
-        doc="Tune Triton/C++ kernel launch parameters by coordinate descent.")
-    shape_padding: bool | None = knob(
-        None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
-        api="torch.compile(options={'shape_padding': ...})",
-        doc="Pad matmul shapes to hardware-friendly multiples.")
-    epilogue_fusion: bool | None = knob(
-        None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
-        api="torch.compile(options={'epilogue_fusion': ...})",
-        doc="Fuse pointwise epilogues into matmul templates.")
-    aggressive_fusion: bool | None = knob(
-        None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
-        api="torch.compile(options={'aggressive_fusion': ...})",
-        doc="Fuse nodes even without shared memory reads.")
-    size_asserts: bool | None = knob(
-        None, values=TRISTATE, when=COMPILED & INDUCTOR, extended=True,
-        api="torch.compile(options={'size_asserts': ...})",
-        doc="Check each input's size and stride in the generated code (False: less Python work per call).")
+    coordinate_descent_tuning: bool | None = _inductor_option(
+        "coordinate_descent_tuning", "Tune Triton/C++ kernel launch parameters by coordinate descent.")
+    shape_padding: bool | None = _inductor_option(
+        "shape_padding", "Pad matmul shapes to hardware-friendly multiples.")
+    epilogue_fusion: bool | None = _inductor_option(
+        "epilogue_fusion", "Fuse pointwise epilogues into matmul templates.")
+    aggressive_fusion: bool | None = _inductor_option(
+        "aggressive_fusion", "Fuse nodes even without shared memory reads.")
+    size_asserts: bool | None = _inductor_option(
+        "size_asserts", "Check each input's size and stride in the generated code (False: less Python work per call).")
 
 
 @dataclass(frozen=True)

@@ -212,9 +212,7 @@ class TrialSpec:
         return self.measure.launcher == "auto" and self.workload.world_size == 1
 
     def write(self, trial_dir: Path) -> Path:
-        path = trial_dir / "trial.json"
-        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
-        return path
+        return write_spec(trial_dir / "trial.json", self)
 
     @classmethod
     def read(cls, trial_dir: Path) -> TrialSpec:
@@ -285,15 +283,19 @@ class SideBySideSpec:
         return self.candidates[0].device
 
     def write(self, trial_dir: Path) -> Path:
-        path = trial_dir / "sidebyside.json"
-        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
-        return path
+        return write_spec(trial_dir / "sidebyside.json", self)
 
     @classmethod
     def read(cls, trial_dir: Path) -> SideBySideSpec:
         raw = json.loads((trial_dir / "sidebyside.json").read_text())
         raw["candidates"] = [TrialSpec.from_dict(c) for c in raw["candidates"]]
         return cls(**{**raw, "policy": WindowPolicy(**raw["policy"])})
+
+
+def write_spec(path: Path, spec: TrialSpec | SideBySideSpec) -> Path:
+    """A process's spec as the worker reads it (``path``)."""
+    path.write_text(json.dumps(asdict(spec), indent=2, sort_keys=True))
+    return path
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from autocompile.study.records.compile_prior import prior_for
 from autocompile.study.statistics.intervals import (
     Paired,
     break_even,
+    from_rounds,
     paired_ratio,
     paired_windows,
     satterthwaite,
@@ -121,13 +122,7 @@ def pair(base: dict[int, list[float]], other: dict[int, list[float]], method: st
     descheduled window from the program's own slow one), else paired fresh-process rounds."""
     if method == SIDE_BY_SIDE:
         return paired_windows(base, other, cpu_base, cpu_other)
-    ratio = paired_ratio({r: v[0] for r, v in other.items()}, {r: v[0] for r, v in base.items()})
-    if ratio is None:
-        return None
-    df = ratio.rounds - 1
-    se = (math.log1p(ratio.high) - math.log1p(ratio.change)) / t_quantile(df) if ratio.high is not None else 0.0
-    return Paired(ratio.change, ratio.low, ratio.high, ratio.rounds, ratio.rounds, "fresh-process rounds", None,
-                  se, df)
+    return from_rounds(paired_ratio({r: v[0] for r, v in other.items()}, {r: v[0] for r, v in base.items()}))
 
 
 def process_spread(per: PerProcess) -> tuple[float, int] | None:

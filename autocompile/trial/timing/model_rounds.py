@@ -8,15 +8,27 @@ On CUDA the windows' times are read (one synchronisation) only where the next de
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from autocompile.trial.program.build import Built, append_progress, check_finite, synchronize
+from autocompile.config.knobs import TrialConfig
+from autocompile.config.spec import TrialSpec
+from autocompile.trial.program.build import (
+    Built,
+    append_progress,
+    build_candidate,
+    check_finite,
+    period,
+    stage,
+    synchronize,
+)
 from autocompile.trial.timing.clock import WindowClock
 from autocompile.trial.timing.ranks import reduce_max
 from autocompile.trial.timing.readings import guard_failure_counts, recompile_reasons
@@ -37,6 +49,18 @@ class ModelProcess:
         self.timeline = timeline
         if launched := os.environ.get("AUTOCOMPILE_LAUNCH_TIME"):
             self.timeline["launch"] = float(launched)
+        self.staged: dict[str, list[tuple[Any, Any]]] = {}
+        """Batches made once per workload (every candidate of a study has the same): :func:`stage`."""
+
+    def build(self, spec: TrialSpec, config: TrialConfig) -> Built:
+        """Candidate ``spec`` with ``config`` applied, on this process's device, its batches staged (none is made
+        or copied while timing)."""
+        built = build_candidate(spec, config, self.device, self.rank, self.world_size)
+        key = json.dumps(asdict(spec.workload), sort_keys=True, default=str)
+        if key not in self.staged:
+            self.staged[key] = stage(built.data, period(spec), self.device)
+        built.staged = self.staged[key]
+        return built
 
     def progress(self, event: str, **data: Any) -> None:
         """A ``progress.jsonl`` event (rank 0): the tuner's stop rules and live view read them."""

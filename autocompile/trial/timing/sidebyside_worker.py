@@ -28,9 +28,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -38,18 +36,7 @@ from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import SideBySideSpec
 from autocompile.config.torch_private import default_store, dynamo_config
 from autocompile.config.window_policy import WindowPolicy
-from autocompile.trial.program.build import (
-    Built,
-    align,
-    build_candidate,
-    period,
-    stage,
-    start_process,
-    tensors,
-    warm_up,
-    warmup_steps,
-    window_steps,
-)
+from autocompile.trial.program.build import Built, align, start_process, tensors, warm_up, warmup_steps, window_steps
 from autocompile.trial.timing.clock import WindowClock
 from autocompile.trial.timing.compile_artifacts import load_artifacts
 from autocompile.trial.timing.model_rounds import ModelProcess, time_rounds
@@ -78,8 +65,6 @@ class SideBySide(ModelProcess):
         super().__init__(out_dir, rank, spec.device, {"worker_start": started})
         self.spec = spec
         self.agreements = 0
-        self.staged: dict[str, list[tuple[Any, Any]]] = {}
-        """Batches made once per workload (every candidate of a study has the same): :func:`stage`."""
 
     @contextmanager
     def scoped(self, built: Built) -> Iterator[None]:
@@ -143,12 +128,7 @@ class SideBySide(ModelProcess):
         cand = spec.candidates[i]
         if spec.artifacts[i]:
             load_artifacts(spec.artifacts[i])
-        config = TrialConfig.from_flat(cand.knobs, env)
-        built = build_candidate(cand, config, self.device, self.rank, self.world_size)
-        key = json.dumps(asdict(cand.workload), sort_keys=True, default=str)
-        if key not in self.staged:
-            self.staged[key] = stage(built.data, period(cand), self.device)
-        built.staged = self.staged[key]
+        built = self.build(cand, TrialConfig.from_flat(cand.knobs, env))
         fresh_shape_state()
         forget_propagated_dims(t for batch in built.staged for t in tensors(batch))
         with self.scoped(built):

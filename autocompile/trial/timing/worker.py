@@ -33,9 +33,6 @@ from autocompile.trial.program.build import (  # noqa: E402
     Built,
     NonFiniteLoss,
     align,
-    build_candidate,
-    period,
-    stage,
     start_process,
     tensors,
     warm_up,
@@ -121,9 +118,8 @@ class Trial(ModelProcess):
         env = Env.detect(self.device.type, self.world_size, workload.shapes_vary)
         config = TrialConfig.from_flat(spec.knobs, env)
         loaded = load_artifacts(spec.measure.artifacts) if spec.measure.artifacts else None
-        built = build_candidate(spec, config, self.device, self.rank, self.world_size)
+        built = self.build(spec, config)
         model, step, loss_fn = built.model, built.step, built.loss_fn
-        built.staged = stage(built.data, period(spec), self.device)  # none made or copied while timing
         # Per item (token, image) over one batch of each shape, before compile touches the model.
         shapes = len(workload.seq_len)
         counted = [built.batch(i) for i in range(shapes)]
