@@ -27,6 +27,7 @@ from autocompile.trial.timing.readings import (
     classify,
     dynamo_compile_times,
     environment,
+    loss_values,
     peak_memory,
     set_graphs,
 )
@@ -138,7 +139,7 @@ class Ending:
             recompiles_timed=0,
             compiled_coverage=program["coverage"] if program is not None else None,
             fingerprint=program["fingerprint"] if program is not None else None,
-            losses=[float(x) for x in torch.stack(self.losses).cpu().tolist()] if self.losses else None,
+            losses=loss_values(self.losses),
             mfu=None,
             flops_per_token=None,
             compile_artifacts=save_artifacts(self.trial_dir) if self.rank == 0 and compiled else None,

@@ -34,9 +34,9 @@ from autocompile.trial.script.variants import Variants
 from autocompile.trial.timing.clock import WindowClock
 from autocompile.trial.timing.compile_artifacts import load_artifacts
 from autocompile.trial.timing.ranks import exit_now, sync, timed_device
-from autocompile.trial.timing.readings import classify, environment, same_program
+from autocompile.trial.timing.readings import classify, environment, loss_values, same_program
 from autocompile.trial.timing.result import TrialResult
-from autocompile.trial.timing.rounds import LOSSES_KEPT, Rounds, Window, kept_mean, rotate
+from autocompile.trial.timing.rounds import LOSSES_KEPT, Rounds, Window, rotate, set_side_timing
 from autocompile.trial.timing.shape_state import load_shape_state
 from autocompile.trial.timing.turn import end_turn, wait_turn
 
@@ -225,14 +225,12 @@ class RotationMeter(Meter):
                 status="failed", label=label, failure="script_ended",
                 reason="the script ended before this candidate warmed up")
             if self.rounds is not None and i in live:
-                c, losses = self.rounds.of[i], self.own_losses[i][:LOSSES_KEPT]
-                outcome.step_s_windows, outcome.step_cpu_s_windows = c.step_s, c.cpu_s
-                outcome.step_s, outcome.stalled_windows = kept_mean(c.step_s, c.cpu_s)
-                outcome.losses = [float(x) for x in torch.stack(losses).float().tolist()] if losses else None
+                set_side_timing(outcome, self.rounds.of[i])
+                outcome.losses = loss_values(self.own_losses[i][:LOSSES_KEPT])
             candidates.append(outcome)
         return TrialResult(
             candidates=candidates, order=self.order,
-            rounds=max((len(self.rounds.of[i].step_s) for i in live), default=0) if self.rounds else 0,
+            rounds=self.rounds.kept if self.rounds else 0,
             window_steps=self.rotation.policy.window_steps,
             throughput_unit=self.unit or ("backward() calls" if self.step_kind == "backward" else "optimizer steps"),
             script={"path": self.spec.script.path, "args": self.spec.script.args, "steps": self.steps,

@@ -174,6 +174,11 @@ def tree_cpu_s() -> float:
     return total
 
 
+def loss_values(losses: list[torch.Tensor]) -> list[float] | None:
+    """The steps' losses as numbers (one copy from the device); None when there are none."""
+    return [float(x) for x in torch.stack(losses).float().cpu().tolist()] if losses else None
+
+
 def dynamo_compile_times() -> dict[str, float]:
     """Dynamo's own seconds per compile phase (``torch._dynamo.utils.compile_times``)."""
     return compile_times()

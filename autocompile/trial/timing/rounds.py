@@ -112,6 +112,11 @@ class Rounds:
                 c.items.append(w.items)
         return failed
 
+    @property
+    def kept(self) -> int:
+        """Kept windows of the live candidate with the most (a side-by-side result's ``rounds``)."""
+        return max((len(self.of[i].step_s) for i in self.live), default=0)
+
     def clean(self) -> int:
         """Rounds that count: side by side, those every live candidate timed and none was descheduled in (a pair
         needs both windows); alone, every kept window (its median reads through a stall, and a trial's windows
@@ -161,12 +166,14 @@ def worst_half_width(windows: list[list[float]], cpu: list[list[float]] | None =
                for other in logs if other is not leader)
 
 
-def kept_mean(step_s: list[float], cpu_s: list[float]) -> tuple[float | None, int]:
-    """A side-by-side candidate's step time: the geometric mean of its windows the process was not descheduled
-    in, and how many were left out."""
-    out = descheduled(step_s, cpu_s)
-    kept = [s for k, s in enumerate(step_s) if k not in out]
-    return (math.exp(statistics.fmean(math.log(s) for s in kept)) if kept else None), len(step_s) - len(kept)
+def set_side_timing(result: TrialResult, c: Candidate) -> None:
+    """A side-by-side candidate's timing fields: its windows, and its step time, the geometric mean of the
+    windows the process was not descheduled in (how many were left out: ``stalled_windows``)."""
+    out = descheduled(c.step_s, c.cpu_s)
+    kept = [s for k, s in enumerate(c.step_s) if k not in out]
+    result.step_s_windows, result.step_cpu_s_windows = c.step_s, c.cpu_s
+    result.step_s = math.exp(statistics.fmean(math.log(s) for s in kept)) if kept else None
+    result.stalled_windows = len(c.step_s) - len(kept)
 
 
 def set_timing(result: TrialResult, c: Candidate, warm_s: list[float], warmup: int, window_steps: int,

@@ -30,8 +30,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
-
 from autocompile.config.knobs import Env, TrialConfig
 from autocompile.config.spec import SideBySideSpec
 from autocompile.config.torch_private import default_store, dynamo_config
@@ -40,9 +38,9 @@ from autocompile.trial.program.build import Built, align, start_process, tensors
 from autocompile.trial.timing.clock import WindowClock
 from autocompile.trial.timing.compile_artifacts import load_artifacts
 from autocompile.trial.timing.model_rounds import ModelProcess, time_rounds
-from autocompile.trial.timing.readings import classify, environment, same_program
+from autocompile.trial.timing.readings import classify, environment, loss_values, same_program
 from autocompile.trial.timing.result import TrialResult
-from autocompile.trial.timing.rounds import LOSSES_KEPT, Rounds, kept_mean, rotate
+from autocompile.trial.timing.rounds import LOSSES_KEPT, Rounds, rotate, set_side_timing
 from autocompile.trial.timing.shape_state import forget_propagated_dims, fresh_shape_state
 from autocompile.trial.timing.turn import end_turn, wait_turn
 
@@ -108,16 +106,14 @@ class SideBySide(ModelProcess):
                                      reason=why)
         self.agree(outcome, sorted(rounds.of))  # every rank fails alike (each recorded the ranks' largest values)
         for i in [i for i in rounds.live if outcome[i].ok]:
-            c = rounds.of[i]
-            outcome[i].step_s_windows, outcome[i].step_cpu_s_windows = c.step_s, c.cpu_s
-            outcome[i].step_s, outcome[i].stalled_windows = kept_mean(c.step_s, c.cpu_s)
-            outcome[i].losses = [float(x) for x in torch.stack(alive[i].losses[:LOSSES_KEPT]).float().tolist()]
+            set_side_timing(outcome[i], rounds.of[i])
+            outcome[i].losses = loss_values(alive[i].losses[:LOSSES_KEPT])
         from autocompile.workload.data import item_unit
 
         inputs, _ = next(iter(alive.values())).batch(0) if alive else (None, None)
         return TrialResult(
             candidates=[outcome[i] for i in range(len(spec.candidates))], order=order,
-            rounds=max((len(rounds.of[i].step_s) for i in rounds.live), default=0),
+            rounds=rounds.kept,
             window_steps=self.policy.window_steps,
             throughput_unit=item_unit(inputs) if inputs is not None else "tokens", timeline=self.timeline,
             environment=environment(self.device, self.rank, spec.threads))

@@ -52,6 +52,7 @@ from autocompile.trial.timing.readings import (  # noqa: E402
     dynamo_compile_times,
     environment,
     guard_failure_counts,
+    loss_values,
     mfu,
     peak_memory,
     recompile_reasons,
@@ -165,7 +166,7 @@ class Trial(ModelProcess):
             status="ok", compiled=step.compiled, sharded=step.sharded, dynamo_compile_s=dynamo_compile_times(),
             throughput_unit=item_unit(built.batch(0)[0]),  # tokens_per_s counts samples for float inputs (images)
             recompiles_timed=0, recompile_reasons=reasons, compiled_coverage=program["coverage"],
-            fingerprint=program["fingerprint"], losses=[float(x) for x in torch.stack(losses).float().cpu().tolist()],
+            fingerprint=program["fingerprint"], losses=loss_values(losses),
             flops_per_token=fpi or estimated_flops_per_token(model, statistics.fmean(workload.seq_len)),
             flops_source="counted" if fpi else "6N estimate", compile_artifacts=artifacts, artifacts_loaded=loaded,
             param_checksums=checksums, timeline=self.timeline,
