@@ -42,14 +42,25 @@ from autocompile.trial.program.graphs import Program, listening
 from autocompile.trial.script import hooks
 from autocompile.trial.script.ending import SPAWNS, CannotTakeOver, Ending
 from autocompile.trial.script.variants import script_program
-from autocompile.trial.script.windows import Windows
+from autocompile.trial.script.windows import Mark, Windows
 from autocompile.trial.timing.ranks import device_of, sync
-from autocompile.trial.timing.readings import dynamo_compile_times, peak_memory, reset_peak_memory
+from autocompile.trial.timing.readings import (
+    CompileInTimedPart,
+    dynamo_compile_times,
+    peak_memory,
+    reset_peak_memory,
+)
 from autocompile.trial.timing.recordings import compile_events
+from autocompile.trial.timing.rounds import Rounds
 from autocompile.trial.timing.shape_state import SHAPE_STATE_FILE, save_shape_state
 from autocompile.trial.timing.turn import wait_turn
 
 log = logging.getLogger("autocompile.trial.script")
+
+
+def step_loss(parts: list[torch.Tensor]) -> torch.Tensor:
+    """A step's loss: the scalars the script called ``backward()`` on in it, summed (accumulated micro-batches)."""
+    return torch.stack([t.float().reshape(()) for t in parts]).sum()
 
 
 class Meter(Ending):
@@ -89,7 +100,7 @@ class Meter(Ending):
         """The most ``backward()`` calls before one step: over 1, the script accumulates gradients."""
         self.window_shapes: Counter[torch.Size] = Counter()
         """The open window's: timed once it closes, warm-up if it compiled (timed again)."""
-        self.windows = Windows(spec.measure)
+        self.windows = Windows(Rounds([0], spec.measure.policy(spec.measure.window_steps)))
         self.program: Program | None = None
         self.warmup_peak, self.memory_source = 0, ""
         self.finished = False
@@ -132,7 +143,7 @@ class Meter(Ending):
                 tokens = not value.is_floating_point()
                 self.items += value.numel() if tokens else value.shape[0]
                 self.unit = "tokens" if tokens else "samples"
-                seen = self.window_shapes if self.windows.mark is not None else self.shapes["warmup"]
+                seen = self.window_shapes if self.windows.rounds.started else self.shapes["warmup"]
                 seen[value.shape] += 1  # formatted once, in the result: this runs at every training forward
                 return
 
@@ -177,7 +188,7 @@ class Meter(Ending):
         self.last = now
         for part in (self.pending[:before], self.pending[before:]):
             if part:
-                self.losses.append(torch.stack([t.float().reshape(()) for t in part]).sum())
+                self.losses.append(step_loss(part))
         self.pending = []
         self.steps = 2
         for step, seconds in enumerate(self.windows.warm_s, 1):
@@ -206,10 +217,10 @@ class Meter(Ending):
         self.steps += 1
         self.backwards = max(self.backwards, len(self.pending))
         if self.pending:
-            self.losses.append(torch.stack([t.float().reshape(()) for t in self.pending]).sum())
+            self.losses.append(step_loss(self.pending))
             self.pending = []
         w = self.windows
-        if w.mark is None:  # warm-up
+        if not w.rounds.started:  # warm-up
             sync()
             now = time.perf_counter()
             w.warm_s.append(now - self.last)
@@ -217,20 +228,34 @@ class Meter(Ending):
             self.progress("warmup_step", step=self.steps, seconds=w.warm_s[-1])
             self.end_warmup()
             return
-        if self.steps - w.mark.step < self.spec.measure.window_steps:
+        self.take_windows()
+
+    def take_windows(self) -> None:
+        """After a step of the timed part: the windows of the one driver; at a round's end, what it found, then the
+        next round or the end."""
+        failed = self.windows.step(self.at())
+        if failed is None:
             return
-        kept = w.close(self.steps, self.items, self.frames(), self.waited)
-        self.shapes["timed" if kept else "warmup"].update(self.window_shapes)
-        self.window_shapes.clear()
-        if kept:
-            step_s = w.rounds.of[0].step_s[-1]
-            self.progress("window", window=w.timed - 1, seconds=step_s * self.spec.measure.window_steps, step_s=step_s)
-        else:
-            self.progress("rewarm", steps=w.rewarm_steps)
-        if w.rounds.more():
-            self.open_window()
+        self.round_done(failed)
+        if self.windows.rounds.more():
+            self.windows.begin_round(self.at())
         else:
             self.finish()
+
+    def round_done(self, failed: list[int]) -> None:
+        """Alone: a window kept (its shapes timed), or warm-up after all (timed again; a third time fails)."""
+        w = self.windows
+        if failed:
+            raise CompileInTimedPart(f"frames compiled again in {w.rounds.of[0].compiled} timed windows: the "
+                                     "script never reaches a steady state (see graph breaks/guards)")
+        self.shapes["warmup" if w.dropped else "timed"].update(self.window_shapes)
+        self.window_shapes.clear()
+        if w.dropped:
+            log.warning("frame(s) compiled during a timed window: timing again")
+            self.progress("rewarm", steps=w.rewarm_steps)
+        else:
+            step_s = w.rounds.of[0].step_s[-1]
+            self.progress("window", window=w.timed - 1, seconds=step_s * w.rounds.policy.window_steps, step_s=step_s)
 
     def warmup_target(self) -> int:
         """Steps of warm-up: the settings', and one for each batch the loader's workers may hold ready."""
@@ -242,10 +267,11 @@ class Meter(Ending):
         self.check_program()
         wait_turn(self.trial_dir, self.rank, self.progress)  # the device alone from here: other trials paused
         self.reset_memory()
-        self.open_window()
+        self.windows.begin_round(self.at())
 
-    def open_window(self) -> None:
-        self.windows.open(self.steps, self.items, self.frames(), self.waited)
+    def at(self) -> Mark:
+        """The running counts at this step edge."""
+        return Mark(self.steps, self.items, compile_events(), self.waited)
 
     def reset_memory(self) -> None:
         """Steady-state peak memory from here, as the worker reads it: compile-time buffers of the warm-up apart."""
@@ -273,9 +299,6 @@ class Meter(Ending):
     def progress(self, event: str, **data: Any) -> None:
         if self.rank == 0:
             append_progress(self.trial_dir, event, **data)
-
-    def frames(self) -> int:
-        return compile_events()
 
     def device(self) -> torch.device:
         return device_of(self.spec.device)

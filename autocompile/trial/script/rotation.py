@@ -29,14 +29,14 @@ from autocompile.config.script_settings import ScriptRotation, ScriptSpec
 from autocompile.config.spec import write_json_atomic
 from autocompile.trial.program.graphs import listening
 from autocompile.trial.script.ending import CannotTakeOver, ScriptEnded
-from autocompile.trial.script.meter import Meter
+from autocompile.trial.script.meter import Meter, step_loss
 from autocompile.trial.script.variants import Variants
-from autocompile.trial.timing.clock import WindowClock
+from autocompile.trial.script.windows import Windows
 from autocompile.trial.timing.compile_artifacts import load_artifacts
-from autocompile.trial.timing.ranks import exit_now, sync, timed_device
+from autocompile.trial.timing.ranks import exit_now
 from autocompile.trial.timing.readings import classify, environment, loss_values, same_program
 from autocompile.trial.timing.result import TrialResult
-from autocompile.trial.timing.rounds import LOSSES_KEPT, Rounds, Window, rotate, set_side_timing
+from autocompile.trial.timing.rounds import LOSSES_KEPT, Rounds, rotate, set_side_timing
 from autocompile.trial.timing.shape_state import load_shape_state
 from autocompile.trial.timing.turn import end_turn, wait_turn
 
@@ -58,16 +58,7 @@ class RotationMeter(Meter):
         self.outcome: dict[int, TrialResult] = {}
         self.own_losses: dict[int, list[torch.Tensor]] = {i: [] for i in self.order}
         self.rounds: Rounds | None = None
-        """The rounds, once every candidate warmed up (None before)."""
-        self.clock: WindowClock | None = None
-        """Made when the rounds start (:func:`~autocompile.trial.timing.ranks.timed_device`)."""
-        self.members: list[int] = []
-        self.position = 0
-        self.settle_from: int | None = None
-        """The step the active candidate's settling began (None: its window is open)."""
-        self.mark: tuple[int, int, int] = (0, 0, 0)
-        """The open window: compile events, step, items."""
-        self.this_round: dict[int, Window] = {}
+        """The rounds, once every candidate warmed up (None before; the windows are then side by side)."""
         self._listening = listening(self.variants.all[self.order[0]].log)
         self.switch_to(self.order[0], warm=True)
 
@@ -120,9 +111,9 @@ class RotationMeter(Meter):
             self.finish()  # ends the process: the failed candidates say why
             return
         self.rounds = Rounds(ok, self.rotation.policy, self.rotation.shift, side_by_side=True)
-        self.clock = WindowClock(timed_device(), sync)
+        self.windows = Windows(self.rounds, self.switch_to)
         wait_turn(self.trial_dir, self.rank, self.progress)  # the device alone from here: other trials paused
-        self.begin_round()
+        self.windows.begin_round(self.at())
 
     def check_candidate(self, i: int) -> None:
         """Candidate ``i`` ran the program of its cold run alone, or it fails here (the others go on)."""
@@ -149,62 +140,22 @@ class RotationMeter(Meter):
             return
         self.steps += 1
         if self.pending:
-            self.own_losses[self.active].append(torch.stack([t.float().reshape(()) for t in self.pending]).sum())
+            self.own_losses[self.active].append(step_loss(self.pending))
             self.pending = []
-        self.advance()
+        self.take_windows()
 
-    def begin_round(self) -> None:
+    def round_done(self, failed: list[int]) -> None:
+        """Side by side: a candidate that compiled in too many windows fails (the others go on)."""
         assert self.rounds is not None
-        self.members = self.rounds.next_round()
-        self.position, self.this_round = 0, {}
-        self.enter(self.members[0])
-
-    def enter(self, i: int) -> None:
-        self.switch_to(i)
-        self.settle_from = self.steps
-        if not self.rotation.policy.settle_steps:
-            self.open_mark()
-
-    def open_mark(self) -> None:
-        assert self.clock is not None
-        self.settle_from = None
-        self.mark = (self.frames(), self.steps, self.items)
-        self.clock.start()
-
-    def advance(self) -> None:
-        """After each step of a round: settle, time the window, go on to the next candidate or round."""
-        if self.settle_from is not None:
-            if self.steps - self.settle_from >= self.rotation.policy.settle_steps:
-                self.open_mark()
-            return
-        frames, start, items = self.mark
-        if self.steps - start < self.rotation.policy.window_steps:
-            return
-        assert self.clock is not None
-        k = self.clock.stop()
-        self.this_round[self.members[self.position]] = Window(
-            self.clock.resolve()[k], self.clock.cpu_seconds[k], self.frames() != frames, self.items - items)
-        self.position += 1
-        if self.position < len(self.members):
-            self.enter(self.members[self.position])
-        else:
-            self.end_round()
-
-    def end_round(self) -> None:
-        assert self.rounds is not None
-        n = self.rotation.policy.window_steps
-        for i in self.rounds.record(self.this_round):
+        this_round = self.windows.this_round
+        for i in failed:
             self.outcome[i] = TrialResult(status="failed", label=self.outcome[i].label, failure="compile_in_timed_part",
                                           reason=f"frames compiled while timing, in more than "
                                                  f"{self.rotation.policy.rewarm_windows} windows: no steady state")
-        if any(w.compiled for w in self.this_round.values()):  # rounds stay aligned: dropped for every candidate
+        if self.windows.dropped:  # rounds stay aligned: dropped for every candidate
             log.warning("frames compiled in round %d: dropped", self.rounds.started - 1)
-        self.progress("round", round=self.rounds.started - 1,
-                      step_s={self.rotation.labels[i]: w.seconds / n for i, w in self.this_round.items()})
-        if self.rounds.more():
-            self.begin_round()
-        else:
-            self.finish()
+        self.progress("round", round=self.rounds.started - 1, step_s={
+            self.rotation.labels[i]: w.seconds / self.rotation.policy.window_steps for i, w in this_round.items()})
 
     # -- the end -------------------------------------------------------------------------------------------------
     def finish(self) -> None:

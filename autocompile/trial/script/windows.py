@@ -1,26 +1,26 @@
-"""The script's steps as timed: the warm-up's step times, then windows of ``measure.window_steps`` steps scheduled
-by the one scheduler (:class:`~autocompile.trial.timing.rounds.Rounds`, one candidate) and timed by the one clock
-(:class:`~autocompile.trial.timing.clock.WindowClock`), with their items, CPU seconds and the time the script
-waited for its data loader; a window in which dynamo compiled a frame was warm-up, and its time counts as compile.
+"""The script's steps as timed: the warm-up's step times, then windows taken at the script's step edges in the rounds
+of the one scheduler (:class:`~autocompile.trial.timing.rounds.Rounds`) and timed by the one clock
+(:class:`~autocompile.trial.timing.clock.WindowClock`). One driver for a script's process alone (one candidate: a
+window a round) and side by side (several candidates, each round in rotating order, each window after
+``settle_steps`` untimed steps of its candidate): each window has its items, CPU seconds, the time the script waited
+for its data loader, and whether dynamo compiled a frame in it (warm-up after all: its round is dropped, its time
+counts as compile).
 
 Torch only: this runs inside the user's processes.
 """
 
 from __future__ import annotations
 
-import logging
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
 
-from autocompile.config.spec import MeasureSettings
 from autocompile.trial.timing.clock import WindowClock
 from autocompile.trial.timing.ranks import reduce_max, sync, timed_device
-from autocompile.trial.timing.readings import CompileInTimedPart
 from autocompile.trial.timing.result import TrialResult
 from autocompile.trial.timing.rounds import Rounds, Window, set_timing
 
-log = logging.getLogger("autocompile.trial.script")
 LOADER_BOUND = 0.5
 """A window in which the script waited for its data loader this share of the time or more is loader-bound."""
 
@@ -34,59 +34,93 @@ class Loader(TypedDict):
 
 @dataclass
 class Mark:
-    """Where a window opened: its step and the running counts it is measured from."""
+    """The script's running counts at a step edge: a window is measured between two."""
 
     step: int
     items: int
     frames: int
+    """Compile events so far."""
     waited: float
+    """Seconds spent waiting for the script's data loader so far."""
 
 
 class Windows:
     """The warm-up and the timed windows of one process (every rank's largest values)."""
 
-    def __init__(self, measure: MeasureSettings) -> None:
-        self.rounds = Rounds([0], measure.policy(measure.window_steps))
+    def __init__(self, rounds: Rounds, switch: Callable[[int], None] = lambda i: None) -> None:
+        """``switch``: run candidate ``i`` from the next step (side by side; alone there is nothing to switch)."""
+        self.rounds, self.switch = rounds, switch
         self.clock: WindowClock | None = None
         """Made at the first window (:func:`~autocompile.trial.timing.ranks.timed_device`)."""
         self.warm_s: list[float] = []
         self.waited: list[float] = []
-        """Seconds of each kept window spent waiting for the script's data loader."""
+        """Seconds of each kept window of a candidate alone spent waiting for the script's data loader."""
+        self.members: list[int] = []
+        self.position = 0
+        self.settle_from: int | None = None
+        """The step the active candidate's settling began (None: its window is open, or none is)."""
         self.mark: Mark | None = None
+        """Where the open window opened (None: no window is open)."""
+        self.this_round: dict[int, Window] = {}
+        self.round_waited: dict[int, float] = {}
 
     @property
     def timed(self) -> int:
-        return len(self.rounds.of[0].step_s)
+        return len(self.rounds.of[self.rounds.live[0]].step_s) if self.rounds.live else 0
 
     @property
     def rewarm_steps(self) -> int:
-        return self.rounds.of[0].rewarm_steps
+        return max((c.rewarm_steps for c in self.rounds.of.values()), default=0)
 
-    def open(self, step: int, items: int, frames: int, waited: float) -> None:
-        self.rounds.next_round()
+    def begin_round(self, at: Mark) -> None:
+        self.members, self.position, self.this_round, self.round_waited = self.rounds.next_round(), 0, {}, {}
+        self._enter(at)
+
+    def _enter(self, at: Mark) -> None:
+        self.switch(self.members[self.position])
+        self.settle_from = at.step
+        if not self.rounds.policy.settle_steps:
+            self._open(at)
+
+    def _open(self, at: Mark) -> None:
         self.clock = self.clock or WindowClock(timed_device(), sync)
+        self.settle_from, self.mark = None, at
         self.clock.start()
-        self.mark = Mark(step, items, frames, waited)
 
-    def close(self, step: int, items: int, frames: int, waited: float) -> bool:
-        """Close the open window at ``step`` (``frames``: compile events so far); False when it was warm-up after
-        all (frames compiled in it on any rank)."""
+    def step(self, at: Mark) -> list[int] | None:
+        """After each step of the timed part: settle, open or close a window, go on to the round's next candidate.
+        Returns, once every member of the round has its window, the candidates that failed by it (compiled in
+        too many windows); None while the round goes on."""
+        p = self.rounds.policy
+        if self.settle_from is not None:
+            if at.step - self.settle_from >= p.settle_steps:
+                self._open(at)
+            return None
         mark = self.mark
         assert mark is not None and self.clock is not None
+        if at.step - mark.step < p.window_steps:
+            return None
         k = self.clock.stop()
         seconds, cpu, compiled, waited = reduce_max([self.clock.resolve()[k], self.clock.cpu_seconds[k],
-                                                     float(frames - mark.frames), waited - mark.waited])
-        if self.rounds.record({0: Window(seconds, cpu, bool(compiled), items - mark.items)}):
-            raise CompileInTimedPart(f"frames compiled again in {self.rounds.of[0].compiled} timed windows: the "
-                                     "script never reaches a steady state (see graph breaks/guards)")
-        if compiled:
-            log.warning("%d frame(s) compiled during a timed window: timing again", int(compiled))
-            return False
-        self.waited.append(waited)
-        return True
+                                                     float(at.frames - mark.frames), at.waited - mark.waited])
+        i = self.members[self.position]
+        self.this_round[i], self.round_waited[i] = Window(seconds, cpu, bool(compiled), at.items - mark.items), waited
+        self.mark, self.position = None, self.position + 1
+        if self.position < len(self.members):
+            self._enter(at)
+            return None
+        failed = self.rounds.record(self.this_round)
+        if self.rounds.alone and not self.dropped:
+            self.waited.append(self.round_waited[i])
+        return failed
+
+    @property
+    def dropped(self) -> bool:
+        """The round just ended was warm-up after all (a frame compiled in one of its windows)."""
+        return any(w.compiled for w in self.this_round.values())
 
     def set_timing(self, result: TrialResult, world_size: int, items: bool) -> None:
-        """The result's timing fields (:func:`~autocompile.trial.timing.rounds.set_timing`)."""
+        """A candidate alone: the result's timing fields (:func:`~autocompile.trial.timing.rounds.set_timing`)."""
         set_timing(result, self.rounds.of[0], reduce_max(self.warm_s), len(self.warm_s),
                    self.rounds.policy.window_steps, world_size, items)
 
