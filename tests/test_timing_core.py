@@ -1,7 +1,7 @@
-"""One timing core: every timed process (a model trial, a side-by-side process, a script trial) schedules its
-windows with :class:`~autocompile.trial.timing.rounds.Rounds` and times them with one clock, so the same compile
-injected at the same step is handled by the same rule in each: its window dropped and counted as re-warm, and a
-third compiled window fails the candidate as ``compile_in_timed_part``."""
+"""One timing core: every timed process (a model trial, a side-by-side process, a script's process alone or side by
+side) schedules its windows with :class:`~autocompile.trial.timing.rounds.Rounds` and times them with one clock, so
+the same compile injected at the same step is handled by the same rule in each: its window dropped and counted as
+re-warm, and a third compiled window fails the candidate as ``compile_in_timed_part``."""
 
 from __future__ import annotations
 
@@ -131,3 +131,30 @@ def test_a_third_compiled_window_fails_the_candidate_in_every_driver(tmp_path: P
     assert script["failure"] == "compile_in_timed_part", script
     result, _ = side_by_side(tmp_path, THRICE)
     assert [c["failure"] for c in result["candidates"]] == ["compile_in_timed_part"] * 2, result
+
+
+def script_side_by_side(tmp_path: Path, grow_at: tuple[int, ...]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Two candidates side by side in one process of the script: the same driver of windows as a script alone
+    (warm-ups in turn, steps 0-1 and 2-3; then rounds of a settle step and a two-step window each: 4 | 5-6, 7 | 8-9,
+    ...)."""
+    from autocompile.config.script_settings import ScriptRotation
+    from autocompile.config.spec import MeasureSettings
+    from tests.test_script import script_spec
+
+    path = tmp_path / "grow_together.py"
+    path.write_text(textwrap.dedent(SCRIPT).replace("GROW_AT", repr(grow_at)))
+    spec = script_spec(path, "", KNOBS, measure=MeasureSettings(warmup_steps=2, windows=3, window_steps=2))
+    spec.rotation = ScriptRotation(knobs=[spec.knobs, spec.knobs], labels=["a", "b"], expected=[None, None],
+                                   artifacts=[None, None], policy=dataclasses.replace(QUICK_ROUNDS, min_rounds=3))
+    out = tmp_path / "script_together"
+    result = launched(out, spec)
+    events = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    return result, [e for e in events if e["event"] == "round"]
+
+
+def test_a_scripts_side_by_side_process_drops_a_compiled_round_with_the_same_driver(tmp_path: Path) -> None:
+    # The shapes change at step 5, in the first candidate's first window; the second compiles them in its
+    # untimed settle step: one round dropped, for both.
+    result, rounds = script_side_by_side(tmp_path, (5,))
+    assert [c["status"] for c in result["candidates"]] == ["ok", "ok"], result
+    assert len(rounds) == result["rounds"] + 1 and result["rounds"] >= 3
