@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from autocompile.config.spec import MeasureSettings
-from tests.conftest import assert_rates
-from tests.test_script import NEEDED, run
+from tests.conftest import assert_rates, launched
+from tests.test_script import NEEDED, run, script_file, script_spec
 
 BATCH = 8
 COMPILED = {"compile.scope": "module", "compile.backend": "eager"}
@@ -326,3 +326,35 @@ def test_the_input_shapes_the_timing_covered_and_what_the_study_may_offer_are_sa
     found = ok(run(tmp_path, path, "", COMPILED))["script"]
     assert found["input_shapes"] == {"warmup": {f"{BATCH}x8": 4}, "timed": {f"{BATCH}x8": 2 * (NEEDED - 2)}}
     assert found["backwards_per_step"] == 2 and found["structure"]["has_blocks"] is False
+
+
+UNSEEDED = """
+    model = torch.nn.Linear(4, 1)
+    for i in range(40):  # draws its data unseeded; its update by hand (no optimizer, no torch.compile)
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(torch.randn(32, 4)), torch.randn(32, 1)).backward()
+        for p in model.parameters():
+            p.data.add_(-0.1 * p.grad)
+    """
+
+
+def test_an_eager_and_a_compiled_trial_of_an_unseeded_script_see_the_same_numbers_in_the_same_unit(
+        tmp_path: Path) -> None:
+    # pytorch/examples' regression/main.py: unseeded, every trial of it was infeasible (its losses differed from
+    # the reference's by the draws alone), and its eager trial counted backward() calls where the compiled ones
+    # counted samples (the finder ran only when compiling).
+    import dataclasses
+
+    script = script_file(tmp_path, "unseeded", UNSEEDED)
+    eager = launched(tmp_path / "eager", script_spec(script, "", {"compile.scope": "none"}))
+    compiled = launched(tmp_path / "compiled", script_spec(script, "", {"compile.scope": "module",
+                                                                        "compile.backend": "eager"}))
+    for result in (eager, compiled):
+        assert result["status"] == "ok", result.get("reason")
+    assert eager["losses"] == pytest.approx(compiled["losses"], rel=1e-5)
+    assert eager["throughput_unit"] == compiled["throughput_unit"] == "samples"
+    assert eager["script"]["structure"] is not None and eager["script"]["compile_calls"] == []  # found, not taken
+    spec = script_spec(script, "", {"compile.scope": "none"})
+    unseeded = launched(tmp_path / "unseeded", dataclasses.replace(spec, script=dataclasses.replace(spec.script,
+                                                                                                    seed=None)))
+    assert unseeded["losses"][0] != eager["losses"][0]  # script.seed=null: the draws differ

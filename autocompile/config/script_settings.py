@@ -126,6 +126,11 @@ class ScriptSettings:
     accelerate_config: str = ""
     """``script.launcher=accelerate``: the ``accelerate config`` file to launch with (``--config_file``); empty =
     Accelerate's own default (``accelerate config``'s, if the user saved one)."""
+    seed: int | None = 0
+    """Seeds ``torch``, ``random`` and numpy in each trial's processes before the script runs: every trial of a
+    script that draws its data or weights unseeded then sees the same numbers, so its losses can be compared with
+    the eager reference's (``objective.loss_rtol``). A script that seeds itself overrides it; null leaves it
+    unseeded (each trial's losses then differ from the reference's by the draws alone)."""
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:

@@ -78,7 +78,22 @@ def boot() -> None:
     spec = ScriptSpec.read(trial_dir)
     if not sys.argv or Path(sys.argv[0]).resolve() != Path(spec.script.path).resolve():
         return  # torchrun's own process, a compile worker, a subprocess of the script: not the script
+    if spec.script.seed is not None:
+        seed(spec.script.seed)
     activate(Agent(spec, trial_dir))
+
+
+def seed(value: int) -> None:
+    """What ``script.seed`` seeds, before the script's first line: torch (every device), ``random`` and numpy."""
+    import random
+
+    random.seed(value)
+    torch.manual_seed(value)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(value)
 
 
 def patch_compile() -> None:
@@ -158,8 +173,9 @@ class Agent:
         # Skipped CUDA graphs are read from inductor's counter, not triton.cudagraph_or_error: it is part of the
         # FX-graph cache key, and the winner's artifacts would miss in the user's own process.
         patch_compile()
-        if self.compiles_anything:
-            self.find_model()
+        # Eager too: its items are then counted from the same model's forwards as a compiled trial's (one unit for
+        # every trial of a study), and its model's structure is known (what the reference run tells the space).
+        self.find_model()
         self.meter.install()
 
     def find_model(self) -> None:
@@ -176,7 +192,10 @@ class Agent:
         if self.calls:
             return  # the script compiles for itself (taken over at its call)
         for model, where in found:
-            self.take_over(model, {}, where, in_place=True)
+            if self.compiles_anything:
+                self.take_over(model, {}, where, in_place=True)
+            elif not self.taken(model):  # eager: watched as a compiled trial watches it, no compile call recorded
+                self.meter.watch(model, model)
 
     def take_over(self, target: Any, kwargs: dict[str, Any], where: str, in_place: bool) -> Any:
         """What ``torch.compile(target, **kwargs)`` (``in_place``: ``target.compile(**kwargs)``) becomes."""
