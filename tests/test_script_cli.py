@@ -42,7 +42,9 @@ def test_a_script_is_the_job_and_its_path_arguments_and_source_are_the_studys_id
     assert s.study.name.startswith("train_gpt-") and s.study.name.endswith("-ws1-cpu")
     assert settings(f"script.path={GPT}", "script.args='--max_iters=200'").study.name != s.study.name
     identity = s.measured_on()
-    assert identity["script"] == {"path": GPT, "args": "--max_iters=100", "launcher": "auto"}
+    # the seed is the study's too: the draws of an unseeded script are what its losses are compared on
+    assert identity["script"] == {"path": GPT, "args": "--max_iters=100", "launcher": "auto", "seed": 0}
+    assert settings(f"script.path={GPT}", "script.args='--max_iters=100'", "script.seed=null").measured_on() != identity
     assert len(identity["script_code"]) == 16
     assert "model" not in identity
     spec = s.trial_spec(TrialConfig.from_flat({"compile.scope": "regional"}, s.env))
