@@ -116,6 +116,10 @@ def duration(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
+GUESSED_MODULES = 25
+"""Leaf modules assumed where the model cannot be counted before the study runs (a script's)."""
+
+
 def compile_prior_s(settings: Settings) -> tuple[float, str]:
     """Cold compile time before anything was compiled: modules of the model x a measured rate."""
     import torch
@@ -125,14 +129,20 @@ def compile_prior_s(settings: Settings) -> tuple[float, str]:
     backend = settings.fixed_knobs.get("compile.backend", KNOBS["compile.backend"][1])
     if settings.fixed_knobs.get("compile.scope") == "none":
         return 0.0, "nothing compiled"
-    try:
-        with torch.device("meta"):  # no memory, no init: only the module count is read
-            modules = sum(1 for m in build(settings.model.target, settings.model.kwargs).modules()
-                          if not list(m.children()))
-    except Exception:  # noqa: BLE001 - user code; the estimate still stands on the reference
-        modules = 25
+    guess = (f"compile estimated for {GUESSED_MODULES} modules (a script's model is not built before it runs)"
+             if settings.script.given else
+             f"compile estimated for {GUESSED_MODULES} modules (the model could not be built on the meta device)")
+    modules = GUESSED_MODULES
+    if not settings.script.given:
+        try:
+            with torch.device("meta"):  # no memory, no init: only the module count is read
+                modules = sum(1 for m in build(settings.model.target, settings.model.kwargs).modules()
+                              if not list(m.children()))
+            guess = ""
+        except Exception:  # noqa: BLE001 - user code; the estimate still stands on the reference
+            pass
     return (modules * COMPILE_S_PER_MODULE * BACKEND_SHARE.get(backend, 1.0),
-            f"compile estimated from the model's {modules} modules")
+            guess or f"compile estimated from the model's {modules} modules")
 
 
 def baseline(space: SearchSpace, name: str) -> SimpleNamespace:
