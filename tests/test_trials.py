@@ -181,3 +181,11 @@ def test_stop_rule_prunes_a_running_trial(tmp_path: Path) -> None:
     result = launched(tmp_path / "p", spec, should_stop=stop_after_first_window)
     assert result["status"] == "pruned" and result["reason"] == "slower than the best after window 1"
     assert max(seen) >= 1
+
+
+def test_a_failures_reason_is_words_without_a_terminals_codes() -> None:
+    from autocompile.trial.timing.readings import classify
+
+    # torch.load's weights_only message bolds its warning (pytorch/examples' time_sequence_prediction/train.py)
+    failure = classify(RuntimeError("Weights only load failed. \x1b[1mDo those steps only if you trust it\x1b[0m.\nmore"))
+    assert failure["reason"] == "RuntimeError: Weights only load failed. Do those steps only if you trust it. | more"

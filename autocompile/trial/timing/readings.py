@@ -65,11 +65,16 @@ def is_oom(exc: BaseException, reason: str) -> bool:
     return any(word in text for word in OOM_WORDS)
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+"""A terminal's colour and bold codes."""
+
+
 def classify(exc: BaseException) -> Failure:
     """Kind and a readable reason: the first lines of the message, not the traceback."""
     dynamo = dynamo_exc()
 
-    lines = [line.rstrip() for line in str(exc).strip().splitlines() if line.strip()]
+    text = ANSI.sub("", str(exc))  # torch's own messages bold a warning: a terminal's codes, not words
+    lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
     reason = f"{type(exc).__name__}: " + " | ".join(lines[:4])[:800]
     name = type(exc).__name__
     if is_oom(exc, reason):
