@@ -187,5 +187,6 @@ def test_a_failures_reason_is_words_without_a_terminals_codes() -> None:
     from autocompile.trial.timing.readings import classify
 
     # torch.load's weights_only message bolds its warning (pytorch/examples' time_sequence_prediction/train.py)
-    failure = classify(RuntimeError("Weights only load failed. \x1b[1mDo those steps only if you trust it\x1b[0m.\nmore"))
+    message = "Weights only load failed. \x1b[1mDo those steps only if you trust it\x1b[0m.\nmore"
+    failure = classify(RuntimeError(message))
     assert failure["reason"] == "RuntimeError: Weights only load failed. Do those steps only if you trust it. | more"
