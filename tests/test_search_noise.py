@@ -103,3 +103,19 @@ def test_the_studys_mlflow_note_fits_a_tag_and_keeps_every_verdict() -> None:
     assert len(effects[0].verdict) * 12 > NOTE_MAX  # whole, they would not fit
     note = study_note(report)
     assert len(note) <= NOTE_MAX and all(f"| knob{i} |" in note for i in range(12)) and "`tables/`" in note
+
+
+def test_a_best_that_is_a_baselines_own_trial_says_so_instead_of_an_interval() -> None:
+    # pytorch/examples' regression/main.py: eager won, and its Best line read "vs eager: steps 1.00x ± 0.40" (the
+    # windows' CV of one trial against itself)
+    from autocompile.report.findings.search_effects import speedup_half
+
+    eager = entry(0, {"compile.scope": "none"}, 0.0001, windows=100, cv=0.14, baseline="eager")
+    compiled = entry(1, {}, 0.0002, windows=100, cv=0.14, baseline="compile")
+    noise = SearchNoise(PRIOR_ALONE_NOISE, "", None)
+    itself = speedup(eager, eager, noise)
+    assert itself["step_speedup"] == 1.0 and itself.get("same_trial")
+    assert speedup_half(itself) == "(the same trial: the best is this baseline)"
+    other = speedup(eager, compiled, noise)
+    assert other["step_speedup"] == pytest.approx(2.0) and not other.get("same_trial")
+    assert speedup_half(other).startswith("± ")

@@ -12,7 +12,8 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autocompile.config.settings import Settings
-from autocompile.report.summary import SummaryDoc, build_report, print_report, write_artifacts
+from autocompile.report.summary import SummaryDoc, build_report, write_artifacts
+from autocompile.report.terminal import print_report
 from autocompile.report.tracking.runs import NoTracker, tracker_for
 from autocompile.report.view import StudyView, console
 from autocompile.study.records.objective import Objective

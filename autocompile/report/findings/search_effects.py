@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from optuna import Study
 
@@ -80,15 +80,26 @@ class Speedup(TypedDict):
     noise: float | None
     """The 95% half-width of ``step_speedup``; None: no interval (a process timed in one window)."""
     time_to_train_speedup: float
+    same_trial: NotRequired[bool]
+    """The best is this baseline's own trial: the ratio is 1 by identity, with no interval to say."""
 
 
 def speedup(best: Entry, base: Entry, noise: SearchNoise) -> Speedup:
     """Best over a baseline in the search (one fresh process each): steady-state speedup with the 95%
     half-width of its noise, and time-to-train speedup."""
+    if best.number == base.number:
+        return {"step_speedup": 1.0, "noise": 0.0, "time_to_train_speedup": 1.0, "same_trial": True}
     ratio = base.result.step_s / best.result.step_s
     sd = noise.pair_sd(best.result, base.result)
     return {"step_speedup": ratio, "noise": Z95 * ratio * sd if sd is not None else None,
             "time_to_train_speedup": base.time_to_train_s / best.time_to_train_s}
+
+
+def speedup_half(s: Speedup) -> str:
+    """How a speedup's 95 % interval reads: ``± 0.05``, or why there is none."""
+    if s.get("same_trial"):
+        return "(the same trial: the best is this baseline)"
+    return f"± {s['noise']:.2f}" if s["noise"] is not None else "(no interval: a process of one window)"
 
 
 class CompiledProgram(TypedDict):

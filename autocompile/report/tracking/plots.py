@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from autocompile.report.findings.search_effects import speedup_half
 from autocompile.study.records.objective import time_to_train
 from autocompile.study.records.record import TrialRecord
 from autocompile.study.statistics.effect import Effect
@@ -180,7 +181,7 @@ def study_note(report: Any) -> str:
                      f"{best.time_to_train_s:.1f} s.")
         lines.append("\n".join(
             f"- vs {name}: steps {s['step_speedup']:.2f}x "
-            + (f"± {s['noise']:.2f}" if s["noise"] is not None else "(no interval: a process of one window)")
+            + speedup_half(s)
             + f", time to train {s['time_to_train_speedup']:.2f}x" for name, s in report.speedups.items()))
     outcome = report.confirmed
     if outcome is not None and (w := outcome.winner) is not None:
