@@ -233,7 +233,7 @@ class Meter(Ending):
     def take_windows(self) -> None:
         """After a step of the timed part: the windows of the one driver; at a round's end, what it found, then the
         next round or the end."""
-        failed = self.windows.step(self.at())
+        failed = self.windows.step(self.steps, self.at)
         if failed is None:
             return
         self.round_done(failed)

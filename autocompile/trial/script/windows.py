@@ -62,7 +62,6 @@ class Windows:
         self.mark: Mark | None = None
         """Where the open window opened (None: no window is open)."""
         self.this_round: dict[int, Window] = {}
-        self.round_waited: dict[int, float] = {}
 
     @property
     def timed(self) -> int:
@@ -73,7 +72,7 @@ class Windows:
         return max((c.rewarm_steps for c in self.rounds.of.values()), default=0)
 
     def begin_round(self, at: Mark) -> None:
-        self.members, self.position, self.this_round, self.round_waited = self.rounds.next_round(), 0, {}, {}
+        self.members, self.position, self.this_round = self.rounds.next_round(), 0, {}
         self._enter(at)
 
     def _enter(self, at: Mark) -> None:
@@ -87,31 +86,33 @@ class Windows:
         self.settle_from, self.mark = None, at
         self.clock.start()
 
-    def step(self, at: Mark) -> list[int] | None:
-        """After each step of the timed part: settle, open or close a window, go on to the round's next candidate.
-        Returns, once every member of the round has its window, the candidates that failed by it (compiled in
-        too many windows); None while the round goes on."""
+    def step(self, steps: int, counts: Callable[[], Mark]) -> list[int] | None:
+        """After each step of the timed part (``steps`` so far; ``counts`` read only at a window's edges, not at
+        every step inside it): settle, open or close a window, go on to the round's next candidate. Returns, once
+        every member of the round has its window, the candidates that failed by it (compiled in too many
+        windows); None while the round goes on."""
         p = self.rounds.policy
         if self.settle_from is not None:
-            if at.step - self.settle_from >= p.settle_steps:
-                self._open(at)
+            if steps - self.settle_from >= p.settle_steps:
+                self._open(counts())
             return None
         mark = self.mark
         assert mark is not None and self.clock is not None
-        if at.step - mark.step < p.window_steps:
+        if steps - mark.step < p.window_steps:
             return None
+        at = counts()
         k = self.clock.stop()
         seconds, cpu, compiled, waited = reduce_max([self.clock.resolve()[k], self.clock.cpu_seconds[k],
                                                      float(at.frames - mark.frames), at.waited - mark.waited])
         i = self.members[self.position]
-        self.this_round[i], self.round_waited[i] = Window(seconds, cpu, bool(compiled), at.items - mark.items), waited
+        self.this_round[i] = Window(seconds, cpu, bool(compiled), at.items - mark.items)
         self.mark, self.position = None, self.position + 1
         if self.position < len(self.members):
             self._enter(at)
             return None
         failed = self.rounds.record(self.this_round)
-        if self.rounds.alone and not self.dropped:
-            self.waited.append(self.round_waited[i])
+        if self.rounds.alone and not self.dropped:  # alone, the round's one window is this one
+            self.waited.append(waited)
         return failed
 
     @property
