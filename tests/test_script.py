@@ -141,6 +141,15 @@ BAD = {
             opt.step()
         """, "script_ended",
         f"the script stopped after 3 optimizer steps; the measurement needs {NEEDED}: raise its step budget"),
+    # It ends itself with an error (argparse's usage error: exit code 2) before a step: its own words, not only
+    # "never called backward()" (pytorch/examples' dcgan/main.py without its required --dataset).
+    "exits_on_its_arguments": ("""
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--dataset", required=True)
+        parser.parse_args()
+        """, "script_ended", "the script exited with code 2: exits_on_its_arguments.py: error: the following "
+        "arguments are required: --dataset (the script never called backward() nor stepped an optimizer"),
     # Its training in mp.spawn children, which would run the whole job where no agent is: refused as it spawns.
     "spawns_its_training": ("""
         import torch.multiprocessing as mp

@@ -59,6 +59,9 @@ def test_a_script_is_the_job_and_its_path_arguments_and_source_are_the_studys_id
      "amp.dtype='bfloat16' does not apply: it needs a job autocompile runs (a script reaches it through "
      "autocompile.apply in the script"),
     (("script.args='--x=1'",), "script.args is given without script.path"),
+    # Hydra's list syntax, quoted by the command line for the string field (quote_script_args): the script would get
+    # one argument '[--dataset,fake]'.
+    ((f"script.path={GPT}", "script.args='[--dataset,fake]'"), "is a list: give one string, split as a shell would"),
 ])
 def test_a_script_setting_that_cannot_run_is_one_error_naming_the_fix(overrides: tuple[str, ...], says: str) -> None:
     from autocompile.config.settings import ConfigError

@@ -143,6 +143,9 @@ class ScriptSettings:
         if self.path and not Path(self.path).is_file():
             raise ValueError(f"script.path={self.path!r} is no file (from {os.getcwd()}): the script runs from "
                              "the directory the command runs in")
+        if self.args.startswith("[") and self.args.endswith("]"):  # Hydra's list syntax reaches a str field as text
+            raise ValueError(f"script.args={self.args!r} is a list: give one string, split as a shell would "
+                             "(script.args='--dataset fake --niter 2')")
         try:
             shlex.split(self.args)
         except ValueError as exc:

@@ -318,10 +318,21 @@ def collect(trial_dir: Path, returncode: int | None, stopped: tuple[str, str] | 
     if errors and (result is None or not result.ok):
         return TrialResult.from_json(json.loads(errors[0].read_text()))
     if result is not None:
+        if result.failure == "script_ended" and returncode:
+            # The script ended itself with an error (argparse's usage error, its own sys.exit(1)): its words first,
+            # then what the agent saw of its steps.
+            result.reason = (f"the script exited with code {returncode}: {stderr_tail(trial_dir, 1)[-400:]} "
+                             f"({result.reason})")
         return result
-    tail = (trial_dir / "stderr.log").read_text(errors="replace").strip().splitlines()[-3:]
     return TrialResult(status="failed", failure="crash",
-                       reason=f"exit code {returncode}, no result written: " + " | ".join(tail)[-800:])
+                       reason=f"exit code {returncode}, no result written: {stderr_tail(trial_dir, 3)[-800:]}")
+
+
+def stderr_tail(trial_dir: Path, lines: int) -> str:
+    """The last ``lines`` lines rank 0 wrote to its stderr, on one line."""
+    path = trial_dir / "stderr.log"
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
 def read_progress(trial_dir: Path) -> list[ProgressEvent]:
