@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
+from autocompile.config.sections import ObjectiveSettings
+from autocompile.config.spec import MeasureSettings
 from autocompile.study.records.optuna_store import counted
+from autocompile.study.search.tell import brief_measure
 from tests.conftest import launched, make_spec, tiny_lm
 from tests.test_identity import FIXED, reload, study_with
 from tests.test_tuner import tune_cli
@@ -134,6 +137,23 @@ def test_a_neighbours_cold_run_times_one_window_no_decision_reads_more(tmp_path:
     spec = json.loads((Path(cold.user_attrs["trial_dir"]) / "trial.json").read_text())
     assert spec["measure"]["windows"] == 1 and spec["measure"]["precision"] == 0.0
     assert len(cold.user_attrs["result"]["step_s_windows"]) == 1 and cold.user_attrs["result"]["compile_s"] >= 0
+    # Its numerics read as many steps as a search trial's (a GAN's 12 losses passed where 28 had drifted).
+    assert len(cold.user_attrs["result"]["losses"]) >= ObjectiveSettings().loss_steps
     summary = json.loads((tmp_path / "t" / "summary.json").read_text())
     (amp,) = [v for v in summary["verdicts"] if v["knob"] == "amp.dtype"]
     assert amp["measurable"] and amp["low"] > 0 and "side by side in 3 processes" in amp["verdict"]
+
+
+def test_a_brief_run_times_one_window_after_the_steps_the_numerics_check_reads() -> None:
+    """A verdict neighbour's cold run (and a re-verification's runs): one timed window, but a warm-up long enough
+    that its losses cover ``objective.loss_steps``, as a search trial's do (pytorch/examples' dcgan: a cold run of 3
+    warm-up steps and one window had 12 losses, passed, and was recommended, where its own program's search trial had
+    drifted past the tolerance by step 28)."""
+    steps = ObjectiveSettings().loss_steps
+    for measure in (MeasureSettings(), MeasureSettings(warmup_steps=1, window_steps=2),
+                    MeasureSettings(window_steps=40)):
+        brief = brief_measure(measure, steps)
+        assert (brief.windows, brief.precision) == (1, 0.0) and brief.window_steps == measure.window_steps
+        assert brief.warmup_steps + brief.window_steps >= steps and brief.warmup_steps >= measure.warmup_steps
+    long = MeasureSettings(warmup_steps=50)
+    assert brief_measure(long, steps).warmup_steps == 50

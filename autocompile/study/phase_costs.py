@@ -105,7 +105,8 @@ def _side_by_side_costs(study: optuna.Study, space: SearchSpace, objective: Obje
     if winner is None or wanted == []:
         return confirm_s, 0.0
     verdicts = verdict_side_plan(study, winner, space, wanted, processes, foresight)
-    # One timed window for a cold run (search trials timed up to measure.max_timed_s more).
+    # One timed window for a cold run, after a warm-up as long as the numerics check's steps (search.tell.brief_measure;
+    # search trials are timed up to measure.max_timed_s more).
     brief = max(settings.measure.max_timed_s * (1 - 1 / max(settings.measure.windows, 1)), 0.0)
     cold_s = sum(max(costs.cold_s - brief, costs.warm_s) if n.compiled else max(costs.eager_s - brief, 1.0)
                  for n in verdicts.neighbours if n.runs_cold)
