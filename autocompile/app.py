@@ -165,7 +165,11 @@ def hydra_main(cfg: DictConfig) -> Any:
         from autocompile.study.tuner import tune
 
         watch = Watch(settings, run_dir)
-        outcome = tune(settings, run_dir, OmegaConf.to_yaml(cfg, resolve=True), watch)
+        try:
+            outcome = tune(settings, run_dir, OmegaConf.to_yaml(cfg, resolve=True), watch)
+        except ConfigError as exc:  # found once the study had opened (its script does not train): its run says so
+            watch.failed(str(exc))
+            raise
         summary = watch.report(outcome)
         if (error := ending_error(outcome, settings.study.max_failure_rate, run_dir)) is not None:
             raise error

@@ -150,6 +150,13 @@ BAD = {
         parser.parse_args()
         """, "script_ended", "the script exited with code 2: exits_on_its_arguments.py: error: the following "
         "arguments are required: --dataset (the script never called backward() nor stepped an optimizer"),
+    # It ends itself cleanly before a step, saying why on its stdout (pytorch/examples' FSDP2 example on a machine
+    # without 2 GPUs): its words, not only "never called backward()".
+    "exits_saying_why": ("""
+        print("Unable to locate sufficient 2 gpus to run this example. Exiting.")
+        exit()
+        """, "script_ended", "the script ended before its first training step, its last line: Unable to locate "
+        "sufficient 2 gpus to run this example. Exiting. (the script never called backward()"),
     # Its training in mp.spawn children, which would run the whole job where no agent is: refused as it spawns.
     "spawns_its_training": ("""
         import torch.multiprocessing as mp

@@ -121,6 +121,26 @@ def test_tune_a_script_measures_its_eager_reference_and_searches_only_what_the_a
         assert (knobs["amp.dtype"], knobs["ac.policy"], knobs["optim.impl"]) == ("none", "none", "default")
 
 
+@pytest.mark.integration  # the whole CLI and one eager run (15 s)
+def test_a_script_that_does_not_train_as_started_stops_the_study_at_its_eager_run(tmp_path: Path) -> None:
+    """pytorch/examples' FSDP2 example on a machine without 2 GPUs prints why and exits before a step: every trial
+    would end the same way. One line naming it, exit 2, no trial run, and the study's MLflow run FAILED with it."""
+    import mlflow
+
+    script = tmp_path / "needs_gpus.py"
+    script.write_text('print("Unable to locate sufficient 2 gpus to run this example. Exiting.")\nexit()\n')
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    result = cli(f"script.path={script}", f"output_root={tmp_path / 'out'}", f"tracking.uri={store}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("autocompile: error:")]
+    assert "the script does not train as started" in line and "Unable to locate sufficient 2 gpus" in line
+    (run_dir,) = (tmp_path / "out").glob("needs_gpus-*")
+    assert not (run_dir / "trials").exists()
+    client = mlflow.MlflowClient(store)
+    (run,) = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert run.info.status == "FAILED" and "does not train" in run.data.tags["autocompile.error"]
+
+
 WRITTEN_SCRIPT = """
 import torch
 from torch import nn

@@ -52,6 +52,11 @@ class Watch:
         with self.lock:
             self.tracker.log_trial(trial)
 
+    def failed(self, why: str) -> None:
+        """The study stopped with an error before its report (``ConfigError`` from inside it)."""
+        with self.lock:
+            self.tracker.abandon(why)
+
     def report(self, outcome: Outcome) -> SummaryDoc | NoSummary:
         """The summary: built from the study, written next to it, printed, and logged to the parent run. An
         interrupted study's report may be incomplete: it warns instead of failing."""

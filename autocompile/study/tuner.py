@@ -49,7 +49,13 @@ from autocompile.study.records.record import Measurement, TrialRecord, set_attrs
 from autocompile.study.reuse import known_answer, reference_from, reverifies, start_from
 from autocompile.study.search.baselines import queue_as_written, queue_baselines
 from autocompile.study.search.budget import Budget
-from autocompile.study.search.numerics import ensure_reference, probed_env, reference, reference_peak
+from autocompile.study.search.numerics import (
+    check_script_runs,
+    ensure_reference,
+    probed_env,
+    reference,
+    reference_peak,
+)
 from autocompile.study.search.samplers import make_sampler
 from autocompile.study.search.tell import begin, measure_and_tell
 from autocompile.study.search.twins import search_twins
@@ -83,6 +89,7 @@ def tune(settings: Settings, run_dir: Path, config_yaml: str, observer: StudyObs
                          run_dir / "reference")
             ensure_reference(study, settings, run_dir)
             view.finished("reference")
+        check_script_runs(study)
     found = reference(study)
     if settings.script.given:  # what the script's reference run saw narrows its space, as a model's build does
         try:

@@ -318,19 +318,28 @@ def collect(trial_dir: Path, returncode: int | None, stopped: tuple[str, str] | 
     if errors and (result is None or not result.ok):
         return TrialResult.from_json(json.loads(errors[0].read_text()))
     if result is not None:
-        if result.failure == "script_ended" and returncode:
-            # The script ended itself with an error (argparse's usage error, its own sys.exit(1)): its words first,
-            # then what the agent saw of its steps.
-            result.reason = (f"the script exited with code {returncode}: {stderr_tail(trial_dir, 1)[-400:]} "
-                             f"({result.reason})")
+        if result.failure == "script_ended" and (said := script_said(trial_dir, returncode, result)):
+            result.reason = f"{said} ({result.reason})"
         return result
     return TrialResult(status="failed", failure="crash",
-                       reason=f"exit code {returncode}, no result written: {stderr_tail(trial_dir, 3)[-800:]}")
+                       reason=f"exit code {returncode}, no result written: {output_tail(trial_dir, 3)[-800:]}")
 
 
-def stderr_tail(trial_dir: Path, lines: int) -> str:
-    """The last ``lines`` lines rank 0 wrote to its stderr, on one line."""
-    path = trial_dir / "stderr.log"
+def script_said(trial_dir: Path, returncode: int | None, result: TrialResult) -> str:
+    """What a script that ended first said as it ended, before what the agent saw of its steps: its exit code and last
+    stderr line when it ended with an error (argparse's usage error, its own ``sys.exit(1)``), its last printed line
+    when it ended cleanly before any step (pytorch/examples' FSDP2 example: "Unable to locate sufficient 2 gpus to run
+    this example. Exiting."); nothing when it trained a while and then ran out of steps."""
+    if returncode:
+        return f"the script exited with code {returncode}: {output_tail(trial_dir, 1)[-400:]}"
+    if not result.optimizer_steps and (last := output_tail(trial_dir, 1, "stdout")):
+        return f"the script ended before its first training step, its last line: {last[-400:]}"
+    return ""
+
+
+def output_tail(trial_dir: Path, lines: int, stream: str = "stderr") -> str:
+    """The last ``lines`` lines rank 0 wrote to ``stream`` (its log in the trial's directory), on one line."""
+    path = trial_dir / f"{stream}.log"
     text = path.read_text(errors="replace") if path.exists() else ""
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 

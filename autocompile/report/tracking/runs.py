@@ -115,6 +115,9 @@ class NoTracker:
     def finish(self, report: Any, run_dir: Path) -> None:
         pass
 
+    def abandon(self, why: str) -> None:
+        pass
+
 
 class MlflowTracker:
     def __init__(self, settings: Settings, study: optuna.Study, run_dir: Path) -> None:
@@ -316,6 +319,15 @@ class MlflowTracker:
             self._finish(report, run_dir)
         except Exception as exc:  # noqa: BLE001 - the study's own files are already written
             log.warning("MLflow: study summary not logged (%s)", exc)
+
+    def abandon(self, why: str) -> None:
+        """The study stopped with an error before its report (a script that does not train): its parent run says
+        so, FAILED with the error as a tag, rather than staying RUNNING."""
+        try:
+            self.client.set_tag(self.parent_id, "autocompile.error", why[:5000])
+            self.client.set_terminated(self.parent_id, status="FAILED")
+        except Exception as exc:  # noqa: BLE001 - the error itself is what the user must see
+            log.warning("MLflow: the study's error not logged (%s)", exc)
 
     def _finish(self, report: Any, run_dir: Path) -> None:
         from autocompile.report.tracking.plots import study_note, trial_rows, write_plots, write_tables

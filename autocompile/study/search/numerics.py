@@ -25,7 +25,7 @@ import optuna
 
 from autocompile.config.choices import Knobs
 from autocompile.config.knobs import Env, TrialConfig
-from autocompile.config.settings import Settings
+from autocompile.config.settings import ConfigError, Settings
 from autocompile.study.records.optuna_store import REFERENCE, file_lock
 from autocompile.trial.launcher import launch
 from autocompile.trial.timing.result import TrialResult
@@ -64,6 +64,9 @@ class Reference(TypedDict, total=False):
     """Its peak memory (warm-up or timed, bytes): what a process in flight holds."""
     reused_from: str
     """Present when it was not run here: the study of the same identity (an exact answer) that measured it."""
+    never_stepped: bool
+    """A script's eager run that failed before its first training step (it exited, or raised, on its own): every
+    configuration runs the same script, so the study stops there (:func:`check_script_runs`)."""
 
 
 class OutOfMemory(TypedDict):
@@ -156,14 +159,28 @@ def _measure_reference(study: optuna.Study, settings: Settings, run_dir: Path) -
             kept[key] = result.script[key]  # type: ignore[literal-required]
     if peak := peak_of(result):
         kept["peak_bytes"] = peak
+    if settings.script.given and result.failure in ("script_ended", "exception") and result.optimizer_steps == 0:
+        kept["never_stepped"] = True
     study.set_user_attr(REFERENCE, kept)
     if not result.ok:
-        log.warning("the numerics reference failed (%s): trials are marked 'unchecked' and none can win",
-                    result.reason)
+        if not kept.get("never_stepped"):  # else the study stops: check_script_runs says why
+            log.warning("the numerics reference failed (%s): trials are marked 'unchecked' and none can win",
+                        result.reason)
         return None
     if failed:
         log.warning("the numerics reference is %s: every trial's losses are compared with it", what)
     return reference(study)
+
+
+def check_script_runs(study: optuna.Study) -> None:
+    """Raise (one line) when the script's eager run ended before its first training step: its arguments, its
+    environment (pytorch/examples' FSDP2 example needs 2 GPUs and exits), a file it cannot open. Every trial would
+    end the same way, a minute of a study or an hour of a GPU's for nothing."""
+    failed: Reference = study.user_attrs.get(REFERENCE) or {}
+    if failed.get("never_stepped"):
+        raise ConfigError(f"the script does not train as started (its eager run): {failed.get('reason')} (its logs: "
+                          f"{failed.get('trial_dir')}); every trial runs the same script: make it train, then run "
+                          "again")
 
 
 def probed_env(env: Env, found: Reference | None) -> Env:
