@@ -56,6 +56,7 @@ from autocompile.report.tracking.child_run import (
 )
 from autocompile.report.tracking.mlflow_store import artifact_location, open_client
 from autocompile.report.tracking.nesting import PARENT_TAG, identities, parent_for, regroup, tree
+from autocompile.report.tracking.parent_summary import parent_summary
 from autocompile.study.records.optuna_store import file_lock, is_orphaned, journal_file, owner, pid_namespace
 from autocompile.study.records.record import Measurement, TrialRecord
 from autocompile.trial.timing.result import Environment
@@ -330,7 +331,7 @@ class MlflowTracker:
             log.warning("MLflow: the study's error not logged (%s)", exc)
 
     def _finish(self, report: Any, run_dir: Path) -> None:
-        from autocompile.report.tracking.plots import study_note, trial_rows, write_plots, write_tables
+        from autocompile.report.tracking.plots import trial_rows, write_plots, write_tables
 
         self.converge()
         with file_lock(run_dir / PARENT_LOCK):  # tuners finishing together: the last reads all the others logged
@@ -361,32 +362,9 @@ class MlflowTracker:
         except Exception as exc:  # noqa: BLE001 - a plotting problem must not hide the numbers
             log.warning("MLflow: plots not made (%s)", exc)
 
-        counts = report.counts
-        step = counts.get("trials", len(trials))  # one point per (resumed) session: the best as the study grew
-        metrics = [(f"n_{k}", v, step) for k, v in counts.items() if k in ("trials", "complete", "pruned", "failed")]
-        tags: ParentTags = {"stop_reason": report.stop_reason, "mlflow.note.content": study_note(report),
-                            **answer_tags(run_dir)}
-        best = report.best
-        if best is not None:
-            metrics += [("best_tokens_per_s", best.result.tokens_per_s, step),
-                        ("best_compile_s", best.result.compile_s, step),
-                        ("best_time_to_train_s", best.time_to_train_s, step)]
-            metrics += [(f"best_speedup_vs_{name}", s["step_speedup"], step) for name, s in report.speedups.items()]
-            tags.update(best_trial=best.number, best_config=best.name[:5000],
-                        best_run_id=self.children.get(best.number, ("",))[0])
-        outcome = report.confirmed
-        if outcome is not None and (w := outcome.winner) is not None:
-            tags.update(confirmed_trial=w.trial, confirmed_config=(w.name or "defaults")[:5000],
-                        confirmed_conclusion=outcome.conclusion[:5000])
-            if w.step_s_geomean is not None:
-                metrics.append(("confirmed_step_s", w.step_s_geomean, step))
-            for name, gain in outcome.gains.items():
-                if gain.step:
-                    metrics += [(f"confirmed_step_change_vs_{name}{suffix}", value, step)
-                                for value, suffix in ((gain.step.change, ""), (gain.step.low, "_low"),
-                                                      (gain.step.high, "_high")) if value is not None]
-        if getattr(report, "noise", None):
-            metrics.append(("noise_rel_sd", report.noise.rel_sd, step))
+        trial_count = report.counts.get("trials", len(trials))
+        metrics, tags = parent_summary(report, {n: run for n, (run, _) in self.children.items()}, trial_count)
+        tags.update(answer_tags(run_dir))
         self._batch(self.parent_id, metrics, tags=tags)
         self.client.set_terminated(self.parent_id, status="FINISHED")
 
