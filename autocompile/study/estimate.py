@@ -129,20 +129,19 @@ def compile_prior_s(settings: Settings) -> tuple[float, str]:
     backend = settings.fixed_knobs.get("compile.backend", KNOBS["compile.backend"][1])
     if settings.fixed_knobs.get("compile.scope") == "none":
         return 0.0, "nothing compiled"
-    guess = (f"compile estimated for {GUESSED_MODULES} modules (a script's model is not built before it runs)"
-             if settings.script.given else
-             f"compile estimated for {GUESSED_MODULES} modules (the model could not be built on the meta device)")
-    modules = GUESSED_MODULES
-    if not settings.script.given:
+    if settings.script.given:
+        modules, basis = GUESSED_MODULES, (f"compile estimated for {GUESSED_MODULES} modules (a script's model is "
+                                           "not built before it runs)")
+    else:
         try:
             with torch.device("meta"):  # no memory, no init: only the module count is read
                 modules = sum(1 for m in build(settings.model.target, settings.model.kwargs).modules()
                               if not list(m.children()))
-            guess = ""
+            basis = f"compile estimated from the model's {modules} modules"
         except Exception:  # noqa: BLE001 - user code; the estimate still stands on the reference
-            pass
-    return (modules * COMPILE_S_PER_MODULE * BACKEND_SHARE.get(backend, 1.0),
-            guess or f"compile estimated from the model's {modules} modules")
+            modules, basis = GUESSED_MODULES, (f"compile estimated for {GUESSED_MODULES} modules (the model could "
+                                               "not be built on the meta device)")
+    return modules * COMPILE_S_PER_MODULE * BACKEND_SHARE.get(backend, 1.0), basis
 
 
 def baseline(space: SearchSpace, name: str) -> SimpleNamespace:
